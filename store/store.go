@@ -1,0 +1,143 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvconnect/kvconnect/rdma"
+)
+
+// Store is a key-value store for KV-cache blocks whose values move straight
+// between the store and registered memory regions of the caller.
+//
+// Keys are printable ASCII strings (see [ValidateKey]). A value is the bytes
+// of one region, stored whole; a get copies it whole into the caller's region.
+//
+// Batch calls take one result slot per key, in res (len(res) must equal
+// len(keys)); they return a non-nil error only when the call itself failed
+// (the store is closed, ctx is done before anything was done, the slices
+// disagree in length). Per-key failures go to res[i].Err and never fail the
+// call. On a whole-call error the contents of res are unspecified.
+//
+// Slices passed in are read during the call only and never retained. Values
+// are copied into caller memory only: a store never hands out its own memory.
+//
+// Implementations are safe for concurrent use by multiple goroutines. Every
+// method may block on I/O; those that take a context honor its cancellation
+// between keys at the least.
+type Store interface {
+	// Exists looks up each key: res[i].Err is nil when keys[i] is present,
+	// [ErrNotFound] when it is absent, another error for that key alone
+	// (such as [ErrInvalidKey]). res[i].N is the value's size when present.
+	// An exists may grant a short read lease (see the implementation's doc).
+	Exists(ctx context.Context, keys []string, res []Result) error
+
+	// Put stores the bytes of src[i] under keys[i]. A key that is already
+	// present keeps its first value and counts as success (first writer
+	// wins). res[i].N is the number of bytes stored (len of the region) on
+	// success. Per-key errors: [ErrInvalidKey], [ErrInvalidRegion],
+	// [ErrNoSpace] (nothing stored for that key; the caller may retry later).
+	Put(ctx context.Context, keys []string, src []rdma.Region, res []Result) error
+
+	// Get copies the value of keys[i] into dst[i]. res[i].N is the number
+	// of bytes copied (the value's size). Per-key errors: [ErrNotFound],
+	// [ErrBufferTooSmall] (dst[i] is shorter than the value; dst[i] is not
+	// written), [ErrLeaseExpired], [ErrInvalidKey], [ErrInvalidRegion].
+	Get(ctx context.Context, keys []string, dst []rdma.Region, res []Result) error
+
+	// Remove deletes key. It returns [ErrNotFound] if the key is absent.
+	Remove(ctx context.Context, key string) error
+
+	// RemovePrefix deletes every key that starts with prefix, and returns
+	// how many it deleted. An empty prefix is an error: use RemoveAll.
+	RemovePrefix(ctx context.Context, prefix string) (int, error)
+
+	// RemoveAll deletes every key and returns how many it deleted.
+	RemoveAll(ctx context.Context) (int, error)
+
+	// Register makes r available as a source or destination of Put and Get.
+	// Stores that need no registration accept any valid host region.
+	// Registering a region that overlaps a registered one is an error.
+	Register(r rdma.Region) error
+
+	// Unregister undoes Register. The region must not be in use by a call.
+	Unregister(r rdma.Region) error
+
+	// Stats returns a snapshot of the store's counters.
+	Stats() Stats
+
+	// Close releases the store's resources. Later calls return [ErrClosed].
+	// Close is idempotent; calls already running finish first.
+	Close() error
+}
+
+// Result is the outcome of one key of a batch call.
+type Result struct {
+	N   int   // bytes stored, read, or the value's size; 0 on error
+	Err error // nil on success; matches one of the package's sentinels
+}
+
+// Stats are a store's counters. Fields a store does not track are zero.
+type Stats struct {
+	Keys         int64 // keys held now
+	Bytes        int64 // value bytes held now
+	Capacity     int64 // value bytes the store may hold; 0 if unknown
+	Hits         int64 // keys found by Get
+	Misses       int64 // keys not found by Get
+	Exists       int64 // keys probed by Exists
+	Puts         int64 // keys stored by Put (not counting first-writer-wins duplicates)
+	Duplicates   int64 // puts of keys already present
+	RejectedPuts int64 // puts refused for lack of space
+	Evictions    int64 // keys evicted to make room
+	BytesIn      int64 // bytes copied in by Put
+	BytesOut     int64 // bytes copied out by Get
+}
+
+// Errors a store returns, per key or per call. They correspond one to one to
+// Mooncake Store's codes where Mooncake has one (in parentheses).
+var (
+	ErrNotFound       = errors.New("store: not found")           // -704 OBJECT_NOT_FOUND
+	ErrNoSpace        = errors.New("store: no space")            // -200 NO_AVAILABLE_HANDLE
+	ErrLeaseExpired   = errors.New("store: lease expired")       // -707 LEASE_EXPIRED
+	ErrHasLease       = errors.New("store: object has a lease")  // -706 OBJECT_HAS_LEASE
+	ErrBufferTooSmall = errors.New("store: buffer too small")    // -600 INVALID_PARAMS (get)
+	ErrInvalidKey     = errors.New("store: invalid key")         // -600 INVALID_PARAMS (key)
+	ErrInvalidRegion  = errors.New("store: invalid region")      // -600 INVALID_PARAMS (buffer)
+	ErrClosed         = errors.New("store: closed")              // the store was closed
+	ErrUnavailable    = errors.New("store: backend unavailable") // library or service missing
+	ErrTransfer       = errors.New("store: transfer failed")     // -800 TRANSFER_FAIL, -900/-901 RPC
+)
+
+// MaxKeyLen is the longest key a store must accept, in bytes.
+const MaxKeyLen = 512
+
+// ValidateKey reports whether key is a valid store key: 1 to [MaxKeyLen]
+// bytes of printable ASCII (0x21 to 0x7e), so no spaces or control bytes.
+// The error wraps [ErrInvalidKey] and names the key.
+func ValidateKey(key string) error {
+	if len(key) == 0 {
+		return fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: key of %d bytes is longer than %d", ErrInvalidKey, len(key), MaxKeyLen)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("%w: key %.64q has byte %#x at %d (printable ASCII without spaces only)", ErrInvalidKey, key, c, i)
+		}
+	}
+	return nil
+}
+
+// CheckBatch returns an error when a batch call's slices disagree in
+// length: the whole-call error every implementation returns for that.
+func CheckBatch(op string, keys int, regions int, res int) error {
+	if regions >= 0 && regions != keys {
+		return fmt.Errorf("store: %s: %d keys but %d regions", op, keys, regions)
+	}
+	if res != keys {
+		return fmt.Errorf("store: %s: %d keys but %d result slots", op, keys, res)
+	}
+	return nil
+}
