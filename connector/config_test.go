@@ -1,0 +1,159 @@
+package connector_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvconnect/kvconnect/connector"
+)
+
+func TestParseConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    connector.Config
+		wantErr string // substring; "" for success
+	}{
+		{
+			name: "defaults",
+			in:   `{"kv_connector": "StoreConnector"}`,
+			want: connector.Config{Connector: "StoreConnector", Role: connector.RoleBoth, LoadFailurePolicy: connector.PolicyRecompute},
+		},
+		{
+			name: "vllm style",
+			in: `{"kv_connector": "StoreConnector", "kv_role": "kv_consumer", "kv_load_failure_policy": "fail",
+			      "engine_id": "e1", "kv_connector_extra_config": {"lookup": "sync"}}`,
+			want: connector.Config{
+				Connector: "StoreConnector", Role: connector.RoleConsumer, LoadFailurePolicy: connector.PolicyFail,
+				EngineID: "e1", Extra: map[string]any{"lookup": "sync"},
+			},
+		},
+		{name: "empty connector", in: `{"kv_role": "kv_both"}`, wantErr: "kv_connector is empty"},
+		{name: "bad role", in: `{"kv_connector": "x", "kv_role": "kv_everything"}`, wantErr: `kv_role = "kv_everything"`},
+		{name: "bad policy", in: `{"kv_connector": "x", "kv_load_failure_policy": "retry"}`, wantErr: `kv_load_failure_policy = "retry"`},
+		{name: "misspelt field", in: `{"kv_connector": "x", "kv_rolle": "kv_both"}`, wantErr: `"kv_rolle"`},
+		{name: "wrong type", in: `{"kv_connector": 7}`, wantErr: `field "kv_connector"`},
+		{name: "not json", in: `kv_connector=x`, wantErr: "invalid character"},
+		{name: "trailing", in: `{"kv_connector": "x"} {}`, wantErr: "trailing data"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := connector.ParseConfig([]byte(tt.in))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, connector.ErrConfig) {
+					t.Fatalf("ParseConfig(%s) error = %v, want ErrConfig containing %q", tt.in, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ParseConfig(%s): %v", tt.in, err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("ParseConfig(%s) mismatch (-want +got):\n%s", tt.in, diff)
+			}
+		})
+	}
+}
+
+func TestExtraAccessors(t *testing.T) {
+	cfg, err := connector.ParseConfig([]byte(`{"kv_connector": "x", "kv_connector_extra_config": {
+		"n": 12, "ns": "7", "b": true, "bs": "false", "d": "250ms", "dn": 1.5, "s": "hi", "bad": [1]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := cfg.ExtraInt("n", 0); v != 12 || err != nil {
+		t.Errorf("ExtraInt(n) = %d, %v, want 12", v, err)
+	}
+	if v, err := cfg.ExtraInt("ns", 0); v != 7 || err != nil {
+		t.Errorf("ExtraInt(ns) = %d, %v, want 7", v, err)
+	}
+	if v, err := cfg.ExtraInt("absent", 3); v != 3 || err != nil {
+		t.Errorf("ExtraInt(absent) = %d, %v, want default 3", v, err)
+	}
+	if v, err := cfg.ExtraBool("b", false); !v || err != nil {
+		t.Errorf("ExtraBool(b) = %v, %v, want true", v, err)
+	}
+	if v, err := cfg.ExtraBool("bs", true); v || err != nil {
+		t.Errorf("ExtraBool(bs) = %v, %v, want false", v, err)
+	}
+	if v, err := cfg.ExtraDuration("d", 0); v != 250*time.Millisecond || err != nil {
+		t.Errorf("ExtraDuration(d) = %v, %v, want 250ms", v, err)
+	}
+	if v, err := cfg.ExtraDuration("dn", 0); v != 1500*time.Millisecond || err != nil {
+		t.Errorf("ExtraDuration(dn) = %v, %v, want 1.5s", v, err)
+	}
+	if v, err := cfg.ExtraString("s", ""); v != "hi" || err != nil {
+		t.Errorf("ExtraString(s) = %q, %v, want hi", v, err)
+	}
+	for name, call := range map[string]func() error{
+		"int":      func() error { _, err := cfg.ExtraInt("bad", 0); return err },
+		"bool":     func() error { _, err := cfg.ExtraBool("n", false); return err },
+		"duration": func() error { _, err := cfg.ExtraDuration("s", 0); return err },
+		"string":   func() error { _, err := cfg.ExtraString("n", ""); return err },
+	} {
+		err := call()
+		if err == nil || !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "kv_connector_extra_config.") {
+			t.Errorf("%s accessor on a wrong type: error = %v, want ErrConfig naming the key", name, err)
+		}
+	}
+}
+
+type nopDriver struct{}
+
+func (nopDriver) OpenScheduler(connector.Config, connector.Env) (connector.Scheduler, error) {
+	return nil, errors.New("nop")
+}
+func (nopDriver) OpenWorker(connector.Config, connector.Env) (connector.Worker, error) {
+	return nil, errors.New("nop")
+}
+
+func TestRegistry(t *testing.T) {
+	connector.Register("registry-test-b", nopDriver{})
+	connector.Register("registry-test-a", nopDriver{})
+	names := connector.Drivers()
+	ia, ib := -1, -1
+	for i, n := range names {
+		switch n {
+		case "registry-test-a":
+			ia = i
+		case "registry-test-b":
+			ib = i
+		}
+	}
+	if ia < 0 || ib < 0 || ia > ib {
+		t.Errorf("Drivers() = %v, want both test drivers, sorted", names)
+	}
+	mustPanic(t, "duplicate", func() { connector.Register("registry-test-a", nopDriver{}) })
+	mustPanic(t, "nil", func() { connector.Register("registry-test-nil", nil) })
+
+	_, err := connector.OpenScheduler(connector.Config{Connector: "nosuch"}, connector.Env{})
+	if err == nil || err.Error() != `connector: unknown connector "nosuch" (forgotten import?)` {
+		t.Errorf("OpenScheduler(nosuch) error = %v", err)
+	}
+	_, err = connector.OpenWorker(connector.Config{Connector: "nosuch"}, connector.Env{})
+	if err == nil || !strings.Contains(err.Error(), "forgotten import?") {
+		t.Errorf("OpenWorker(nosuch) error = %v", err)
+	}
+	_, err = connector.OpenWorker(connector.Config{Connector: "registry-test-a", Role: "bad"}, connector.Env{})
+	if !errors.Is(err, connector.ErrConfig) {
+		t.Errorf("OpenWorker with a bad role: error = %v, want ErrConfig", err)
+	}
+	_, err = connector.OpenScheduler(connector.Config{Connector: "registry-test-a"}, connector.Env{})
+	if err == nil || err.Error() != "nop" {
+		t.Errorf("OpenScheduler(registry-test-a) error = %v, want the driver's", err)
+	}
+}
+
+func mustPanic(t *testing.T, what string, f func()) {
+	t.Helper()
+	defer func() {
+		if recover() == nil {
+			t.Errorf("%s: no panic", what)
+		}
+	}()
+	f()
+}

@@ -1,0 +1,266 @@
+package connector
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// RequestID names a request for as long as the connector knows it: from its
+// first Match until Finish returns keep == false or a Progress releases it.
+type RequestID string
+
+// BlockID is the index of a block in the engine's paged KV memory, the same
+// in every worker.
+type BlockID int32
+
+// Request is the scheduler half's view of one engine request.
+//
+// The engine owns the Request and its slices; the connector reads them
+// during a call only and never retains them. Hashes grow as the engine
+// hashes new full blocks (see [hashing.Chain]); earlier entries never change.
+type Request struct {
+	ID RequestID
+
+	// Prompt is the number of prompt tokens. A match never covers the last
+	// prompt token: the engine must compute at least one token to sample.
+	Prompt int
+
+	// Hashes are the block hashes of the request's full blocks so far, in
+	// order: Hashes[i] covers tokens [i*B, (i+1)*B) for block size B.
+	Hashes []hashing.BlockHash
+}
+
+// Match is the scheduler half's answer to "how many further tokens does the
+// store hold for this request?".
+type Match struct {
+	// Tokens is the number of tokens, beyond those the engine already has,
+	// that the store holds for every shard: a whole number of blocks.
+	Tokens int
+	// Pending is true while an asynchronous lookup runs; Tokens is then 0
+	// and the engine asks again in a later step.
+	Pending bool
+}
+
+// Scheduler is the scheduler half of a connector. The engine drives it from
+// its scheduling loop, in this order each step:
+//
+//	for each waiting request: Match, then (if the engine admits it) Allocated
+//	for each request that runs this step: Scheduled
+//	m := Plan()        // ship m to every worker
+//	... workers run the step and report their Outputs ...
+//	p, err := Update(outputs) // act on p.Loaded, p.Failed, p.Released
+//	for each request that ends: Finish
+//
+// No method blocks on I/O: lookups run in the background and Match answers
+// Pending until they finish. A Scheduler is not safe for concurrent use; the
+// engine calls it from its one scheduling goroutine. Close may be called
+// from any goroutine, once the loop has stopped.
+type Scheduler interface {
+	// Match reports how many tokens beyond computed the store holds for r,
+	// where computed is the number of tokens the engine already has (its
+	// local prefix-cache hit, a whole number of blocks). The answer is the
+	// longest contiguous run of blocks present for every shard, never
+	// covering the last prompt token. The first call for a request starts
+	// a lookup and may answer Pending; later calls answer from that lookup.
+	Match(r *Request, computed int) (Match, error)
+
+	// Allocated tells the connector which blocks the engine allocated for r
+	// after a Match: blocks[i] holds tokens [i*B, (i+1)*B), for every block
+	// of the request so far, and external is the number of tokens (from
+	// computed on) to load from the store, 0 for none. A load is planned in
+	// the next Plan; the engine must not run r until Progress lists it as
+	// loaded or failed.
+	Allocated(r *Request, blocks []BlockID, external int) error
+
+	// Scheduled tells the connector that after this step the first computed
+	// tokens of r will be in blocks (blocks[i] holding tokens [i*B, (i+1)*B)).
+	// Full blocks that the store lacks are saved by the workers once the
+	// step's compute is ready.
+	Scheduled(r *Request, blocks []BlockID, computed int) error
+
+	// Plan returns the step's Metadata, to be shipped to every worker. It
+	// is called once per step. The Metadata is owned by the connector and
+	// valid until the next Plan; encode or copy it to keep it.
+	Plan() *Metadata
+
+	// Update consumes the Outputs that workers reported since the last
+	// Update (any number per worker, in any order) and returns what the
+	// engine must act on. The Progress is owned by the connector and valid
+	// until the next Update.
+	Update(outs []*Output) (*Progress, error)
+
+	// Finish ends r in the connector: finished, aborted or preempted. keep
+	// is true when transfers still touch its blocks: the engine must not
+	// reuse them until a Progress lists r in Released. A request ID may be
+	// used again only once Finish returned keep == false or r was released.
+	Finish(r *Request, blocks []BlockID) (keep bool, err error)
+
+	// Close stops background lookups and releases resources. It is
+	// idempotent and joins every goroutine the Scheduler started.
+	Close() error
+}
+
+// Progress is what the engine must act on after an Update.
+type Progress struct {
+	// Loaded lists requests whose planned loads finished in every worker:
+	// their blocks hold the stored KV and the requests may run.
+	Loaded []RequestID
+	// Failed lists requests whose loads failed, in part or whole.
+	Failed []LoadFailure
+	// Released lists finished requests whose blocks no transfer touches any
+	// more: the engine may free them now.
+	Released []RequestID
+}
+
+// LoadFailure says how much of a request's KV survived a failed load.
+type LoadFailure struct {
+	Req RequestID
+	// Valid is the number of tokens whose KV is in the request's blocks:
+	// everything before the first block that failed in any worker.
+	Valid int
+	// Fail is true under [PolicyFail]: the engine must fail the request.
+	// Otherwise ([PolicyRecompute]) it rolls the request back to Valid
+	// tokens and recomputes the rest.
+	Fail bool
+}
+
+// Worker is the worker half of a connector: it owns one worker's KV memory
+// and moves block bytes between it and the store. The engine calls it from
+// its worker loop, each step:
+//
+//	w.Start(ctx, m)    // starts the step's loads; returns at once
+//	... run the step's compute ...
+//	w.Save(ctx, ready) // saves the step's new blocks once ready fires
+//	out := w.Poll()    // ship out to the scheduler
+//
+// Start, Save and Poll do not block on transfers, which run on goroutines
+// the Worker owns. A Worker is not safe for concurrent use, except Close.
+type Worker interface {
+	// Register hands the worker its KV memory and layout. It is called once,
+	// before the first Start.
+	Register(kv KVCache) error
+
+	// Start validates m and starts its loads straight into the registered
+	// blocks. The step's saves are recorded for the next Save. ctx bounds
+	// the call, not the transfers, which end at Close.
+	Start(ctx context.Context, m *Metadata) error
+
+	// Save starts the saves of the last Started Metadata; they read the
+	// blocks only once ready reports done.
+	Save(ctx context.Context, ready Event) error
+
+	// Poll returns the transfers that finished since the last Poll. The
+	// Output is owned by the Worker and valid until the next Poll.
+	Poll() *Output
+
+	// Close cancels queued transfers, waits for running ones, and releases
+	// resources. It is idempotent.
+	Close() error
+}
+
+// Event is a step's readiness signal: on a GPU, a CUDA event recorded after
+// the step's compute; on a CPU, [Ready]. Query must not block.
+type Event interface {
+	Query() (done bool, err error)
+}
+
+// Waiter is an optional interface of an [Event] that can also be waited for
+// without polling (cudaEventSynchronize, say). A worker that has one waits on
+// its own goroutine instead of polling Query.
+type Waiter interface {
+	Wait(ctx context.Context) error
+}
+
+// Ready is an Event that is always done: the readiness of CPU compute, which
+// has finished by the time the engine calls Save.
+var Ready Event = ready{}
+
+type ready struct{}
+
+func (ready) Query() (bool, error) { return true, nil }
+
+// Driver opens the two halves of one kind of connector. Drivers register
+// themselves with [Register] under a name that configs use.
+type Driver interface {
+	OpenScheduler(cfg Config, env Env) (Scheduler, error)
+	OpenWorker(cfg Config, env Env) (Worker, error)
+}
+
+// Env carries what the engine knows and the config does not.
+type Env struct {
+	// Identity is the namespace identity: every key the connector reads or
+	// writes is bound to it. Required.
+	Identity hashing.Identity
+
+	// Rank is the worker's tensor-parallel rank (worker half only).
+	Rank int
+
+	// Store, when not nil, is an open store the connector uses instead of
+	// opening one from its config: the embedded store that the scheduler
+	// half and in-process workers share. The connector does not close it.
+	Store store.Store
+
+	// Logger receives the connector's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Stats are a connector's counters, from the optional [StatsReporter].
+type Stats struct {
+	Lookups        int64 // exists probes started
+	LookupKeys     int64 // keys probed
+	HitBlocks      int64 // blocks matched from the store
+	HitTokens      int64 // tokens matched from the store
+	Loads          int64 // blocks loaded
+	LoadBytes      int64 // bytes loaded
+	LoadFailures   int64 // blocks whose load failed
+	Saves          int64 // blocks saved
+	SaveBytes      int64 // bytes saved
+	SaveSkipped    int64 // blocks not saved because the store had them
+	SaveFailures   int64 // blocks whose save failed for good
+	SaveRetries    int64 // blocks requeued after an out-of-space put
+	StagedBytes    int64 // bytes copied through a staging buffer
+	LookupNanos    int64 // time spent in lookups
+	TransferNanos  int64 // time spent in loads and saves
+	StaleDiscarded int64 // transfers of an old generation dropped
+}
+
+// StatsReporter is an optional interface of a Scheduler or Worker.
+type StatsReporter interface {
+	Stats() Stats
+}
+
+// Rotator is an optional interface of a Scheduler: after an online weight
+// update, Rotate moves the connector to a new weights generation. From the
+// next Plan on no key of an older generation is looked up, loaded or saved,
+// in the scheduler half or in any worker (the Metadata carries the
+// generation). The engine must also drop its own prefix cache and recompute
+// running requests: their KV came from the old weights.
+type Rotator interface {
+	Rotate(generation uint64) error
+}
+
+// KVEventKind is what happened to a block in the store.
+type KVEventKind uint8
+
+const (
+	BlockStored  KVEventKind = iota + 1 // a block was saved
+	BlockRemoved                        // a block was removed or evicted
+	AllCleared                          // every block of the namespace is gone
+)
+
+// KVEvent is a change of the store's contents, as KV-aware routers consume
+// them.
+type KVEvent struct {
+	Kind       KVEventKind
+	Generation uint64
+	Hashes     []hashing.BlockHash // the blocks, for BlockStored and BlockRemoved
+}
+
+// EventSource is an optional interface of a Scheduler: TakeEvents appends the
+// KV events since the last call to dst and returns it.
+type EventSource interface {
+	TakeEvents(dst []KVEvent) []KVEvent
+}

@@ -1,0 +1,63 @@
+// Package connector defines the stable API between a Go inference engine and
+// a KV connector: the two role interfaces, the plain values that pass
+// between them, the kv_transfer_config format, and the registry of drivers.
+//
+// A connector has a scheduler half ([Scheduler]), driven by the engine's
+// scheduling loop, and a worker half ([Worker]), one per worker (tensor
+// parallel rank), which owns that worker's KV memory and moves its blocks.
+// The halves talk through values the engine ships: [Metadata] from the
+// scheduler to every worker each step, and [Output] from each worker back.
+// Both have a stable binary encoding for engines whose workers are other
+// processes. This package holds no connector: the reference one, over any
+// store, is in connector/storeconn; connector/connectortest is the
+// conformance harness any connector can run.
+//
+// # Usage
+//
+// Open both halves by name with one Config, then drive them from the
+// engine's loops:
+//
+//	cfg, err := connector.ParseConfig(kvTransferConfigJSON)
+//	env := connector.Env{Identity: id, Store: st}
+//	sched, err := connector.OpenScheduler(cfg, env)
+//	env.Rank = rank
+//	w, err := connector.OpenWorker(cfg, env)
+//	err = w.Register(kv)
+//
+//	// each step, scheduler side
+//	m, err := sched.Match(req, localHitTokens)   // Pending: ask next step
+//	err = sched.Allocated(req, blocks, m.Tokens)
+//	err = sched.Scheduled(req, blocks, computedAfterStep)
+//	meta := sched.Plan()
+//	// each step, worker side
+//	err = w.Start(ctx, meta)
+//	... compute ...
+//	err = w.Save(ctx, connector.Ready)
+//	out := w.Poll()
+//	// back on the scheduler
+//	progress, err := sched.Update([]*connector.Output{out})
+//
+// The package scheduler implements the engine side of this contract (block
+// pool, request lifecycle, step planner) for engines that want it.
+//
+// # Identity
+//
+// Every key a connector reads or writes is bound to Env.Identity (tenant,
+// model, weights version and generation, KV format, shard layout) through
+// its namespace; see package hashing. After an online weight update the
+// engine calls Rotate (optional interface [Rotator]) and the workers follow
+// through the Metadata's Generation.
+//
+// # Optional capabilities
+//
+// A half may implement [StatsReporter], [Rotator] or [EventSource]; callers
+// check with a type assertion once, after opening. Each has a documented
+// fallback: no stats, no rotation (reopen the connector with a new
+// identity), no events.
+//
+// # Concurrency
+//
+// A Scheduler is used from one goroutine. A Worker is used from one
+// goroutine, and runs its transfers on goroutines it owns and joins in
+// Close. Register, OpenScheduler and OpenWorker are safe for concurrent use.
+package connector

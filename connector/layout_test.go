@@ -1,0 +1,80 @@
+package connector_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/rdma"
+)
+
+func TestKVCacheValidate(t *testing.T) {
+	good := connector.KVCache{Layers: 2, Blocks: 4, KV: 2, BlockBytes: 16, Order: connector.BlockMajor,
+		Regions: []rdma.Region{{Addr: 4096, Len: 2 * 4 * 2 * 16, Loc: rdma.Host}}}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("Validate(good) = %v", err)
+	}
+	tests := []struct {
+		name string
+		edit func(*connector.KVCache)
+		want string
+	}{
+		{"layers", func(k *connector.KVCache) { k.Layers = 0 }, "Layers = 0"},
+		{"blocks", func(k *connector.KVCache) { k.Blocks = -1 }, "Blocks = -1"},
+		{"kv", func(k *connector.KVCache) { k.KV = 3 }, "KV = 3"},
+		{"bytes", func(k *connector.KVCache) { k.BlockBytes = 0 }, "BlockBytes = 0"},
+		{"order", func(k *connector.KVCache) { k.Order = 0 }, "Order"},
+		{"no regions", func(k *connector.KVCache) { k.Regions = nil }, "Regions is empty"},
+		{"size", func(k *connector.KVCache) { k.Regions[0].Len-- }, "Regions[0] is 255 bytes, want 256"},
+		{"zero addr", func(k *connector.KVCache) { k.Regions[0].Addr = 0 }, "address 0"},
+		{"per layer block-major", func(k *connector.KVCache) { k.Regions = append(k.Regions, k.Regions[0]) }, "want 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := good
+			k.Regions = append([]rdma.Region(nil), good.Regions...)
+			tt.edit(&k)
+			err := k.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+	if err := good.CheckBlock(4); !errors.Is(err, connector.ErrInvalidBlock) {
+		t.Errorf("CheckBlock(4) of 4 blocks = %v, want ErrInvalidBlock", err)
+	}
+	if err := good.CheckBlock(3); err != nil {
+		t.Errorf("CheckBlock(3) = %v", err)
+	}
+}
+
+func TestKVCacheSpans(t *testing.T) {
+	const base = 1 << 20
+	bm := connector.KVCache{Layers: 2, Blocks: 4, KV: 2, BlockBytes: 16, Order: connector.BlockMajor,
+		Regions: []rdma.Region{{Addr: base, Len: 256}}}
+	if diff := cmp.Diff([]rdma.Region{{Addr: base + 2*64, Len: 64}}, bm.Spans(nil, 2)); diff != "" {
+		t.Errorf("block-major Spans(2) (-want +got):\n%s", diff)
+	}
+	lm := bm
+	lm.Order = connector.LayerMajor
+	// ((l*KV+k)*Blocks + b) * 16 for b = 1.
+	want := []rdma.Region{{Addr: base + 16, Len: 16}, {Addr: base + 5*16, Len: 16}, {Addr: base + 9*16, Len: 16}, {Addr: base + 13*16, Len: 16}}
+	if diff := cmp.Diff(want, lm.Spans(nil, 1)); diff != "" {
+		t.Errorf("layer-major Spans(1) (-want +got):\n%s", diff)
+	}
+	per := lm
+	per.Regions = []rdma.Region{{Addr: base, Len: 128}, {Addr: 2 * base, Len: 128}}
+	if err := per.Validate(); err != nil {
+		t.Fatalf("Validate(per-layer) = %v", err)
+	}
+	want = []rdma.Region{{Addr: base + 16, Len: 16}, {Addr: base + 5*16, Len: 16}, {Addr: 2*base + 16, Len: 16}, {Addr: 2*base + 5*16, Len: 16}}
+	if diff := cmp.Diff(want, per.Spans(nil, 1)); diff != "" {
+		t.Errorf("per-layer Spans(1) (-want +got):\n%s", diff)
+	}
+	if bm.Contiguous() != true || lm.Contiguous() != false {
+		t.Errorf("Contiguous: block-major %v, layer-major %v", bm.Contiguous(), lm.Contiguous())
+	}
+}
