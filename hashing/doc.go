@@ -1,0 +1,59 @@
+// Package hashing turns what an inference engine knows about a request and
+// about itself into store keys for KV-cache blocks: a hash chain over the
+// request's full blocks of token ids, the request's extra keys, the
+// identity of the engine's KV cache, and the printable keys built from them.
+//
+// It is for engines and connectors that save and load KV blocks (see
+// package connector), and for anything else that must compute the same keys,
+// such as a router that asks a store which prefixes it holds. The encoding
+// is a written, versioned spec with test vectors (hashing/SPEC.md and
+// hashing/testdata/vectors.json), so keys can be computed in another
+// language too. The package imports nothing else of this module.
+//
+// # Usage
+//
+// Once per engine, describe the KV cache and get its namespace:
+//
+//	id := hashing.Identity{
+//		Tenant: "acme", Model: "meta-llama/Llama-3.1-8B-Instruct", WeightsVersion: "0e9e39f",
+//		Format: hashing.Format{Device: "cuda", ModelDType: hashing.BF16, KVDType: hashing.FP8E4M3},
+//		Layout: hashing.Layout{Layers: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, TPSize: 2, Replication: 1},
+//	}
+//	ns, err := id.Namespace() // validates id; errors name the field and the value
+//
+// Per request, keep a [Chain] and append tokens as they come; Append hashes
+// only the blocks the new tokens complete:
+//
+//	c, err := hashing.NewChain(ns.BlockSize(), hashing.CacheSalt(req.Salt))
+//	hashes := c.Append(nil, req.Prompt...)     // prefill
+//	hashes = c.Append(hashes[:0], next)        // each decoded token: usually no new block
+//
+// and name each block in each shard:
+//
+//	key := ns.Key(ns.Shard(rank), hashes[i]) // "acme/<namespace id>/<shard>/<block hash>"
+//
+// After an online weight update, rotate the identity: every earlier entry
+// becomes unreachable, and can be purged by its prefix:
+//
+//	old := ns.Prefix()
+//	ns, err = id.Rotate().Namespace()
+//	store.RemovePrefix(ctx, old)
+//
+// # What a key binds
+//
+// A key binds the stored bytes to the tenant, the model, its weights
+// version and generation, the KV format (device, model dtype, cache dtype
+// and quantization, MLA dtype) and layout (layers, heads, head dim, block
+// size, TP size, replication) through the namespace; to the shard through
+// its shard index; and to the tokens of the block and of every block before
+// it, the cache salt, the LoRA adapter and its weights' fingerprint, the
+// multimodal items and any engine-defined extras through the block hash.
+// Each of these is domain-separated, so no two different inputs share a key.
+//
+// # Concurrency
+//
+// [Identity], [Namespace], [Key], [BlockHash] and [Extra] are values, safe
+// to share between goroutines. A [Chain] belongs to one request and is not
+// safe for concurrent use; give each request its own, and reuse chains with
+// [Chain.Reset] to hash without allocating.
+package hashing

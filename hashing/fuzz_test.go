@@ -1,0 +1,64 @@
+package hashing
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func FuzzParseKey(f *testing.F) {
+	ns := testNamespace(f, nil)
+	f.Add(ns.Key(1, BlockHash{1, 2, 3}))
+	f.Add("a/" + ns.ID() + "/0/" + BlockHash{}.String())
+	f.Add("a/b/c/d")
+	f.Add("a//0/")
+	f.Add("ab/00000000000000000000000000000000/01/" + BlockHash{}.String())
+	f.Fuzz(func(t *testing.T, s string) {
+		k, err := ParseKey(s)
+		if err != nil {
+			if !errors.Is(err, ErrMalformedKey) {
+				t.Fatalf("ParseKey(%q) error %v does not wrap ErrMalformedKey", s, err)
+			}
+			if k != (Key{}) {
+				t.Fatalf("ParseKey(%q) = %+v with an error", s, k)
+			}
+			return
+		}
+		// Only canonical keys parse: formatting gives back the input.
+		if got := k.String(); got != s {
+			t.Fatalf("ParseKey(%q).String() = %q", s, got)
+		}
+		if ValidateTenant(k.Tenant) != nil || k.Rank < 0 || k.Rank > maxShard || len(k.Namespace) != IDLen {
+			t.Fatalf("ParseKey(%q) = %+v, an invalid key", s, k)
+		}
+	})
+}
+
+func FuzzIdentityUnmarshal(f *testing.F) {
+	id := validIdentity()
+	b, _ := id.MarshalBinary()
+	f.Add(b)
+	id.Format.MLADType, id.Format.KVQuant = BF16, "group64"
+	id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 4, 4
+	b, _ = id.MarshalBinary()
+	f.Add(b)
+	f.Add([]byte{1, 1})
+	f.Add([]byte{1, 1, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var id Identity
+		if err := id.UnmarshalBinary(data); err != nil {
+			if id != (Identity{}) {
+				t.Fatalf("UnmarshalBinary wrote %+v and returned %v", id, err)
+			}
+			return
+		}
+		// Only canonical encodings of valid identities decode.
+		if err := id.Validate(); err != nil {
+			t.Fatalf("decoded an invalid identity %+v: %v", id, err)
+		}
+		got, err := id.MarshalBinary()
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("MarshalBinary(UnmarshalBinary(%x)) = %x, %v", data, got, err)
+		}
+	})
+}

@@ -1,0 +1,268 @@
+package hashing
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"pgregory.net/rapid"
+)
+
+func TestIdentityValidate(t *testing.T) {
+	tests := []struct {
+		name  string
+		edit  func(*Identity)
+		field string // "" = valid
+		value string
+	}{
+		{"valid", func(*Identity) {}, "", ""},
+		{"valid mla", func(id *Identity) {
+			id.Format.MLADType = FP8E4M3
+			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 8, 8
+		}, "", ""},
+		{"valid replicated heads", func(id *Identity) { id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 8, 4 }, "", ""},
+		{"valid tenant chars", func(id *Identity) { id.Tenant = "Team-1.prod_a" }, "", ""},
+		{"empty tenant", func(id *Identity) { id.Tenant = "" }, "Tenant", `""`},
+		{"tenant with slash", func(id *Identity) { id.Tenant = "a/b" }, "Tenant", `"a/b"`},
+		{"tenant with space", func(id *Identity) { id.Tenant = "a b" }, "Tenant", `"a b"`},
+		{"tenant starting with dot", func(id *Identity) { id.Tenant = ".a" }, "Tenant", `".a"`},
+		{"tenant too long", func(id *Identity) { id.Tenant = strings.Repeat("a", 65) }, "Tenant", ""},
+		{"empty model", func(id *Identity) { id.Model = "" }, "Model", `""`},
+		{"model with newline", func(id *Identity) { id.Model = "a\nb" }, "Model", `"a\nb"`},
+		{"model not utf8", func(id *Identity) { id.Model = "\xff" }, "Model", `"\xff"`},
+		{"empty weights version", func(id *Identity) { id.WeightsVersion = "" }, "WeightsVersion", `""`},
+		{"empty device", func(id *Identity) { id.Format.Device = "" }, "Format.Device", `""`},
+		{"device with index", func(id *Identity) { id.Format.Device = "cuda:0" }, "Format.Device", `"cuda:0"`},
+		{"device upper case", func(id *Identity) { id.Format.Device = "CUDA" }, "Format.Device", `"CUDA"`},
+		{"model dtype auto", func(id *Identity) { id.Format.ModelDType = "auto" }, "Format.ModelDType", `"auto"`},
+		{"kv dtype empty", func(id *Identity) { id.Format.KVDType = "" }, "Format.KVDType", `""`},
+		{"kv dtype auto", func(id *Identity) { id.Format.KVDType = "auto" }, "Format.KVDType", `"auto"`},
+		{"kv dtype alias", func(id *Identity) { id.Format.KVDType = "float16" }, "Format.KVDType", `"float16"`},
+		{"kv dtype fp8", func(id *Identity) { id.Format.KVDType = "fp8" }, "Format.KVDType", `"fp8"`},
+		{"kv dtype unknown", func(id *Identity) { id.Format.KVDType = "fp7" }, "Format.KVDType", `"fp7"`},
+		{"mla dtype unknown", func(id *Identity) { id.Format.MLADType = "latent" }, "Format.MLADType", `"latent"`},
+		{"kv quant with space", func(id *Identity) { id.Format.KVQuant = "per token" }, "Format.KVQuant", `"per token"`},
+		{"no layers", func(id *Identity) { id.Layout.Layers = 0 }, "Layout.Layers", "0"},
+		{"negative heads", func(id *Identity) { id.Layout.KVHeads = -8 }, "Layout.KVHeads", "-8"},
+		{"head dim too big", func(id *Identity) { id.Layout.HeadDim = 1 << 17 }, "Layout.HeadDim", "131072"},
+		{"block size 0", func(id *Identity) { id.Layout.BlockSize = 0 }, "Layout.BlockSize", "0"},
+		{"block size too big", func(id *Identity) { id.Layout.BlockSize = 8192 }, "Layout.BlockSize", "8192"},
+		{"tp 0", func(id *Identity) { id.Layout.TPSize = 0 }, "Layout.TPSize", "0"},
+		{"replication 0", func(id *Identity) { id.Layout.Replication = 0 }, "Layout.Replication", "0"},
+		{"replication not dividing tp", func(id *Identity) { id.Layout.TPSize, id.Layout.Replication = 8, 3 }, "Layout.Replication", "3"},
+		{"replication above tp", func(id *Identity) { id.Layout.TPSize, id.Layout.Replication = 2, 4 }, "Layout.Replication", "4"},
+		{"shards not splitting heads", func(id *Identity) { id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 8, 1 }, "Layout.Replication", "1"},
+		{"heads not divisible", func(id *Identity) { id.Layout.KVHeads, id.Layout.TPSize = 6, 4 }, "Layout.Replication", "1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := validIdentity()
+			tt.edit(&id)
+			err := id.Validate()
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("Validate() = %v, want a *FieldError for %s", err, tt.field)
+			}
+			if fe.Field != tt.field || tt.value != "" && fe.Value != tt.value {
+				t.Errorf("Validate() field, value = %s, %s; want %s, %s (%v)", fe.Field, fe.Value, tt.field, tt.value, err)
+			}
+			if _, err2 := id.Namespace(); err2 == nil || err2.Error() != err.Error() {
+				t.Errorf("Namespace() error = %v, want %v", err2, err)
+			}
+			if b, err2 := id.MarshalBinary(); b != nil || err2 == nil {
+				t.Errorf("MarshalBinary() = %x, %v; want an error", b, err2)
+			}
+		})
+	}
+}
+
+func TestIdentityValidateReportsAll(t *testing.T) {
+	err := Identity{}.Validate()
+	for _, field := range []string{"Tenant", "Model", "WeightsVersion", "Format.Device", "Format.ModelDType",
+		"Format.KVDType", "Layout.Layers", "Layout.KVHeads", "Layout.HeadDim", "Layout.BlockSize", "Layout.TPSize", "Layout.Replication"} {
+		if !strings.Contains(err.Error(), "hashing: "+field+" = ") {
+			t.Errorf("Validate of the zero Identity does not name %s:\n%v", field, err)
+		}
+	}
+}
+
+func TestValidateMessages(t *testing.T) {
+	id := validIdentity()
+	id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 8, 1
+	id.Format.KVDType = "auto"
+	got := id.Validate().Error()
+	for _, want := range []string{
+		`hashing: Format.KVDType = "auto": not a dtype`,
+		"hashing: Layout.Replication = 1: gives 8 shards (TPSize 8 / Replication 1), which do not split Layout.KVHeads 2 evenly; with fewer KV heads than ranks, Replication is usually TPSize/KVHeads = 4",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Validate() = %q\nwant it to contain %q", got, want)
+		}
+	}
+}
+
+func TestIdentityBinaryRoundTrip(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		id := genIdentity().Draw(t, "identity")
+		b, err := id.MarshalBinary()
+		if err != nil {
+			t.Fatalf("MarshalBinary: %v", err)
+		}
+		if want := refIdentityEncoding(id); !bytes.Equal(b, want) {
+			t.Fatalf("MarshalBinary = %x, want (reference) %x", b, want)
+		}
+		var got Identity
+		if err := got.UnmarshalBinary(b); err != nil {
+			t.Fatalf("UnmarshalBinary(MarshalBinary(id)): %v", err)
+		}
+		if diff := cmp.Diff(id, got); diff != "" {
+			t.Fatalf("round trip (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestIdentityUnmarshalErrors(t *testing.T) {
+	good, err := validIdentity().MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	invalid := validIdentity()
+	invalid.Layout.Replication = 3
+	badValue := invalid.appendEncoding(nil)
+	hugeLayers := append([]byte(nil), good...)
+	copy(hugeLayers[len(good)-24:], []byte{0xff, 0xff, 0xff, 0xff})
+	tests := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"empty", nil, "version: truncated"},
+		{"version 2", append([]byte{2}, good[1:]...), "version 2, want 1"},
+		{"kind", append([]byte{1, 2}, good[2:]...), "kind 0x02, want 0x01"},
+		{"truncated", good[:len(good)-1], "Layout.Replication: truncated"},
+		{"trailing", append(good[:len(good):len(good)], 0), "1 trailing bytes"},
+		{"tenant length", append([]byte{1, 1, 0xff, 0xff, 0xff, 0xff}, good[6:]...), "Tenant: length 4294967295 over the limit of 64"},
+		{"layers over 2^31", hugeLayers, "Layout.Layers: 4294967295 out of range"},
+		{"invalid identity", badValue, "Layout.Replication = 3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := validIdentity()
+			id.Model = "unchanged"
+			before := id
+			err := id.UnmarshalBinary(tt.data)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("UnmarshalBinary = %v, want an error containing %q", err, tt.want)
+			}
+			if tt.name != "invalid identity" && !errors.Is(err, ErrMalformedIdentity) {
+				t.Errorf("error %v does not wrap ErrMalformedIdentity", err)
+			}
+			if id != before {
+				t.Errorf("UnmarshalBinary changed the identity on error: %+v", id)
+			}
+		})
+	}
+}
+
+func TestNamespace(t *testing.T) {
+	id := validIdentity()
+	ns, err := id.Namespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns2, _ := id.Namespace()
+	if ns != ns2 {
+		t.Errorf("Namespace is not deterministic: %v, %v", ns, ns2)
+	}
+	enc, _ := id.MarshalBinary()
+	if ns.Digest() != [32]byte(digestOf(enc)) {
+		t.Errorf("Digest is not BLAKE3 of the encoding")
+	}
+	if ns.Tenant() != "acme" || len(ns.ID()) != IDLen || ns.Prefix() != "acme/"+ns.ID()+"/" || ns.String() != "acme/"+ns.ID() {
+		t.Errorf("Tenant, ID, Prefix, String = %q, %q, %q, %q", ns.Tenant(), ns.ID(), ns.Prefix(), ns.String())
+	}
+	if ns.BlockSize() != 16 || ns.Shards() != 2 || ns.IsZero() {
+		t.Errorf("BlockSize, Shards, IsZero = %d, %d, %v", ns.BlockSize(), ns.Shards(), ns.IsZero())
+	}
+	rot := id.Rotate()
+	if rot.Generation != 1 || id.Generation != 0 {
+		t.Errorf("Rotate: generation %d (original now %d), want 1 (0)", rot.Generation, id.Generation)
+	}
+	nsRot, _ := rot.Namespace()
+	if nsRot.ID() == ns.ID() || nsRot.Tenant() != ns.Tenant() {
+		t.Errorf("rotated namespace %v, original %v: want a new ID, same tenant", nsRot, ns)
+	}
+	var zero Namespace
+	if !zero.IsZero() || zero.Prefix() != "" || zero.Shards() != 0 {
+		t.Errorf("zero Namespace: IsZero, Prefix, Shards = %v, %q, %d", zero.IsZero(), zero.Prefix(), zero.Shards())
+	}
+}
+
+// digestOf is BLAKE3 of b.
+func digestOf(b []byte) BlockHash { return blake3Sum(b) }
+
+func TestRotatePanicsAtMax(t *testing.T) {
+	id := validIdentity()
+	id.Generation = math.MaxUint64
+	defer func() {
+		if recover() == nil {
+			t.Error("Rotate at the largest generation did not panic")
+		}
+	}()
+	id.Rotate()
+}
+
+func TestIdentityJSON(t *testing.T) {
+	in := `{"tenant":"acme","model":"m","weights_version":"v1","generation":3,
+	"format":{"device":"cuda","model_dtype":"bfloat16","kv_dtype":"float8_e4m3fn"},
+	"layout":{"layers":2,"kv_heads":1,"head_dim":64,"block_size":16,"tp_size":4,"replication":4}}`
+	var id Identity
+	if err := json.Unmarshal([]byte(in), &id); err != nil {
+		t.Fatal(err)
+	}
+	want := Identity{Tenant: "acme", Model: "m", WeightsVersion: "v1", Generation: 3,
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: FP8E4M3},
+		Layout: Layout{Layers: 2, KVHeads: 1, HeadDim: 64, BlockSize: 16, TPSize: 4, Replication: 4}}
+	if diff := cmp.Diff(want, id); diff != "" {
+		t.Errorf("json.Unmarshal (-want +got):\n%s", diff)
+	}
+	if err := json.Unmarshal([]byte(`{"format":{"kv_dtype":"auto"}}`), &id); err == nil || !strings.Contains(err.Error(), `"auto"`) {
+		t.Errorf("json.Unmarshal of kv_dtype auto: %v, want an error naming it", err)
+	}
+}
+
+func TestParseDType(t *testing.T) {
+	tests := []struct {
+		in   string
+		want DType
+		err  string
+	}{
+		{"fp16", FP16, ""}, {"FP16", FP16, ""}, {"float16", FP16, ""}, {"half", FP16, ""},
+		{"bfloat16", BF16, ""}, {" bf16 ", BF16, ""}, {"float32", FP32, ""},
+		{"float8_e4m3fn", FP8E4M3, ""}, {"fp8_e5m2", FP8E5M2, ""}, {"float8_e4m3fnuz", FP8E4M3FNUZ, ""},
+		{"int8", INT8, ""}, {"int4", INT4, ""}, {"fp4_e2m1", FP4E2M1, ""},
+		{"auto", "", `"auto": not a dtype`}, {"", "", "not a dtype"},
+		{"fp8", "", "ambiguous: say fp8_e4m3"}, {"fp7", "", "unknown dtype (known: fp32, fp16"},
+	}
+	for _, tt := range tests {
+		got, err := ParseDType(tt.in)
+		if got != tt.want || (err == nil) != (tt.err == "") || err != nil && !strings.Contains(err.Error(), tt.err) {
+			t.Errorf("ParseDType(%q) = %q, %v; want %q, %q", tt.in, got, err, tt.want, tt.err)
+		}
+	}
+	for _, d := range DTypes() {
+		if got, err := ParseDType(d.String()); got != d || err != nil || !d.Known() {
+			t.Errorf("ParseDType(%q) = %q, %v; Known = %v", d, got, err, d.Known())
+		}
+	}
+}

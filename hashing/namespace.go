@@ -1,0 +1,215 @@
+package hashing
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// IDLen is the number of hexadecimal digits of a namespace ID in keys: the
+// first 16 bytes (128 bits) of the namespace digest. SPEC.md explains the
+// choice.
+const IDLen = 32
+
+// MaxKeyLen is the longest key this package produces or parses, in bytes.
+// Keys stay far below it (at most 168 bytes); it equals the limit stores
+// must accept.
+const MaxKeyLen = 512
+
+// maxShard is the largest shard index (TPSize is at most 65536).
+const maxShard = maxLayoutValue - 1
+
+// Namespace identifies one [Identity] in store keys: the tenant plus a
+// digest of the identity's canonical encoding. It also knows the identity's
+// block size and shard schema. Get one from [Identity.Namespace]; the zero
+// Namespace has no keys. Namespaces are comparable values, safe for
+// concurrent use.
+type Namespace struct {
+	tenant    string
+	id        string // IDLen lowercase hex digits
+	prefix    string // tenant "/" id "/"
+	digest    [32]byte
+	blockSize int
+	tp, repl  int
+}
+
+func newNamespace(tenant string, digest [32]byte, l Layout) Namespace {
+	id := hex.EncodeToString(digest[:IDLen/2])
+	return Namespace{
+		tenant:    tenant,
+		id:        id,
+		prefix:    tenant + "/" + id + "/",
+		digest:    digest,
+		blockSize: l.BlockSize,
+		tp:        l.TPSize,
+		repl:      l.Replication,
+	}
+}
+
+// Tenant returns the namespace's tenant.
+func (ns Namespace) Tenant() string { return ns.tenant }
+
+// ID returns the namespace ID shown in keys: the first [IDLen] lowercase
+// hexadecimal digits of the digest.
+func (ns Namespace) ID() string { return ns.id }
+
+// Digest returns the full BLAKE3 digest of the identity's encoding.
+func (ns Namespace) Digest() [32]byte { return ns.digest }
+
+// IsZero reports whether ns is the zero Namespace.
+func (ns Namespace) IsZero() bool { return ns.tenant == "" }
+
+// String returns "tenant/id", for logs.
+func (ns Namespace) String() string { return ns.tenant + "/" + ns.id }
+
+// BlockSize returns the identity's block size in tokens; chains of this
+// namespace must use it.
+func (ns Namespace) BlockSize() int { return ns.blockSize }
+
+// Prefix returns the prefix that every key of ns starts with, and no key of
+// another namespace: "tenant/id/". Removing it from a store purges one
+// identity (one generation of one model of one tenant). It is "" for the
+// zero Namespace, and stores reject an empty prefix.
+func (ns Namespace) Prefix() string { return ns.prefix }
+
+// TenantPrefix returns the prefix that every key of tenant starts with, and
+// no key of another tenant: "tenant/". Removing it from a store purges the
+// tenant. It returns "" when tenant is not valid ([ValidateTenant]), which
+// stores reject as a prefix, so that a bad tenant can never purge others.
+func TenantPrefix(tenant string) string {
+	if ValidateTenant(tenant) != nil {
+		return ""
+	}
+	return tenant + "/"
+}
+
+// TPSize returns the identity's tensor-parallel size.
+func (ns Namespace) TPSize() int { return ns.tp }
+
+// Replication returns how many TP ranks hold the same KV heads.
+func (ns Namespace) Replication() int { return ns.repl }
+
+// Shards returns the number of distinct KV shards: TPSize / Replication.
+// A block is stored once per shard, and a block is present for a request
+// only when it is present for every shard.
+func (ns Namespace) Shards() int {
+	if ns.repl == 0 {
+		return 0
+	}
+	return ns.tp / ns.repl
+}
+
+// Shard returns the shard that TP rank rank holds: rank / Replication.
+// Ranks that hold the same KV heads (Replication consecutive ranks) have the
+// same shard and so the same keys, which store a block once; by convention
+// the first rank of each shard (rank % Replication == 0) saves it, and any
+// of them may load it. Shard panics unless 0 <= rank < TPSize.
+func (ns Namespace) Shard(rank int) int {
+	if rank < 0 || rank >= ns.tp {
+		panic(fmt.Sprintf("hashing: Namespace.Shard: rank %d outside [0, %d)", rank, ns.tp))
+	}
+	return rank / ns.repl
+}
+
+// Key returns the store key of block h in shard shard of ns:
+// "tenant/id/shard/hash", with the shard in decimal and the hash in 64
+// lowercase hexadecimal digits. Key panics unless 0 <= shard < ns.Shards();
+// map a TP rank to its shard with [Namespace.Shard].
+func (ns Namespace) Key(shard int, h BlockHash) string {
+	var buf [MaxKeyLen]byte
+	return string(ns.AppendKey(buf[:0], shard, h))
+}
+
+// AppendKey appends the key that [Namespace.Key] returns to dst and returns
+// the extended slice; it does not allocate when dst has room.
+func (ns Namespace) AppendKey(dst []byte, shard int, h BlockHash) []byte {
+	if shard < 0 || shard >= ns.Shards() {
+		panic(fmt.Sprintf("hashing: Namespace.Key: shard %d outside [0, %d)", shard, ns.Shards()))
+	}
+	dst = append(dst, ns.prefix...)
+	dst = strconv.AppendUint(dst, uint64(shard), 10)
+	dst = append(dst, '/')
+	return hex.AppendEncode(dst, h[:])
+}
+
+// Key is a parsed store key.
+type Key struct {
+	Tenant    string    // the tenant
+	Namespace string    // the namespace ID: IDLen lowercase hex digits
+	Rank      int       // the shard index (see Namespace.Shard); the TP rank when Replication is 1
+	Hash      BlockHash // the block hash
+}
+
+// String formats k as a key: "tenant/namespace/rank/hash". For a k that
+// [ParseKey] returned it gives back the parsed string.
+func (k Key) String() string {
+	var b strings.Builder
+	b.Grow(len(k.Tenant) + len(k.Namespace) + 72)
+	b.WriteString(k.Tenant)
+	b.WriteByte('/')
+	b.WriteString(k.Namespace)
+	b.WriteByte('/')
+	b.WriteString(strconv.Itoa(k.Rank))
+	b.WriteByte('/')
+	b.WriteString(k.Hash.String())
+	return b.String()
+}
+
+// ParseKey parses a key of the form [Namespace.Key] returns. It never
+// panics; a malformed key gives an error that wraps [ErrMalformedKey] and
+// says which part is wrong. Only the canonical form is accepted (lowercase
+// hex, no leading zeros or sign in the shard), so ParseKey(s).String() == s
+// whenever ParseKey succeeds.
+func ParseKey(s string) (Key, error) {
+	bad := func(format string, args ...any) (Key, error) {
+		return Key{}, fmt.Errorf("%w: %s: %s", ErrMalformedKey, quoteTrunc(s), fmt.Sprintf(format, args...))
+	}
+	if len(s) > MaxKeyLen {
+		return bad("%d bytes, longer than %d", len(s), MaxKeyLen)
+	}
+	tenant, rest, ok1 := strings.Cut(s, "/")
+	id, rest, ok2 := strings.Cut(rest, "/")
+	shard, hash, ok3 := strings.Cut(rest, "/")
+	if !ok1 || !ok2 || !ok3 || strings.Contains(hash, "/") {
+		return bad("want 4 fields separated by '/' (tenant/namespace/shard/hash), have %d", strings.Count(s, "/")+1)
+	}
+	if err := ValidateTenant(tenant); err != nil {
+		return bad("tenant: %v", err.(*FieldError).Reason)
+	}
+	var idb [IDLen / 2]byte
+	if err := parseHex(idb[:], id); err != nil {
+		return bad("namespace %s: %v", quoteTrunc(id), err)
+	}
+	r, err := parseShard(shard)
+	if err != nil {
+		return bad("shard %s: %v", quoteTrunc(shard), err)
+	}
+	var h BlockHash
+	if err := parseHex(h[:], hash); err != nil {
+		return bad("hash: %v", err)
+	}
+	return Key{Tenant: tenant, Namespace: id, Rank: r, Hash: h}, nil
+}
+
+// parseShard parses a canonical decimal shard index.
+func parseShard(s string) (int, error) {
+	if s == "" {
+		return 0, fmt.Errorf("empty")
+	}
+	if len(s) > 1 && s[0] == '0' {
+		return 0, fmt.Errorf("leading zero")
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("character %q at %d is not a decimal digit", c, i)
+		}
+		n = n*10 + int(c-'0')
+		if n > maxShard {
+			return 0, fmt.Errorf("above the largest shard %d", maxShard)
+		}
+	}
+	return n, nil
+}

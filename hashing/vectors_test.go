@@ -1,0 +1,426 @@
+package hashing
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/zeebo/blake3"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/vectors.json from the generator")
+
+const vectorsPath = "testdata/vectors.json"
+
+// vectorFile is the layout of testdata/vectors.json (described in SPEC.md,
+// "Test vectors").
+type vectorFile struct {
+	Comment      string           `json:"comment"`
+	SpecVersion  int              `json:"spec_version"`
+	TokenContext string           `json:"token_context"`
+	Identities   []identityVector `json:"identities"`
+	Chains       []chainVector    `json:"chains"`
+	Keys         []keyVector      `json:"keys"`
+	Worked       []workedValue    `json:"worked_example"`
+}
+
+type identityVector struct {
+	Name         string   `json:"name"`
+	Identity     Identity `json:"identity"`
+	Encoding     string   `json:"encoding"` // hex of MarshalBinary
+	Digest       string   `json:"digest"`   // hex of BLAKE3(encoding)
+	ID           string   `json:"id"`
+	Prefix       string   `json:"prefix"`
+	TenantPrefix string   `json:"tenant_prefix"`
+	Shards       int      `json:"shards"`
+}
+
+type extraVector struct {
+	Kind   string `json:"kind"`             // cache_salt, adapter, opaque, multimodal
+	Value  string `json:"value,omitempty"`  // salt, adapter name or opaque tag
+	Data   string `json:"data,omitempty"`   // opaque data, hex
+	Hash   string `json:"hash,omitempty"`   // adapter fingerprint or content hash, hex
+	Offset *int   `json:"offset,omitempty"` // multimodal
+	Length int    `json:"length,omitempty"` // multimodal
+}
+
+type chainVector struct {
+	Name      string        `json:"name"`
+	BlockSize int           `json:"block_size"`
+	Tokens    []Token       `json:"tokens"`
+	Extras    []extraVector `json:"extras"`
+	Seed      BlockHash     `json:"seed"`
+	Hashes    []BlockHash   `json:"hashes"`
+}
+
+type keyVector struct {
+	Identity string `json:"identity"` // name of an identity vector
+	Chain    string `json:"chain"`    // name of a chain vector
+	Block    int    `json:"block"`    // index into the chain's hashes
+	Rank     int    `json:"rank"`     // TP rank
+	Shard    int    `json:"shard"`
+	Key      string `json:"key"`
+}
+
+type workedValue struct {
+	Name string `json:"name"`
+	Hex  string `json:"hex"`
+}
+
+func (e extraVector) extra(t testing.TB) Extra {
+	t.Helper()
+	var h [32]byte
+	if e.Hash != "" {
+		if err := parseHex(h[:], e.Hash); err != nil {
+			t.Fatalf("extra %+v: %v", e, err)
+		}
+	}
+	switch e.Kind {
+	case "cache_salt":
+		return CacheSalt(e.Value)
+	case "adapter":
+		return Adapter(e.Value, h)
+	case "opaque":
+		data, err := hex.DecodeString(e.Data)
+		if err != nil {
+			t.Fatalf("extra %+v: %v", e, err)
+		}
+		return Opaque(e.Value, data)
+	case "multimodal":
+		if e.Offset == nil {
+			t.Fatalf("extra %+v: no offset", e)
+		}
+		return MultiModal(h, *e.Offset, e.Length)
+	}
+	t.Fatalf("extra of unknown kind %q", e.Kind)
+	return Extra{}
+}
+
+func (e extraVector) ref(t testing.TB) refExtra {
+	x := e.extra(t)
+	kind := map[byte]string{extraCacheSalt: "cache_salt", extraAdapter: "adapter", extraOpaque: "opaque", extraMultiModal: "multimodal"}[x.kind]
+	return refExtra{kind: kind, str: x.s1, data: x.s2, hash: x.h, off: x.off, n: x.n}
+}
+
+func intp(i int) *int { return &i }
+
+func b3hex(s string) string { h := blake3.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
+
+// vectorTokens are deterministic token ids from a xorshift generator,
+// mostly below 2^17 with one in eight over the full uint32 range.
+func vectorTokens(n int, seed uint64) []Token {
+	t := make([]Token, n)
+	x := seed*0x9e3779b97f4a7c15 | 1
+	for i := range t {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		if x%8 == 0 {
+			t[i] = Token(x >> 32)
+		} else {
+			t[i] = Token(x>>20) % (1 << 17)
+		}
+	}
+	return t
+}
+
+// generateVectors builds the contents of testdata/vectors.json.
+func generateVectors(t testing.TB) vectorFile {
+	t.Helper()
+	vf := vectorFile{
+		Comment:      "Test vectors of kvconnect's hashing spec (hashing/SPEC.md). Hex is lowercase; tokens are uint32 token ids.",
+		SpecVersion:  SpecVersion,
+		TokenContext: tokenContext,
+	}
+
+	// Identities.
+	basic := Identity{
+		Tenant: "acme", Model: "meta-llama/Llama-3.1-8B-Instruct", WeightsVersion: "0e9e39f249a16976918f6564b8830bc894c89659",
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: FP16},
+		Layout: Layout{Layers: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, TPSize: 2, Replication: 1},
+	}
+	fp8 := basic
+	fp8.Format.KVDType = FP8E4M3
+	replicated := basic
+	replicated.Tenant = "acme-eu.prod_2"
+	replicated.Layout = Layout{Layers: 48, KVHeads: 2, HeadDim: 128, BlockSize: 64, TPSize: 8, Replication: 4}
+	replicated.Format = Format{Device: "rocm", ModelDType: BF16, KVDType: INT8, KVQuant: "per_token_head"}
+	mla := Identity{
+		Tenant: "ab", Model: "deepseek-ai/DeepSeek-V3", WeightsVersion: "v3-0324", Generation: 7,
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: FP8E4M3, MLADType: FP8E4M3},
+		Layout: Layout{Layers: 61, KVHeads: 1, HeadDim: 576, BlockSize: 256, TPSize: 8, Replication: 8},
+	}
+	ids := []struct {
+		name string
+		id   Identity
+	}{
+		{"basic", basic}, {"basic-rotated", basic.Rotate()}, {"basic-kv-fp8", fp8},
+		{"replicated", replicated}, {"mla", mla},
+	}
+	nss := map[string]Namespace{}
+	for _, x := range ids {
+		enc, err := x.id.MarshalBinary()
+		if err != nil {
+			t.Fatalf("identity %s: %v", x.name, err)
+		}
+		ns, err := x.id.Namespace()
+		if err != nil {
+			t.Fatalf("identity %s: %v", x.name, err)
+		}
+		nss[x.name] = ns
+		d := ns.Digest()
+		vf.Identities = append(vf.Identities, identityVector{
+			Name: x.name, Identity: x.id, Encoding: hex.EncodeToString(enc), Digest: hex.EncodeToString(d[:]),
+			ID: ns.ID(), Prefix: ns.Prefix(), TenantPrefix: TenantPrefix(x.id.Tenant), Shards: ns.Shards(),
+		})
+	}
+
+	// Chains.
+	adapter := extraVector{Kind: "adapter", Value: "sql-lora", Hash: b3hex("sql-lora weights")}
+	salt := extraVector{Kind: "cache_salt", Value: "user-42"}
+	chains := []struct {
+		name   string
+		n      int
+		tokens []Token
+		extras []extraVector
+	}{
+		{"bs1", 1, vectorTokens(5, 1), nil},
+		{"bs1-salt", 1, vectorTokens(3, 1), []extraVector{salt}},
+		{"bs16", 16, vectorTokens(40, 2), nil},
+		{"bs16-all-kinds", 16, vectorTokens(48, 2), []extraVector{
+			{Kind: "opaque", Value: "vision_tower", Data: hex.EncodeToString([]byte("siglip-400m"))},
+			salt, adapter,
+			{Kind: "multimodal", Hash: b3hex("image 1"), Offset: intp(10), Length: 12},
+			{Kind: "opaque", Value: "prompt_adapter", Data: ""},
+			{Kind: "multimodal", Hash: b3hex("image 2"), Offset: intp(40), Length: 3},
+		}},
+		{"bs64", 64, vectorTokens(3*64+5, 3), nil},
+		{"bs64-adapter", 64, vectorTokens(2*64, 3), []extraVector{adapter}},
+		{"bs128", 128, vectorTokens(128, 4), nil},
+		{"bs129", 129, vectorTokens(2*129, 4), nil},
+		{"bs256", 256, vectorTokens(3*256, 5), nil},
+		{"bs256-salt-multimodal", 256, vectorTokens(2*256+1, 5), []extraVector{
+			salt, {Kind: "multimodal", Hash: b3hex("audio"), Offset: intp(200), Length: 100},
+		}},
+	}
+	hashes := map[string][]BlockHash{}
+	for _, x := range chains {
+		var extras []Extra
+		var refs []refExtra
+		for _, e := range x.extras {
+			extras = append(extras, e.extra(t))
+			refs = append(refs, e.ref(t))
+		}
+		c, err := NewChain(x.n, extras...)
+		if err != nil {
+			t.Fatalf("chain %s: %v", x.name, err)
+		}
+		h := c.Append(nil, x.tokens...)
+		// The vectors must agree with the reference implementation too.
+		seed, steps := refChain(x.n, x.tokens, refs)
+		if BlockHash(seed) != c.seed || len(steps) != len(h) {
+			t.Fatalf("chain %s: package and reference disagree", x.name)
+		}
+		for i := range steps {
+			if steps[i].hash != h[i] {
+				t.Fatalf("chain %s block %d: package %v, reference %v", x.name, i, h[i], BlockHash(steps[i].hash))
+			}
+		}
+		hashes[x.name] = h
+		vf.Chains = append(vf.Chains, chainVector{Name: x.name, BlockSize: x.n, Tokens: x.tokens, Extras: x.extras, Seed: c.seed, Hashes: h})
+	}
+
+	// Keys.
+	keys := []struct {
+		identity, chain string
+		block           int
+		ranks           []int
+	}{
+		{"basic", "bs16", 1, []int{0, 1}},
+		{"basic-rotated", "bs16", 1, []int{0}},
+		{"basic-kv-fp8", "bs16", 1, []int{0}},
+		{"replicated", "bs64", 0, []int{0, 3, 4, 7}},
+		{"mla", "bs256", 2, []int{0, 5}},
+	}
+	for _, k := range keys {
+		ns := nss[k.identity]
+		for _, r := range k.ranks {
+			s := ns.Shard(r)
+			vf.Keys = append(vf.Keys, keyVector{Identity: k.identity, Chain: k.chain, Block: k.block, Rank: r, Shard: s,
+				Key: ns.Key(s, hashes[k.chain][k.block])})
+		}
+	}
+
+	vf.Worked = workedExample(t, basic, nss["basic"])
+	return vf
+}
+
+// workedExample computes the intermediate values of SPEC.md's worked
+// example with the reference implementation.
+func workedExample(t testing.TB, basicID Identity, basic Namespace) []workedValue {
+	t.Helper()
+	var w []workedValue
+	add := func(name string, b []byte) { w = append(w, workedValue{name, hex.EncodeToString(b)}) }
+
+	// A: block size 4, tokens 1..9, a salt and an image over tokens 6..8.
+	img := blake3.Sum256([]byte("img"))
+	ex := []refExtra{{kind: "cache_salt", str: "s"}, {kind: "multimodal", hash: img, off: 6, n: 3}}
+	tokens := []Token{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	seed, steps := refChain(4, tokens, ex)
+	add("A.content_hash", img[:])
+	add("A.seed_message", refSeedMessage(ex))
+	add("A.seed", seed[:])
+	add("A.block0_message", steps[0].msg)
+	add("A.block0_hash", steps[0].hash[:])
+	add("A.block1_extras_message", steps[1].extrasMsg)
+	y := blake3.Sum256(steps[1].extrasMsg)
+	add("A.block1_extras_digest", y[:])
+	add("A.block1_message", steps[1].msg)
+	add("A.block1_hash", steps[1].hash[:])
+	got, _ := HashBlocks(4, tokens, CacheSalt("s"), MultiModal(img, 6, 3))
+	if len(got) != 2 || got[0] != steps[0].hash || got[1] != steps[1].hash {
+		t.Fatalf("worked example A: package %v, reference %v %v", got, steps[0].hash, steps[1].hash)
+	}
+
+	// B: block size 129, tokens 0..128, no extras: the split form.
+	seedB, stepsB := refChain(129, seq(129), nil)
+	add("B.seed_message", refSeedMessage(nil))
+	add("B.seed", seedB[:])
+	add("B.token_digest", stepsB[0].tokenDigest)
+	add("B.block0_message", stepsB[0].msg)
+	add("B.block0_hash", stepsB[0].hash[:])
+
+	// C: the "basic" identity and a key of block 1 of A.
+	enc, _ := basicID.MarshalBinary()
+	add("C.encoding", enc)
+	d := basic.Digest()
+	add("C.digest", d[:])
+	w = append(w, workedValue{"C.key", hex.EncodeToString([]byte(basic.Key(1, steps[1].hash)))})
+	return w
+}
+
+func readVectors(t *testing.T) vectorFile {
+	t.Helper()
+	b, err := os.ReadFile(vectorsPath)
+	if err != nil {
+		t.Fatalf("%v (generate it with: go test ./hashing -run TestVectors -update)", err)
+	}
+	var vf vectorFile
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&vf); err != nil {
+		t.Fatalf("%s: %v", vectorsPath, err)
+	}
+	return vf
+}
+
+// TestVectors checks every vector of testdata/vectors.json against the
+// package, from the file's inputs, and that the generator still writes the
+// same file. With -update it rewrites the file first.
+func TestVectors(t *testing.T) {
+	if *update {
+		b, err := json.MarshalIndent(generateVectors(t), "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(vectorsPath, append(b, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vf := readVectors(t)
+	if vf.SpecVersion != SpecVersion || vf.TokenContext != tokenContext {
+		t.Fatalf("vectors are for spec version %d (context %q), package implements %d (%q)", vf.SpecVersion, vf.TokenContext, SpecVersion, tokenContext)
+	}
+	nss := map[string]Namespace{}
+	for _, v := range vf.Identities {
+		enc, err := v.Identity.MarshalBinary()
+		if err != nil {
+			t.Errorf("identity %s: %v", v.Name, err)
+			continue
+		}
+		ns, _ := v.Identity.Namespace()
+		nss[v.Name] = ns
+		d := ns.Digest()
+		got := identityVector{Name: v.Name, Identity: v.Identity, Encoding: hex.EncodeToString(enc), Digest: hex.EncodeToString(d[:]),
+			ID: ns.ID(), Prefix: ns.Prefix(), TenantPrefix: TenantPrefix(v.Identity.Tenant), Shards: ns.Shards()}
+		if diff := cmp.Diff(v, got); diff != "" {
+			t.Errorf("identity %s (-file +package):\n%s", v.Name, diff)
+		}
+		var back Identity
+		if err := back.UnmarshalBinary(enc); err != nil || back != v.Identity {
+			t.Errorf("identity %s: UnmarshalBinary = %+v, %v", v.Name, back, err)
+		}
+	}
+	hashes := map[string][]BlockHash{}
+	for _, v := range vf.Chains {
+		var extras []Extra
+		for _, e := range v.Extras {
+			extras = append(extras, e.extra(t))
+		}
+		c, err := NewChain(v.BlockSize, extras...)
+		if err != nil {
+			t.Errorf("chain %s: %v", v.Name, err)
+			continue
+		}
+		got := c.Append(nil, v.Tokens...)
+		hashes[v.Name] = got
+		if c.seed != v.Seed {
+			t.Errorf("chain %s: seed %v, file %v", v.Name, c.seed, v.Seed)
+		}
+		if diff := cmp.Diff(v.Hashes, got); diff != "" {
+			t.Errorf("chain %s (-file +package):\n%s", v.Name, diff)
+		}
+	}
+	for _, v := range vf.Keys {
+		ns, h := nss[v.Identity], hashes[v.Chain]
+		if ns.IsZero() || v.Block >= len(h) {
+			t.Errorf("key vector %+v names no identity or block", v)
+			continue
+		}
+		if s := ns.Shard(v.Rank); s != v.Shard {
+			t.Errorf("key vector %+v: Shard(%d) = %d", v, v.Rank, s)
+		}
+		if k := ns.Key(v.Shard, h[v.Block]); k != v.Key {
+			t.Errorf("key vector %+v: Key = %q", v, k)
+		}
+		if k, err := ParseKey(v.Key); err != nil || k.String() != v.Key || k.Hash != h[v.Block] || k.Rank != v.Shard {
+			t.Errorf("key vector %+v: ParseKey = %+v, %v", v, k, err)
+		}
+	}
+	if diff := cmp.Diff(generateVectors(t), vf); diff != "" {
+		t.Errorf("%s is not what the generator writes; regenerate with -update if the change is intended (-generator +file):\n%s", vectorsPath, diff)
+	}
+}
+
+// TestSpecWorkedExample checks that SPEC.md shows the worked example's
+// values as the package computes them.
+func TestSpecWorkedExample(t *testing.T) {
+	spec, err := os.ReadFile("SPEC.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := regexp.MustCompile(`\s+`).ReplaceAllString(string(spec), "")
+	vf := readVectors(t)
+	if len(vf.Worked) == 0 {
+		t.Fatal("no worked example in the vectors")
+	}
+	for _, w := range vf.Worked {
+		want := w.Hex
+		if w.Name == "C.key" {
+			b, _ := hex.DecodeString(w.Hex)
+			want = string(b)
+		}
+		if !strings.Contains(flat, want) {
+			t.Errorf("SPEC.md does not show %s = %s", w.Name, want)
+		}
+	}
+	if !strings.Contains(string(spec), "Spec version: "+string(rune('0'+SpecVersion))) {
+		t.Errorf("SPEC.md does not say \"Spec version: %d\"", SpecVersion)
+	}
+}
