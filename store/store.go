@@ -122,7 +122,21 @@ func ValidateKey(key string) error {
 	if len(key) > MaxKeyLen {
 		return fmt.Errorf("%w: key of %d bytes is longer than %d", ErrInvalidKey, len(key), MaxKeyLen)
 	}
-	for i := 0; i < len(key); i++ {
+	// Eight bytes at a time: a word is valid when no byte is below 0x21
+	// and none above 0x7e (the classic "has less" and "has more" tests).
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(key); i += 8 {
+		b := key[i : i+8]
+		w := uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+			uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+		below := (w - ones*0x21) &^ w       // some high bit set iff some byte is below 0x21
+		above := (w + ones*(0x7f-0x7e)) | w // some high bit set iff some byte is above 0x7e
+		if (below|above)&highs != 0 {
+			break
+		}
+	}
+	for ; i < len(key); i++ {
 		if c := key[i]; c < 0x21 || c > 0x7e {
 			return fmt.Errorf("%w: key %.64q has byte %#x at %d (printable ASCII without spaces only)", ErrInvalidKey, key, c, i)
 		}

@@ -1,0 +1,45 @@
+// Package rdma describes memory that native code reads and writes directly:
+// the host memory of a process, mapped outside the Go heap, and the memory of
+// accelerator devices.
+//
+// It is for stores, transfer engines and device runtimes that move KV-cache
+// blocks without staging copies, and for engines that hand them their KV
+// memory. A [Region] names a span of such memory (an address, a length and a
+// [Location]); it is a plain value that owns nothing. [HostMemory], from
+// [AllocHost], owns a span of host memory mapped with mmap: page aligned,
+// never moved or traced by the garbage collector, and released only by an
+// explicit [HostMemory.Free]. Go-heap memory must never be handed to native
+// code; memory from AllocHost may be.
+//
+// # Usage
+//
+//	mem, err := rdma.AllocHost(64 << 20)
+//	if err != nil {
+//		return err // wraps rdma.ErrUnsupported where mmap is not available
+//	}
+//	defer mem.Free()
+//
+//	r := mem.Region()          // the whole mapping: rdma.Region{Addr, Len, Loc: rdma.Host}
+//	blk, err := r.Sub(off, n)  // one KV block inside it
+//	...
+//	n, err := rdma.Copy(dst, blk) // host-to-host memmove between regions
+//
+// [HostMemory.Bytes] returns a []byte view of the mapping for Go code that
+// fills or checks it; [Region.Bytes] does the same for any host region.
+// Neither slice may be used after the memory is freed.
+//
+// # Platforms
+//
+// AllocHost maps anonymous memory with syscall.Mmap on Unix systems (Linux,
+// macOS, the BSDs, ...). Elsewhere it returns an error wrapping
+// [ErrUnsupported], which also matches errors.ErrUnsupported.
+//
+// # Concurrency
+//
+// Region is a value and safe to share. A HostMemory is safe for concurrent
+// use: Free may be called from several goroutines, and any number of times;
+// the first call unmaps. The bytes themselves are not synchronised by this
+// package: callers that read and write the same bytes from several goroutines
+// (or from native code) order those accesses themselves, and must not free a
+// mapping while anything still uses it.
+package rdma

@@ -1,0 +1,68 @@
+// Package memstore is the embedded, in-process [store.Store]: the default
+// store of kvconnect, with no native library and no service to run.
+//
+// It is for engines that share KV blocks between the workers of one
+// process, for single-machine deployments, and for the tests of everything
+// above the store (wrap it in
+// [github.com/kvconnect/kvconnect/store/storetest.Faulty] to add faults).
+//
+// Values live in one arena of host memory mapped outside the Go heap when
+// the store is created ([Config.Capacity] bytes). A put copies the value
+// straight from the caller's region into the arena, a get straight from the
+// arena into the caller's region: one copy each way, no intermediate
+// buffer, and no Go-heap allocation per key in steady state. The arena is
+// managed by a segregated-fit allocator with immediate coalescing, in
+// 64-byte units: values of one size (the usual case for KV blocks) reuse
+// each other's space exactly, and mixed sizes fragment little.
+//
+// # Usage
+//
+//	s, err := memstore.New(memstore.Config{Capacity: 8 << 30})
+//	if err != nil { ... }
+//	defer s.Close()
+//
+//	res := make([]store.Result, len(keys))
+//	err = s.Put(ctx, keys, srcs, res) // srcs: host regions, e.g. from rdma.AllocHost
+//	err = s.Get(ctx, keys, dsts, res)
+//
+// Register and Unregister only record regions; Put and Get accept any
+// valid host region (non-zero address, positive length, in host memory)
+// unless [Config.RequireRegistered] is set, which makes them refuse memory
+// outside the registered regions with store.ErrInvalidRegion, as Mooncake
+// Store does: tests that must catch a missing registration use it. Device
+// regions are refused with store.ErrInvalidRegion.
+//
+// # Eviction
+//
+// memstore is a cache. When a put would take the memory in use above
+// [Config.HighWatermark] of the capacity, it first evicts least recently
+// used entries, [Config.EvictRatio] of the capacity (or more, if the value
+// needs it), like Mooncake's eviction_high_watermark_ratio and
+// eviction_ratio. If there is still no room (every entry is being read, or
+// the free memory is too fragmented) the key gets store.ErrNoSpace and is
+// counted in Stats.RejectedPuts; the caller may retry later. A put and a
+// get count as uses; Exists does not. LRU order is exact within a shard and
+// approximate across shards: one store-wide clock stamps every use, and an
+// eviction repeatedly takes from the shard whose oldest entry is oldest.
+//
+// # Leases
+//
+// memstore grants no leases. An entry is pinned only while a Get copies its
+// bytes out: it cannot be evicted during the copy, and a Remove during the
+// copy takes the key away at once but frees its memory only when the copy
+// ends. Exists pins nothing, so probing many keys never holds memory: a key
+// reported present may be evicted before the Get that follows, which then
+// returns store.ErrNotFound and counts as a miss. Mooncake instead grants a
+// read lease (10 s by default) on exists and get; leased entries cannot be
+// evicted, and exists-heavy lookups have been seen to starve eviction that
+// way. memstore therefore never returns store.ErrLeaseExpired or
+// store.ErrHasLease.
+//
+// # Concurrency
+//
+// A Store is safe for concurrent use. The key index is split into
+// [Config.Shards] shards, each with its own lock, chosen by a hash of the
+// key; the allocator has one lock, held only to take or return memory.
+// Copies run with no lock held. Close waits for the calls in flight, then
+// unmaps the arena; later calls return store.ErrClosed.
+package memstore

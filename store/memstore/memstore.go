@@ -1,0 +1,670 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+var _ store.Store = (*Store)(nil)
+
+// Store is the embedded in-process store. Create one with [New]; it is safe
+// for concurrent use by multiple goroutines.
+type Store struct {
+	cfg        Config
+	log        *slog.Logger
+	mem        *rdma.HostMemory
+	buf        []byte // the arena's bytes, valid until Close
+	highUnits  int64  // HighWatermark of the arena, in units
+	evictUnits int64  // EvictRatio of the arena, in units
+	seed       maphash.Seed
+	shards     []shard
+	clock      atomic.Uint64 // LRU clock: one tick per key put or read
+	regs       registry
+	counters   counters
+	groups     groupPool
+
+	// copyHook, set by tests only, is called by Get after it pinned an
+	// entry and before it copies the entry's bytes out.
+	copyHook func(key string)
+
+	// life is read-locked by every call for its whole duration and
+	// write-locked by Close, which so waits for calls in flight.
+	life struct {
+		sync.RWMutex
+		closed bool
+	}
+
+	// alloc guards the arena allocator. Lock order: a shard's mu, then
+	// alloc; never the other way round.
+	alloc struct {
+		sync.Mutex
+		a *arena
+	}
+
+	// evict serialises evictions; it is taken with no other lock held.
+	evict struct {
+		sync.Mutex
+		gen    atomic.Uint64 // completed eviction rounds
+		cursor []uint64      // per shard: stamp of its oldest evictable entry
+		nodes  []int32       // extents to free after a shard is unlocked
+	}
+}
+
+// shard is one independently locked part of the key index.
+type shard struct {
+	mu    sync.Mutex
+	m     map[string]slot
+	lru   entry    // sentinel: lru.next is the most recently used entry, lru.prev the least
+	keys  int64    // entries in m
+	bytes int64    // value bytes of entries in m
+	spare []*entry // entries to reuse
+	_     [64]byte // keeps neighbouring shards' locks off one cache line
+}
+
+// slot is the index's value for a key: the entry, and the value's size
+// again so that Exists need not touch the entry.
+type slot struct {
+	e    *entry
+	size int
+}
+
+// entry is one stored value. All fields are guarded by the shard's mu;
+// off and size do not change while the entry is pinned.
+type entry struct {
+	key        string
+	off        int64  // byte offset in the arena
+	size       int    // value bytes
+	node       int32  // arena extent
+	pins       int32  // gets copying out of it now
+	dead       bool   // removed from the index while pinned: freed by the last unpin
+	stamp      uint64 // LRU clock at the last put or get
+	prev, next *entry // LRU list
+}
+
+// counters are the cumulative Stats fields, updated once per call.
+type counters struct {
+	hits, misses, exists, puts, duplicates, rejected, evictions, bytesIn, bytesOut atomic.Int64
+}
+
+// New maps cfg.Capacity bytes of host memory and returns an empty store
+// over it. It fills in cfg's defaults and returns an error naming the field
+// and value that are out of range, or the mapping's error.
+func New(cfg Config) (*Store, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	mem, err := rdma.AllocHost(int(cfg.Capacity))
+	if err != nil {
+		return nil, fmt.Errorf("memstore: new store of %d bytes: %w", cfg.Capacity, err)
+	}
+	units := cfg.Capacity >> unitShift
+	s := &Store{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		mem:        mem,
+		buf:        mem.Bytes(),
+		highUnits:  int64(float64(units) * cfg.HighWatermark),
+		evictUnits: max(1, int64(float64(units)*cfg.EvictRatio)),
+		seed:       maphash.MakeSeed(),
+		shards:     make([]shard, cfg.Shards),
+	}
+	s.alloc.a = newArena(units)
+	s.evict.cursor = make([]uint64, cfg.Shards)
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.m = make(map[string]slot)
+		sh.lru.next, sh.lru.prev = &sh.lru, &sh.lru
+	}
+	return s, nil
+}
+
+// enter starts a call: it fails with store.ErrClosed once the store is
+// closed, and otherwise holds Close off until exit.
+func (s *Store) enter() error {
+	s.life.RLock()
+	if s.life.closed {
+		s.life.RUnlock()
+		return store.ErrClosed
+	}
+	return nil
+}
+
+func (s *Store) exit() { s.life.RUnlock() }
+
+// shardIndex maps key to a shard: a hash of the key, reduced to
+// [0, len(s.shards)) by a multiplication (no division).
+func (s *Store) shardIndex(key string) int {
+	h := uint32(maphash.String(s.seed, key))
+	return int((uint64(h) * uint64(len(s.shards))) >> 32)
+}
+
+func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
+
+// ticks reserves n ticks of the LRU clock and returns the first.
+func (s *Store) ticks(n int) uint64 { return s.clock.Add(uint64(n)) - uint64(n) + 1 }
+
+// canceled reports whether done is closed without blocking; a nil done
+// (a context that is never canceled) is never closed.
+func canceled(done <-chan struct{}) bool {
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// start checks the whole-call conditions of a batch call and enters it.
+func (s *Store) start(ctx context.Context, op string, keys, regions, res int) error {
+	if err := store.CheckBatch(op, keys, regions, res); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.enter()
+}
+
+// Exists reports for each key whether it is present, and its value's size
+// in res[i].N. It grants no lease and does not count as a use for LRU: a key
+// reported present may be evicted before a later Get, which then returns
+// store.ErrNotFound. Per-key errors: store.ErrNotFound, store.ErrInvalidKey.
+//
+// A batch is probed shard by shard, each shard locked once for all its keys.
+func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	if err := s.start(ctx, "exists", len(keys), -1, len(res)); err != nil {
+		return err
+	}
+	defer s.exit()
+	g := s.group(keys, res)
+	defer s.groups.put(g)
+	done := ctx.Done()
+	probed := 0
+	for start := 0; start < len(g.order); {
+		sh := &s.shards[g.shard[g.order[start]]]
+		end := start + 1
+		for end < len(g.order) && g.shard[g.order[end]] == g.shard[g.order[start]] {
+			end++
+		}
+		stop := -1 // where ctx was found done
+		sh.mu.Lock()
+		for j := start; j < end; j++ {
+			if canceled(done) {
+				stop = j
+				break
+			}
+			i := g.order[j]
+			if sl, ok := sh.m[keys[i]]; ok {
+				res[i] = store.Result{N: sl.size}
+			} else {
+				res[i] = store.Result{Err: store.ErrNotFound}
+			}
+		}
+		sh.mu.Unlock()
+		if stop >= 0 {
+			probed += stop - start
+			for _, i := range g.order[stop:] {
+				res[i] = store.Result{Err: ctx.Err()}
+			}
+			break
+		}
+		probed += end - start
+		start = end
+	}
+	s.counters.exists.Add(int64(probed))
+	return nil
+}
+
+// grouping orders the valid keys of a batch by shard.
+type grouping struct {
+	shard []int32 // per key: its shard
+	order []int32 // indices of the valid keys, grouped by shard
+	count []int32 // per shard + 1: counting-sort offsets
+}
+
+// groupPool keeps groupings for reuse, so that batch calls allocate nothing
+// in steady state. (A sync.Pool would too, but it drops items at random
+// under the race detector.)
+type groupPool struct {
+	mu   sync.Mutex
+	free []*grouping
+}
+
+func (p *groupPool) get() *grouping {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.free); n > 0 {
+		g := p.free[n-1]
+		p.free = p.free[:n-1]
+		return g
+	}
+	return new(grouping)
+}
+
+func (p *groupPool) put(g *grouping) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.free) < 64 {
+		p.free = append(p.free, g)
+	}
+}
+
+// group validates keys, writing the errors of invalid ones into res, and
+// returns the valid ones grouped by shard (a counting sort by shard index).
+func (s *Store) group(keys []string, res []store.Result) *grouping {
+	g := s.groups.get()
+	n := len(keys)
+	g.shard = slices.Grow(g.shard[:0], n)[:n]
+	g.order = g.order[:0]
+	g.count = slices.Grow(g.count[:0], len(s.shards)+1)[:len(s.shards)+1]
+	clear(g.count)
+	valid := 0
+	for i, key := range keys {
+		if err := store.ValidateKey(key); err != nil {
+			res[i] = store.Result{Err: err}
+			g.shard[i] = -1
+			continue
+		}
+		k := s.shardIndex(key)
+		g.shard[i] = int32(k)
+		g.count[k+1]++
+		valid++
+	}
+	for k := 1; k < len(g.count); k++ {
+		g.count[k] += g.count[k-1] // count[k]: where shard k's keys start
+	}
+	g.order = slices.Grow(g.order, valid)[:valid]
+	for i, k := range g.shard {
+		if k >= 0 {
+			g.order[g.count[k]] = int32(i)
+			g.count[k]++
+		}
+	}
+	return g
+}
+
+// Put copies each src[i] into the store under keys[i], straight from the
+// caller's memory into the store's. A present key keeps its first value
+// (the put succeeds and counts as a duplicate). When the value would take
+// the memory in use above the high watermark, least recently used entries
+// not being read are evicted first; if there is still no room the key gets
+// store.ErrNoSpace. Per-key errors: store.ErrInvalidKey,
+// store.ErrInvalidRegion, store.ErrNoSpace.
+func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
+	if err := s.start(ctx, "put", len(keys), len(src), len(res)); err != nil {
+		return err
+	}
+	defer s.exit()
+	done := ctx.Done()
+	stamp := s.ticks(len(keys))
+	var puts, dups, rejected, bytesIn int64
+	for i, key := range keys {
+		if canceled(done) {
+			failRest(res[i:], ctx.Err())
+			break
+		}
+		n, dup, err := s.put(key, src[i], stamp+uint64(i))
+		res[i] = store.Result{N: n, Err: err}
+		switch {
+		case err == nil && dup:
+			dups++
+		case err == nil:
+			puts++
+			bytesIn += int64(n)
+		case isNoSpace(err):
+			rejected++
+		}
+	}
+	s.counters.puts.Add(puts)
+	s.counters.duplicates.Add(dups)
+	s.counters.rejected.Add(rejected)
+	s.counters.bytesIn.Add(bytesIn)
+	return nil
+}
+
+func (s *Store) put(key string, src rdma.Region, stamp uint64) (n int, dup bool, err error) {
+	if err := store.ValidateKey(key); err != nil {
+		return 0, false, err
+	}
+	if err := s.checkRegion("put", key, "source", src); err != nil {
+		return 0, false, err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	if sl, ok := sh.m[key]; ok {
+		sh.touch(sl.e, stamp)
+		sh.mu.Unlock()
+		return src.Len, true, nil
+	}
+	sh.mu.Unlock()
+
+	node, off, err := s.allocate(key, int64(src.Len))
+	if err != nil {
+		return 0, false, err
+	}
+	copy(s.buf[off:off+int64(src.Len)], src.Bytes())
+
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if _, ok := sh.m[key]; ok { // a concurrent put of the key won
+		s.freeNode(node)
+		return src.Len, true, nil
+	}
+	e := sh.newEntry()
+	*e = entry{key: key, off: off, size: src.Len, node: node, stamp: stamp}
+	sh.m[key] = slot{e: e, size: src.Len}
+	sh.pushFront(e)
+	sh.keys++
+	sh.bytes += int64(src.Len)
+	return src.Len, false, nil
+}
+
+// Get copies the value of each keys[i] straight from the store's memory
+// into dst[i], and sets res[i].N to its size. A value being copied out
+// cannot be evicted, and a Remove of it frees its memory only once every
+// copy has ended. Per-key errors: store.ErrNotFound,
+// store.ErrBufferTooSmall (dst[i] is not written), store.ErrInvalidKey,
+// store.ErrInvalidRegion. memstore never returns store.ErrLeaseExpired.
+func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if err := s.start(ctx, "get", len(keys), len(dst), len(res)); err != nil {
+		return err
+	}
+	defer s.exit()
+	done := ctx.Done()
+	stamp := s.ticks(len(keys))
+	var hits, misses, bytesOut int64
+	for i, key := range keys {
+		if canceled(done) {
+			failRest(res[i:], ctx.Err())
+			break
+		}
+		n, err := s.get(key, dst[i], stamp+uint64(i))
+		res[i] = store.Result{N: n, Err: err}
+		switch {
+		case err == nil:
+			hits++
+			bytesOut += int64(n)
+		case err == store.ErrNotFound:
+			misses++
+		}
+	}
+	s.counters.hits.Add(hits)
+	s.counters.misses.Add(misses)
+	s.counters.bytesOut.Add(bytesOut)
+	return nil
+}
+
+func (s *Store) get(key string, dst rdma.Region, stamp uint64) (int, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return 0, err
+	}
+	if err := s.checkRegion("get", key, "destination", dst); err != nil {
+		return 0, err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	sl, ok := sh.m[key]
+	if !ok {
+		sh.mu.Unlock()
+		return 0, store.ErrNotFound
+	}
+	e := sl.e
+	off, size := e.off, e.size
+	if size > dst.Len {
+		sh.mu.Unlock()
+		return 0, fmt.Errorf("%w: get %.64q: value of %d bytes, destination of %d", store.ErrBufferTooSmall, key, size, dst.Len)
+	}
+	e.pins++
+	sh.touch(e, stamp)
+	sh.mu.Unlock()
+
+	if s.copyHook != nil {
+		s.copyHook(key)
+	}
+	copy(dst.Bytes()[:size], s.buf[off:off+int64(size)])
+
+	sh.mu.Lock()
+	e.pins--
+	if e.pins == 0 && e.dead {
+		s.freeEntry(sh, e)
+	}
+	sh.mu.Unlock()
+	return size, nil
+}
+
+// Remove deletes key, or returns store.ErrNotFound. The memory of a value
+// being copied out by a Get is freed when the copy ends.
+func (s *Store) Remove(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := store.ValidateKey(key); err != nil {
+		return err
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sl, ok := sh.m[key]
+	if !ok {
+		return store.ErrNotFound
+	}
+	s.drop(sh, sl.e)
+	return nil
+}
+
+// RemovePrefix deletes every key that starts with prefix and returns how
+// many it deleted. The prefix must be a valid key (store.ValidateKey): an
+// empty one is an error wrapping store.ErrInvalidKey; use RemoveAll.
+func (s *Store) RemovePrefix(ctx context.Context, prefix string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if err := store.ValidateKey(prefix); err != nil {
+		return 0, fmt.Errorf("memstore: remove prefix: %w", err)
+	}
+	return s.removeMatching(ctx, func(key string) bool { return strings.HasPrefix(key, prefix) })
+}
+
+// RemoveAll deletes every key and returns how many it deleted.
+func (s *Store) RemoveAll(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return s.removeMatching(ctx, nil)
+}
+
+// removeMatching deletes the keys match accepts (all when match is nil),
+// one shard at a time, checking ctx between shards.
+func (s *Store) removeMatching(ctx context.Context, match func(string) bool) (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	n := 0
+	for i := range s.shards {
+		if i > 0 {
+			if err := ctx.Err(); err != nil {
+				return n, err
+			}
+		}
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for key, sl := range sh.m {
+			if match == nil || match(key) {
+				s.drop(sh, sl.e)
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n, nil
+}
+
+// Register records r, a host region, so that Put and Get may use it when
+// Config.RequireRegistered is set. memstore itself needs no registration.
+// A region that overlaps a registered one is refused with an error wrapping
+// store.ErrInvalidRegion.
+func (s *Store) Register(r rdma.Region) error {
+	if err := checkShape(r); err != nil {
+		return fmt.Errorf("%w: register %s", store.ErrInvalidRegion, err)
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	return s.regs.add(r)
+}
+
+// Unregister forgets a region recorded by Register; r must equal it. The
+// region must not be in use by a call.
+func (s *Store) Unregister(r rdma.Region) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	return s.regs.remove(r)
+}
+
+// Stats returns a snapshot of the store's counters. Keys and Bytes are
+// summed shard by shard, so under concurrent writes they are approximate.
+func (s *Store) Stats() store.Stats {
+	st := store.Stats{
+		Capacity:     s.cfg.Capacity,
+		Hits:         s.counters.hits.Load(),
+		Misses:       s.counters.misses.Load(),
+		Exists:       s.counters.exists.Load(),
+		Puts:         s.counters.puts.Load(),
+		Duplicates:   s.counters.duplicates.Load(),
+		RejectedPuts: s.counters.rejected.Load(),
+		Evictions:    s.counters.evictions.Load(),
+		BytesIn:      s.counters.bytesIn.Load(),
+		BytesOut:     s.counters.bytesOut.Load(),
+	}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.Keys += sh.keys
+		st.Bytes += sh.bytes
+		sh.mu.Unlock()
+	}
+	return st
+}
+
+// Close waits for the calls in flight, then drops every value and unmaps
+// the store's memory. Later calls return store.ErrClosed. Close is
+// idempotent: later calls return nil.
+func (s *Store) Close() error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.life.closed {
+		return nil
+	}
+	s.life.closed = true
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		clear(sh.m)
+		sh.lru.next, sh.lru.prev = &sh.lru, &sh.lru
+		sh.keys, sh.bytes, sh.spare = 0, 0, nil
+		sh.mu.Unlock()
+	}
+	s.buf = nil
+	if err := s.mem.Free(); err != nil {
+		return fmt.Errorf("memstore: close: %w", err)
+	}
+	return nil
+}
+
+// drop takes e out of the index and frees its memory, or leaves that to
+// the last Get copying out of it. The caller holds sh.mu.
+func (s *Store) drop(sh *shard, e *entry) {
+	delete(sh.m, e.key)
+	sh.unlink(e)
+	sh.keys--
+	sh.bytes -= int64(e.size)
+	if e.pins > 0 {
+		e.dead = true
+		return
+	}
+	s.freeEntry(sh, e)
+}
+
+// freeEntry frees the memory of e, which is out of the index and unpinned,
+// and keeps e for reuse. The caller holds sh.mu.
+func (s *Store) freeEntry(sh *shard, e *entry) {
+	s.freeNode(e.node)
+	*e = entry{}
+	sh.spare = append(sh.spare, e)
+}
+
+func (s *Store) freeNode(node int32) {
+	s.alloc.Lock()
+	s.alloc.a.free(node)
+	s.alloc.Unlock()
+}
+
+func failRest(res []store.Result, err error) {
+	for i := range res {
+		res[i] = store.Result{Err: err}
+	}
+}
+
+// newEntry returns a spare entry or a new one. The caller holds sh.mu.
+func (sh *shard) newEntry() *entry {
+	if n := len(sh.spare); n > 0 {
+		e := sh.spare[n-1]
+		sh.spare = sh.spare[:n-1]
+		return e
+	}
+	return new(entry)
+}
+
+func (sh *shard) pushFront(e *entry) {
+	e.prev = &sh.lru
+	e.next = sh.lru.next
+	e.next.prev = e
+	sh.lru.next = e
+}
+
+func (sh *shard) unlink(e *entry) {
+	e.prev.next = e.next
+	e.next.prev = e.prev
+	e.prev, e.next = nil, nil
+}
+
+// touch marks e as used at stamp: it moves to the front of the LRU list.
+func (sh *shard) touch(e *entry, stamp uint64) {
+	e.stamp = max(e.stamp, stamp)
+	if sh.lru.next != e {
+		sh.unlink(e)
+		sh.pushFront(e)
+	}
+}
+
+// oldestEvictable returns the least recently used entry that no Get is
+// copying out of, or nil.
+func (sh *shard) oldestEvictable() *entry {
+	for e := sh.lru.prev; e != &sh.lru; e = e.prev {
+		if e.pins == 0 {
+			return e
+		}
+	}
+	return nil
+}

@@ -1,0 +1,65 @@
+//go:build linux
+
+package mooncake
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/kvconnect/kvconnect/store"
+	"github.com/kvconnect/kvconnect/store/storetest"
+)
+
+// TestConformance runs the store conformance harness against the binding
+// over the fake library: it checks the binding's side of the ABI (layout
+// of the arrays, C strings, results) and its mapping of codes to errors.
+func TestConformance(t *testing.T) {
+	cfg := fakeConfig(t)
+	storetest.Run(t, func(t testing.TB) store.Store {
+		s, err := Open(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("Open(fake) = %v", err)
+		}
+		return s
+	}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096})
+}
+
+// TestConformanceReal runs the same harness against a real Mooncake Store
+// when MOONCAKE_STORE_LIBRARY names libmooncake_store.so and
+// MOONCAKE_MASTER a running mooncake_master (MOONCAKE_CONFIG_PATH, if set,
+// supplies the rest of the config). Each store is one client; they share
+// the master, and the harness removes everything between its checks, so
+// use a master of its own.
+func TestConformanceReal(t *testing.T) {
+	cfg := realConfig(t)
+	storetest.Run(t, func(t testing.TB) store.Store {
+		s, err := Open(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("Open(%s) = %v", cfg.MasterServerAddress, err)
+		}
+		return s
+	}, storetest.Options{Evicts: true, Capacity: 16 << 20, MaxValueSize: 64 << 10})
+}
+
+// realConfig returns the config of a real Mooncake cluster from the
+// environment, or skips (saying what to set) when there is none.
+func realConfig(t testing.TB) Config {
+	t.Helper()
+	if os.Getenv(EnvLibrary) == "" || os.Getenv(EnvMaster) == "" {
+		t.Skipf("no real Mooncake: set %s to libmooncake_store.so and %s to a running mooncake_master (host:port) to run this",
+			EnvLibrary, EnvMaster)
+	}
+	cfg, err := ConfigFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MasterServerAddress = os.Getenv(EnvMaster)
+	if os.Getenv(EnvConfigPath) == "" && os.Getenv(envSegment) == "" {
+		cfg.GlobalSegmentSize = 256 << 20
+	}
+	if os.Getenv(EnvConfigPath) == "" && os.Getenv(envBuffer) == "" {
+		cfg.LocalBufferSize = 16 << 20
+	}
+	return cfg
+}

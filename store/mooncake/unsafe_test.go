@@ -1,0 +1,11 @@
+//go:build linux
+
+package mooncake
+
+import "unsafe"
+
+func ptr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
+
+func unsafeWords(b []byte) []uint64 {
+	return unsafe.Slice((*uint64)(ptr(b)), len(b)/8)
+}

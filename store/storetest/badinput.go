@@ -1,0 +1,424 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// fixture is a store holding a few known keys, and the memory to call it.
+type fixture struct {
+	t    tester
+	s    store.Store
+	mem  *memory
+	keys []string
+	vals [][]byte
+}
+
+const fixtureSlots = 8
+
+func (h *harness) fixture(t tester) *fixture {
+	t.Helper()
+	maxv := min(h.opts.MaxValueSize, 512)
+	f := &fixture{t: t, mem: newMemory(t, fixtureSlots, maxv)}
+	f.s = h.open(t, f.mem)
+	f.keys = []string{"bad@k0", "bad@k1", "bad@k2"}
+	src := make([]rdma.Region, len(f.keys))
+	for i, k := range f.keys {
+		f.vals = append(f.vals, value(k, 1, maxv-i))
+		copy(f.mem.bytes(i), f.vals[i])
+		src[i] = f.mem.slot(i, len(f.vals[i]))
+	}
+	res := make([]store.Result, len(f.keys))
+	if err := f.s.Put(background, f.keys, src, res); err != nil {
+		t.Fatalf("Put(%q) = %v, want nil", f.keys, err)
+	}
+	for i, r := range res {
+		if r.Err != nil {
+			t.Fatalf("Put(%q): key %q: %v, want nil", f.keys, f.keys[i], r.Err)
+		}
+	}
+	return f
+}
+
+// unchanged checks that the fixture's keys hold their values and that the
+// keys in absent are absent.
+func (f *fixture) unchanged(after string, absent ...string) {
+	f.t.Helper()
+	for i, k := range f.keys {
+		canary(f.mem.bytes(0))
+		res := make([]store.Result, 1)
+		err := f.s.Get(background, []string{k}, []rdma.Region{f.mem.slot(0, f.mem.slotSize)}, res)
+		if err != nil || res[0].Err != nil || !bytes.Equal(f.mem.bytes(0)[:res[0].N], f.vals[i]) {
+			f.t.Errorf("after %s: Get(%q) = %v, %v, %d bytes; want its %d-byte value unchanged", after, k, err, res[0].Err, res[0].N, len(f.vals[i]))
+		}
+	}
+	for _, k := range absent {
+		if store.ValidateKey(k) != nil {
+			continue
+		}
+		res := make([]store.Result, 1)
+		err := f.s.Exists(background, []string{k}, res)
+		if err != nil || !errors.Is(res[0].Err, store.ErrNotFound) {
+			f.t.Errorf("after %s: Exists(%q) = %v, %v; want the key absent", after, k, err, res[0].Err)
+		}
+	}
+}
+
+// badKeys are invalid keys, each with why.
+var badKeys = []struct{ key, why string }{
+	{"", "empty"},
+	{"bad@has space", "a space"},
+	{"bad@tab\there", "a tab"},
+	{"bad@nul\x00", "a NUL byte"},
+	{"bad@del\x7f", "a DEL byte"},
+	{"bad@é", "non-ASCII"},
+	{"bad@" + strings.Repeat("x", store.MaxKeyLen-3), "longer than store.MaxKeyLen"},
+}
+
+func (h *harness) badInput(t tester) {
+	t.run("Keys", h.badKeys)
+	t.run("Regions", h.badRegions)
+	t.run("ShortDestination", h.shortDestination)
+	t.run("Mismatch", h.mismatch)
+	t.run("Remove", h.badRemove)
+}
+
+// badKeys sends batches that mix valid and invalid keys: the invalid ones
+// get store.ErrInvalidKey, the valid ones are served, nothing else changes.
+func (h *harness) badKeys(t tester) {
+	f := h.fixture(t)
+	keys := []string{"bad@new0"}
+	for _, b := range badKeys {
+		keys = append(keys, b.key)
+	}
+	keys = append(keys, "bad@new1")
+	n := len(keys)
+	mem := newMemory(t, n, 64)
+	if err := f.s.Register(mem.region()); err != nil {
+		t.Fatalf("Register(%v) = %v, want nil", mem.region(), err)
+	}
+	src := make([]rdma.Region, n)
+	for i, k := range keys {
+		src[i] = mem.slot(i, 64)
+		fillValue(mem.bytes(i), k, 1)
+	}
+	why := func(i int) string { return badKeys[i-1].why }
+	res := make([]store.Result, n)
+	if err := f.s.Put(background, keys, src, res); err != nil {
+		t.Fatalf("Put of valid and invalid keys = %v, want per-key results and a nil error", err)
+	}
+	for i, r := range res {
+		switch {
+		case i == 0 || i == n-1:
+			if r.Err != nil {
+				t.Errorf("Put: valid key %q beside invalid ones: %v, want nil", keys[i], r.Err)
+			}
+		case !errors.Is(r.Err, store.ErrInvalidKey):
+			t.Errorf("Put: key %.40q (%s): %v, want store.ErrInvalidKey", keys[i], why(i), r.Err)
+		}
+	}
+	f.unchanged("Put of invalid keys", keys[1:n-1]...)
+
+	if err := f.s.Exists(background, keys, res); err != nil {
+		t.Fatalf("Exists of valid and invalid keys = %v, want per-key results and a nil error", err)
+	}
+	for i, r := range res {
+		switch {
+		case i == 0 || i == n-1:
+			if r.Err != nil || r.N != 64 {
+				t.Errorf("Exists: valid key %q beside invalid ones: %v, N = %d; want present with 64 bytes", keys[i], r.Err, r.N)
+			}
+		case !errors.Is(r.Err, store.ErrInvalidKey):
+			t.Errorf("Exists: key %.40q (%s): %v, want store.ErrInvalidKey", keys[i], why(i), r.Err)
+		}
+	}
+
+	for i := range keys {
+		canary(mem.bytes(i))
+	}
+	if err := f.s.Get(background, keys, src, res); err != nil {
+		t.Fatalf("Get of valid and invalid keys = %v, want per-key results and a nil error", err)
+	}
+	for i, r := range res {
+		switch {
+		case i == 0 || i == n-1:
+			if r.Err != nil || !bytes.Equal(mem.bytes(i)[:r.N], value(keys[i], 1, 64)) {
+				t.Errorf("Get: valid key %q beside invalid ones: %v, %d bytes; want its 64-byte value", keys[i], r.Err, r.N)
+			}
+		case !errors.Is(r.Err, store.ErrInvalidKey):
+			t.Errorf("Get: key %.40q (%s): %v, want store.ErrInvalidKey", keys[i], why(i), r.Err)
+		case canaryBroken(mem.bytes(i), 0) >= 0:
+			t.Errorf("Get: key %.40q (%s): %v, but wrote the destination", keys[i], why(i), r.Err)
+		}
+	}
+	if err := f.s.Unregister(mem.region()); err != nil {
+		t.Errorf("Unregister(%v) = %v, want nil", mem.region(), err)
+	}
+	f.unchanged("Get of invalid keys")
+}
+
+// badRegions puts from and gets into regions that name no memory.
+func (h *harness) badRegions(t tester) {
+	f := h.fixture(t)
+	good := f.mem.slot(fixtureSlots-1, 16)
+	bad := []struct {
+		r   rdma.Region
+		why string
+	}{
+		{rdma.Region{}, "the zero Region"},
+		{rdma.Region{Addr: good.Addr, Len: 0, Loc: rdma.Host}, "zero length"},
+		{rdma.Region{Addr: good.Addr, Len: -8, Loc: rdma.Host}, "negative length"},
+		{rdma.Region{Addr: 0, Len: 16, Loc: rdma.Host}, "address zero"},
+	}
+	for _, b := range bad {
+		key := "bad@region"
+		res := make([]store.Result, 2)
+		keys := []string{key, "bad@region-ok"}
+		fillValue(f.mem.bytes(fixtureSlots-1), keys[1], 1)
+		if err := f.s.Put(background, keys, []rdma.Region{b.r, good}, res); err != nil {
+			t.Fatalf("Put from %s = %v, want per-key results and a nil error", b.why, err)
+		}
+		if !errors.Is(res[0].Err, store.ErrInvalidRegion) {
+			t.Errorf("Put(%q) from %s (%+v): %v, want store.ErrInvalidRegion", key, b.why, b.r, res[0].Err)
+		}
+		if res[1].Err != nil {
+			t.Errorf("Put(%q) beside a bad region: %v, want nil", keys[1], res[1].Err)
+		}
+		f.unchanged("Put from "+b.why, key)
+		if err := f.s.Remove(background, keys[1]); err != nil {
+			t.Errorf("Remove(%q) = %v, want nil", keys[1], err)
+		}
+
+		k0 := f.keys[0]
+		if err := f.s.Get(background, []string{k0}, []rdma.Region{b.r}, res[:1]); err != nil {
+			t.Fatalf("Get into %s = %v, want per-key results and a nil error", b.why, err)
+		}
+		if !errors.Is(res[0].Err, store.ErrInvalidRegion) {
+			t.Errorf("Get(%q) into %s (%+v): %v, want store.ErrInvalidRegion", k0, b.why, b.r, res[0].Err)
+		}
+		f.unchanged("Get into " + b.why)
+	}
+}
+
+// shortDestination gets values into regions one byte too short.
+func (h *harness) shortDestination(t tester) {
+	f := h.fixture(t)
+	for i, k := range f.keys {
+		canary(f.mem.bytes(fixtureSlots - 1))
+		dst := f.mem.slot(fixtureSlots-1, len(f.vals[i])-1)
+		res := make([]store.Result, 1)
+		if err := f.s.Get(background, []string{k}, []rdma.Region{dst}, res); err != nil {
+			t.Fatalf("Get into a short region = %v, want per-key results and a nil error", err)
+		}
+		if !errors.Is(res[0].Err, store.ErrBufferTooSmall) {
+			t.Errorf("Get(%q) of %d bytes into %d: %v, N = %d; want store.ErrBufferTooSmall", k, len(f.vals[i]), dst.Len, res[0].Err, res[0].N)
+		}
+		if j := canaryBroken(f.mem.bytes(fixtureSlots-1), 0); j >= 0 {
+			t.Errorf("Get(%q) of %d bytes into %d: wrote byte %d of the destination", k, len(f.vals[i]), dst.Len, j)
+		}
+	}
+	f.unchanged("Get into short regions")
+}
+
+// mismatch sends batches whose slices disagree in length: the whole call
+// must fail, and do nothing.
+func (h *harness) mismatch(t tester) {
+	f := h.fixture(t)
+	k0, k1 := "bad@mismatch0", "bad@mismatch1"
+	two := []string{k0, k1}
+	slot := func(i int) rdma.Region {
+		fillValue(f.mem.bytes(i), "bad@mismatch", uint64(i))
+		return f.mem.slot(i, 32)
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"Put with 2 keys, 1 region", func() error {
+			return f.s.Put(background, two, []rdma.Region{slot(3)}, make([]store.Result, 2))
+		}},
+		{"Put with 2 keys, 3 regions", func() error {
+			return f.s.Put(background, two, []rdma.Region{slot(3), slot(4), slot(5)}, make([]store.Result, 2))
+		}},
+		{"Put with 2 keys, 1 result", func() error {
+			return f.s.Put(background, two, []rdma.Region{slot(3), slot(4)}, make([]store.Result, 1))
+		}},
+		{"Get with 2 keys, 1 region", func() error {
+			return f.s.Get(background, f.keys[:2], []rdma.Region{f.mem.slot(3, f.mem.slotSize)}, make([]store.Result, 2))
+		}},
+		{"Get with 2 keys, 3 results", func() error {
+			return f.s.Get(background, f.keys[:2], []rdma.Region{f.mem.slot(3, f.mem.slotSize), f.mem.slot(4, f.mem.slotSize)}, make([]store.Result, 3))
+		}},
+		{"Exists with 2 keys, 1 result", func() error {
+			return f.s.Exists(background, two, make([]store.Result, 1))
+		}},
+		{"Exists with 0 keys, 1 result", func() error {
+			return f.s.Exists(background, nil, make([]store.Result, 1))
+		}},
+	} {
+		for i := 3; i < fixtureSlots; i++ {
+			canary(f.mem.bytes(i))
+		}
+		if err := tc.call(); err == nil {
+			t.Errorf("%s = nil error, want a whole-call error", tc.name)
+		}
+		if strings.HasPrefix(tc.name, "Get") {
+			for i := 3; i < fixtureSlots; i++ {
+				if canaryBroken(f.mem.bytes(i), 0) >= 0 {
+					t.Errorf("%s wrote into a destination", tc.name)
+				}
+			}
+		}
+		f.unchanged(tc.name, two...)
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"Put of no keys", func() error { return f.s.Put(background, nil, nil, nil) }},
+		{"Get of no keys", func() error { return f.s.Get(background, nil, nil, nil) }},
+		{"Exists of no keys", func() error { return f.s.Exists(background, nil, nil) }},
+	} {
+		if err := tc.call(); err != nil {
+			t.Errorf("%s = %v, want nil", tc.name, err)
+		}
+	}
+}
+
+// badRemove removes invalid keys and prefixes: errors, and nothing removed.
+func (h *harness) badRemove(t tester) {
+	f := h.fixture(t)
+	for _, b := range badKeys {
+		if err := f.s.Remove(background, b.key); !errors.Is(err, store.ErrInvalidKey) {
+			t.Errorf("Remove(%.40q) (%s) = %v, want store.ErrInvalidKey", b.key, b.why, err)
+		}
+	}
+	if n, err := f.s.RemovePrefix(background, ""); err == nil || n != 0 {
+		t.Errorf("RemovePrefix(\"\") = %d, %v; want 0 and an error (an empty prefix is RemoveAll's job)", n, err)
+	}
+	f.unchanged("Remove of invalid keys")
+}
+
+// register checks the bookkeeping of registered regions.
+func (h *harness) register(t tester) {
+	mem := newMemory(t, 4, 4096)
+	s := h.open(t)
+	whole := mem.region()
+	a, err := whole.Sub(0, 2*4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mem.slot(2, 4096)
+	if err := s.Register(a); err != nil {
+		t.Fatalf("Register(%v) = %v, want nil", a, err)
+	}
+	for _, tc := range []struct {
+		r   rdma.Region
+		why string
+	}{
+		{a, "the same region again"},
+		{whole, "a region around a registered one"},
+		{mem.slot(1, 100), "a region inside a registered one"},
+		{rdma.Region{Addr: a.Addr + 4096, Len: 2 * 4096, Loc: rdma.Host}, "a region straddling a registered one's end"},
+		{rdma.Region{}, "the zero Region"},
+		{rdma.Region{Addr: b.Addr, Len: 0, Loc: rdma.Host}, "an empty region"},
+	} {
+		if err := s.Register(tc.r); err == nil {
+			t.Errorf("Register(%v) of %s = nil, want an error", tc.r, tc.why)
+			if err := s.Unregister(tc.r); err != nil {
+				t.Errorf("Unregister(%v) = %v", tc.r, err)
+			}
+		}
+	}
+	if err := s.Register(b); err != nil {
+		t.Errorf("Register(%v), beside a registered region = %v, want nil", b, err)
+	}
+	if err := s.Unregister(b); err != nil {
+		t.Errorf("Unregister(%v) = %v, want nil", b, err)
+	}
+	if err := s.Unregister(b); err == nil {
+		t.Errorf("second Unregister(%v) = nil, want an error", b)
+	}
+	if err := s.Unregister(mem.slot(3, 4096)); err == nil {
+		t.Errorf("Unregister(%v) of a region never registered = nil, want an error", mem.slot(3, 4096))
+	}
+	if err := s.Unregister(a); err != nil {
+		t.Errorf("Unregister(%v) = %v, want nil", a, err)
+	}
+	if err := s.Register(whole); err != nil {
+		t.Errorf("Register(%v) after its parts were unregistered = %v, want nil", whole, err)
+	}
+	if err := s.Unregister(whole); err != nil {
+		t.Errorf("Unregister(%v) = %v, want nil", whole, err)
+	}
+}
+
+// context calls the store with a canceled context: every call fails as a
+// whole and does nothing.
+func (h *harness) context(t tester) {
+	f := h.fixture(t)
+	ctx, cancel := context.WithCancel(background)
+	cancel()
+	k := "bad@canceled"
+	fillValue(f.mem.bytes(5), k, 1)
+	res := make([]store.Result, 1)
+	if err := f.s.Put(ctx, []string{k}, []rdma.Region{f.mem.slot(5, 32)}, res); !errors.Is(err, context.Canceled) {
+		t.Errorf("Put with a canceled context = %v, want context.Canceled", err)
+	}
+	canary(f.mem.bytes(6))
+	if err := f.s.Get(ctx, f.keys[:1], []rdma.Region{f.mem.slot(6, f.mem.slotSize)}, res); !errors.Is(err, context.Canceled) {
+		t.Errorf("Get with a canceled context = %v, want context.Canceled", err)
+	}
+	if canaryBroken(f.mem.bytes(6), 0) >= 0 {
+		t.Errorf("Get with a canceled context wrote into its destination")
+	}
+	if err := f.s.Exists(ctx, f.keys, make([]store.Result, len(f.keys))); !errors.Is(err, context.Canceled) {
+		t.Errorf("Exists with a canceled context = %v, want context.Canceled", err)
+	}
+	if err := f.s.Remove(ctx, f.keys[0]); !errors.Is(err, context.Canceled) {
+		t.Errorf("Remove with a canceled context = %v, want context.Canceled", err)
+	}
+	if n, err := f.s.RemovePrefix(ctx, "bad@"); !errors.Is(err, context.Canceled) || n != 0 {
+		t.Errorf("RemovePrefix with a canceled context = %d, %v; want 0, context.Canceled", n, err)
+	}
+	if n, err := f.s.RemoveAll(ctx); !errors.Is(err, context.Canceled) || n != 0 {
+		t.Errorf("RemoveAll with a canceled context = %d, %v; want 0, context.Canceled", n, err)
+	}
+	f.unchanged("calls with a canceled context", k)
+}
+
+// close checks calls after Close.
+func (h *harness) close(t tester) {
+	f := h.fixture(t)
+	if err := f.s.Close(); err != nil {
+		t.Fatalf("Close() = %v, want nil", err)
+	}
+	res := make([]store.Result, 1)
+	src := f.mem.slot(0, 16)
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"Put", f.s.Put(background, f.keys[:1], []rdma.Region{src}, res)},
+		{"Get", f.s.Get(background, f.keys[:1], []rdma.Region{src}, res)},
+		{"Exists", f.s.Exists(background, f.keys[:1], res)},
+		{"Remove", f.s.Remove(background, f.keys[0])},
+		{"RemovePrefix", second(f.s.RemovePrefix(background, "bad@"))},
+		{"RemoveAll", second(f.s.RemoveAll(background))},
+		{"Register", f.s.Register(f.mem.slot(1, 64))},
+	} {
+		if !errors.Is(tc.err, store.ErrClosed) {
+			t.Errorf("%s after Close = %v, want store.ErrClosed", tc.name, tc.err)
+		}
+	}
+	if err := f.s.Close(); err != nil {
+		t.Errorf("second Close() = %v, want nil", err)
+	}
+}
+
+func second(_ int, err error) error { return err }

@@ -1,0 +1,378 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// ErrInjected marks every error a [Faulty] store makes up. Injected errors
+// also match the store sentinel they stand for (store.ErrTransfer,
+// store.ErrNoSpace, ...), so code under test sees them as real ones and
+// tests can still tell them apart.
+var ErrInjected = errors.New("storetest: injected fault")
+
+// Op is a set of store operations, for [FaultOptions.Ops].
+type Op uint8
+
+// Operations that faults can be injected into.
+const (
+	OpExists Op = 1 << iota
+	OpPut
+	OpGet
+	OpRemove // Remove, RemovePrefix and RemoveAll
+
+	OpAll = OpExists | OpPut | OpGet | OpRemove
+)
+
+// FaultOptions configures a [Faulty] store. Rates are probabilities in
+// [0, 1]; the zero FaultOptions injects nothing.
+type FaultOptions struct {
+	// Seed selects the faults. The same seed, with the same calls, gives
+	// the same faults (see [Faulty]).
+	Seed uint64
+
+	// Ops are the operations that get faults; zero means OpAll.
+	Ops Op
+
+	// CallRate is the probability that a call fails as a whole, doing
+	// nothing, with an error matching ErrInjected and store.ErrTransfer.
+	CallRate float64
+
+	// KeyRate is the probability that one key of a batch call fails alone
+	// (a partial batch failure): the key is not passed to the store, and
+	// its result is an error matching ErrInjected and one of PutErrors,
+	// GetErrors or ExistsErrors.
+	KeyRate float64
+
+	// PutErrors, GetErrors and ExistsErrors are the errors per-key faults
+	// draw from, for each operation. Defaults: store.ErrNoSpace and
+	// store.ErrTransfer for puts; store.ErrTransfer and store.ErrNotFound
+	// for gets; store.ErrTransfer for exists.
+	PutErrors, GetErrors, ExistsErrors []error
+
+	// VanishRate is the probability that a key Exists reports present is
+	// removed from the store right after, as if evicted between an exists
+	// and the get that follows it: that get then finds nothing.
+	VanishRate float64
+
+	// Latency is added to every call, before it runs; a context done
+	// during the wait fails the call with the context's error.
+	Latency time.Duration
+
+	// Scribble makes a get whose key fails by injection overwrite its
+	// destination (host memory only) with garbage, as a failed transfer
+	// may: code under test must not use the bytes of a failed get.
+	Scribble bool
+}
+
+// FaultCounts counts the faults a [Faulty] store injected.
+type FaultCounts struct {
+	Calls    int64 // whole calls failed
+	Keys     int64 // keys of batch calls failed
+	Vanished int64 // keys removed after Exists reported them
+}
+
+// Faulty wraps a store and injects faults into its calls: whole-call
+// errors, per-key errors in batches, keys that vanish between Exists and
+// Get, and latency. It is for the tests of code that uses a store, in the
+// spirit of an error-injecting file system: run it over an embedded store
+// and check that the code under test survives every fault.
+//
+// Faults are a pure function of the seed, the operation, the keys, and how
+// many times before the same operation was asked of the same key (or, for
+// whole-call faults, of the same batch of keys). So a run that makes the
+// same calls sees the same faults, however goroutines interleave calls on
+// different keys. Faulty is safe for concurrent use.
+//
+// Bad input (invalid keys, slices of different lengths) is never faulted:
+// it gets the wrapped store's errors.
+type Faulty struct {
+	s    store.Store
+	opts FaultOptions
+	put  []error // injected per-key errors, ready made
+	get  []error
+	ex   []error
+	call error
+
+	mu     sync.Mutex
+	counts map[uint64]uint64 // per (operation, keys): calls so far
+	faults FaultCounts
+}
+
+var _ store.Store = (*Faulty)(nil)
+
+// NewFaulty returns s with faults injected as opts says. It panics if a
+// rate is outside [0, 1] or Latency is negative: those are programming
+// errors of the test.
+func NewFaulty(s store.Store, opts FaultOptions) *Faulty {
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"CallRate", opts.CallRate}, {"KeyRate", opts.KeyRate}, {"VanishRate", opts.VanishRate}} {
+		if !(r.v >= 0 && r.v <= 1) {
+			panic(fmt.Sprintf("storetest: FaultOptions.%s %v: must be in [0, 1]", r.name, r.v))
+		}
+	}
+	if opts.Latency < 0 {
+		panic(fmt.Sprintf("storetest: FaultOptions.Latency %v: must not be negative", opts.Latency))
+	}
+	if opts.Ops == 0 {
+		opts.Ops = OpAll
+	}
+	inject := func(errs []error, defaults ...error) []error {
+		if len(errs) == 0 {
+			errs = defaults
+		}
+		out := make([]error, len(errs))
+		for i, e := range errs {
+			out[i] = fmt.Errorf("%w: %w", ErrInjected, e)
+		}
+		return out
+	}
+	return &Faulty{
+		s:      s,
+		opts:   opts,
+		put:    inject(opts.PutErrors, store.ErrNoSpace, store.ErrTransfer),
+		get:    inject(opts.GetErrors, store.ErrTransfer, store.ErrNotFound),
+		ex:     inject(opts.ExistsErrors, store.ErrTransfer),
+		call:   fmt.Errorf("%w: %w", ErrInjected, store.ErrTransfer),
+		counts: map[uint64]uint64{},
+	}
+}
+
+// Unwrap returns the wrapped store.
+func (f *Faulty) Unwrap() store.Store { return f.s }
+
+// Faults returns how many faults f injected so far.
+func (f *Faulty) Faults() FaultCounts {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.faults
+}
+
+// Salts that keep the decisions of different kinds apart.
+const (
+	saltCall uint64 = iota + 1
+	saltKey
+	saltPick
+	saltVanish
+)
+
+// draw returns a number in [0, 1) for the nth time the pair (op, h) is
+// asked about, and counts the asking.
+func (f *Faulty) draw(op Op, salt, h uint64) float64 {
+	id := mix(mix(uint64(op)<<8|salt) ^ h)
+	f.mu.Lock()
+	n := f.counts[id]
+	f.counts[id] = n + 1
+	f.mu.Unlock()
+	x := mix(f.opts.Seed ^ mix(id+n*0x9e3779b97f4a7c15))
+	return float64(x>>11) / (1 << 53)
+}
+
+// pick chooses one of errs, also deterministically.
+func (f *Faulty) pick(op Op, h uint64, errs []error) error {
+	u := f.draw(op, saltPick, h)
+	return errs[min(len(errs)-1, int(math.Floor(u*float64(len(errs)))))]
+}
+
+// begin waits the latency and decides a whole-call fault.
+func (f *Faulty) begin(ctx context.Context, op Op, keys ...string) error {
+	if f.opts.Latency > 0 {
+		timer := time.NewTimer(f.opts.Latency)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		case <-timer.C:
+		}
+	}
+	if f.opts.Ops&op == 0 || f.opts.CallRate == 0 {
+		return nil
+	}
+	h := uint64(len(keys))
+	for _, k := range keys {
+		h = mix(h ^ hashString(k))
+	}
+	if f.draw(op, saltCall, h) < f.opts.CallRate {
+		f.mu.Lock()
+		f.faults.Calls++
+		f.mu.Unlock()
+		return f.call
+	}
+	return nil
+}
+
+// keyFault returns the error injected into key, or nil.
+func (f *Faulty) keyFault(op Op, key string, errs []error) error {
+	if f.opts.Ops&op == 0 || f.opts.KeyRate == 0 || store.ValidateKey(key) != nil {
+		return nil
+	}
+	h := hashString(key)
+	if f.draw(op, saltKey, h) >= f.opts.KeyRate {
+		return nil
+	}
+	f.mu.Lock()
+	f.faults.Keys++
+	f.mu.Unlock()
+	return f.pick(op, h, errs)
+}
+
+// Exists passes the call on, with faults.
+func (f *Faulty) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	if err := store.CheckBatch("exists", len(keys), -1, len(res)); err != nil {
+		return err
+	}
+	if err := f.begin(ctx, OpExists, keys...); err != nil {
+		return err
+	}
+	fwd, fres, faulted := f.split(OpExists, keys, res, f.ex)
+	if len(fwd) > 0 {
+		if err := f.s.Exists(ctx, fwd, fres); err != nil {
+			return err
+		}
+	}
+	f.merge(res, fres, faulted)
+	if f.opts.VanishRate == 0 || f.opts.Ops&OpExists == 0 {
+		return nil
+	}
+	for i, k := range keys {
+		if res[i].Err != nil || f.draw(OpExists, saltVanish, hashString(k)) >= f.opts.VanishRate {
+			continue
+		}
+		if err := f.s.Remove(ctx, k); err == nil {
+			f.mu.Lock()
+			f.faults.Vanished++
+			f.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// Put passes the call on, with faults: a key that fails by injection is
+// not stored.
+func (f *Faulty) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
+	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
+		return err
+	}
+	if err := f.begin(ctx, OpPut, keys...); err != nil {
+		return err
+	}
+	fwd, fres, faulted := f.split(OpPut, keys, res, f.put)
+	if len(fwd) > 0 {
+		if err := f.s.Put(ctx, fwd, pickRegions(src, faulted), fres); err != nil {
+			return err
+		}
+	}
+	f.merge(res, fres, faulted)
+	return nil
+}
+
+// Get passes the call on, with faults: a key that fails by injection is not
+// read, and its destination is scribbled on if FaultOptions.Scribble is set.
+func (f *Faulty) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
+		return err
+	}
+	if err := f.begin(ctx, OpGet, keys...); err != nil {
+		return err
+	}
+	fwd, fres, faulted := f.split(OpGet, keys, res, f.get)
+	if len(fwd) > 0 {
+		if err := f.s.Get(ctx, fwd, pickRegions(dst, faulted), fres); err != nil {
+			return err
+		}
+	}
+	f.merge(res, fres, faulted)
+	if f.opts.Scribble {
+		for i, bad := range faulted {
+			if bad && dst[i].Len > 0 {
+				if b := dst[i].Bytes(); b != nil {
+					fillValue(b, "storetest: scribble", uint64(i))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// split decides the per-key faults of a batch: it writes the injected
+// errors into res and returns the keys to pass on, their result slots, and
+// which keys were faulted.
+func (f *Faulty) split(op Op, keys []string, res []store.Result, errs []error) ([]string, []store.Result, []bool) {
+	faulted := make([]bool, len(keys))
+	fwd := make([]string, 0, len(keys))
+	for i, k := range keys {
+		if err := f.keyFault(op, k, errs); err != nil {
+			faulted[i] = true
+			res[i] = store.Result{Err: err}
+			continue
+		}
+		fwd = append(fwd, k)
+	}
+	return fwd, make([]store.Result, len(fwd)), faulted
+}
+
+// merge copies the results of the keys passed on into res.
+func (f *Faulty) merge(res, fres []store.Result, faulted []bool) {
+	j := 0
+	for i, bad := range faulted {
+		if !bad {
+			res[i] = fres[j]
+			j++
+		}
+	}
+}
+
+func pickRegions(rs []rdma.Region, faulted []bool) []rdma.Region {
+	out := make([]rdma.Region, 0, len(rs))
+	for i, r := range rs {
+		if !faulted[i] {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Remove passes the call on, with whole-call faults.
+func (f *Faulty) Remove(ctx context.Context, key string) error {
+	if err := f.begin(ctx, OpRemove, key); err != nil {
+		return err
+	}
+	return f.s.Remove(ctx, key)
+}
+
+// RemovePrefix passes the call on, with whole-call faults.
+func (f *Faulty) RemovePrefix(ctx context.Context, prefix string) (int, error) {
+	if err := f.begin(ctx, OpRemove, "prefix", prefix); err != nil {
+		return 0, err
+	}
+	return f.s.RemovePrefix(ctx, prefix)
+}
+
+// RemoveAll passes the call on, with whole-call faults.
+func (f *Faulty) RemoveAll(ctx context.Context) (int, error) {
+	if err := f.begin(ctx, OpRemove, "all"); err != nil {
+		return 0, err
+	}
+	return f.s.RemoveAll(ctx)
+}
+
+// Register passes the call on.
+func (f *Faulty) Register(r rdma.Region) error { return f.s.Register(r) }
+
+// Unregister passes the call on.
+func (f *Faulty) Unregister(r rdma.Region) error { return f.s.Unregister(r) }
+
+// Stats returns the wrapped store's counters.
+func (f *Faulty) Stats() store.Stats { return f.s.Stats() }
+
+// Close closes the wrapped store.
+func (f *Faulty) Close() error { return f.s.Close() }

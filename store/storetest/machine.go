@@ -1,0 +1,386 @@
+package storetest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"pgregory.net/rapid"
+
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// batchMax is the largest batch the state machine sends.
+const batchMax = 4
+
+// machineKeys returns the keys of the state machine: a few tenants and
+// namespaces, so that prefixes match some keys and not others, the longest
+// valid key, every punctuation byte, and a key that is a prefix of others.
+func machineKeys() []string {
+	var keys []string
+	for _, t := range []string{"t0", "t1"} {
+		for n := range 3 {
+			for b := range 4 {
+				keys = append(keys, fmt.Sprintf("%s@n%d@%02x", t, n, b*37))
+			}
+		}
+	}
+	long := "t1@n2@"
+	keys = append(keys,
+		long+strings.Repeat("f", store.MaxKeyLen-len(long)),
+		"t2@!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
+		"t0",
+	)
+	return keys
+}
+
+var machinePrefixes = []string{"t", "t0", "t0@", "t0@n1@", "t1@n2@", "t2@!", "zz", "t0@n0@00"}
+
+// machine is the rapid state machine: the store and the model of what it
+// holds.
+type machine struct {
+	s     store.Store
+	opts  Options
+	keys  []string
+	sizes []int
+	src   *memory
+	dst   *memory
+	// model holds, per key, the values the store may hold now; none means
+	// the key is absent. Without eviction there is exactly one value. A
+	// store that evicts may also have dropped the key, and after a put of a
+	// key it may have dropped before, holds either value: the list narrows
+	// on the next observation.
+	model   map[string][][]byte
+	version uint64
+}
+
+func (h *harness) stateMachine(t tester) {
+	opts := h.opts
+	src := newMemory(t, batchMax, opts.MaxValueSize)
+	dst := newMemory(t, batchMax, opts.MaxValueSize+64)
+	keys := machineKeys()
+	sizes := []int{1, 7, 64, 65, opts.MaxValueSize / 2, opts.MaxValueSize}
+	rapid.Check(t, func(rt *rapid.T) {
+		s := h.newStore(t)
+		if s == nil {
+			rt.Fatal("storetest: newStore returned a nil store")
+		}
+		defer func() {
+			if err := s.Close(); err != nil {
+				rt.Errorf("Close() = %v, want nil", err)
+			}
+		}()
+		for _, m := range []*memory{src, dst} {
+			if err := s.Register(m.region()); err != nil {
+				rt.Fatalf("Register(%v) = %v, want nil", m.region(), err)
+			}
+			defer func() {
+				if err := s.Unregister(m.region()); err != nil {
+					rt.Errorf("Unregister(%v) = %v, want nil", m.region(), err)
+				}
+			}()
+		}
+		m := &machine{s: s, opts: opts, keys: keys, sizes: sizes, src: src, dst: dst, model: map[string][][]byte{}}
+		rt.Repeat(map[string]func(*rapid.T){
+			"Put":          m.put,
+			"PutMore":      m.put,
+			"Get":          m.get,
+			"GetMore":      m.get,
+			"Exists":       m.exists,
+			"Remove":       m.remove,
+			"RemovePrefix": m.removePrefix,
+			"RemoveAll":    m.removeAll,
+			"":             m.check,
+		})
+	})
+}
+
+func (m *machine) drawKeys(t *rapid.T) []string {
+	return rapid.SliceOfNDistinct(rapid.SampledFrom(m.keys), 1, batchMax, rapid.ID[string]).Draw(t, "keys")
+}
+
+// modelBytes is the most value bytes the store may hold by the model.
+func (m *machine) modelBytes() int64 {
+	var n int64
+	for _, vals := range m.model {
+		big := 0
+		for _, v := range vals {
+			big = max(big, len(v))
+		}
+		n += int64(big)
+	}
+	return n
+}
+
+func (m *machine) put(t *rapid.T) {
+	keys := m.drawKeys(t)
+	src := make([]rdma.Region, len(keys))
+	vals := make([][]byte, len(keys))
+	for i, key := range keys {
+		n := rapid.OneOf(rapid.SampledFrom(m.sizes), rapid.IntRange(1, m.opts.MaxValueSize)).Draw(t, "size")
+		m.version++
+		vals[i] = value(key, m.version, n)
+		src[i] = m.src.slot(i, n)
+		copy(m.src.bytes(i), vals[i])
+	}
+	res := make([]store.Result, len(keys))
+	if err := m.s.Put(background, keys, src, res); err != nil {
+		t.Fatalf("Put(%q) = %v, want per-key results and a nil error", keys, err)
+	}
+	for i, key := range keys {
+		if !bytes.Equal(m.src.bytes(i)[:len(vals[i])], vals[i]) {
+			t.Fatalf("Put(%q) wrote into the source region of %q", keys, key)
+		}
+		r := res[i]
+		switch {
+		case r.Err == nil:
+			if r.N != len(vals[i]) {
+				t.Fatalf("Put(%q): key %q: N = %d, want %d (the region's length)", keys, key, r.N, len(vals[i]))
+			}
+			switch cur := m.model[key]; {
+			case len(cur) == 0:
+				m.model[key] = [][]byte{vals[i]}
+			case m.opts.Evicts:
+				m.model[key] = append(cur, vals[i]) // it may have been evicted first
+			}
+		case errors.Is(r.Err, store.ErrNoSpace):
+			if !m.opts.Evicts && m.modelBytes()+int64(len(vals[i])) <= m.opts.Capacity {
+				t.Fatalf("Put(%q): key %q: %v, with %d of %d bytes of Capacity in use and no eviction declared", keys, key, r.Err, m.modelBytes(), m.opts.Capacity)
+			}
+		default:
+			t.Fatalf("Put(%q): key %q: error %v, want nil or store.ErrNoSpace", keys, key, r.Err)
+		}
+	}
+	// A store that kept a reference to the sources instead of copying them
+	// now serves these bytes.
+	for i := range keys {
+		fillValue(m.src.bytes(i), "scribble", m.version)
+	}
+}
+
+func (m *machine) get(t *rapid.T) {
+	keys := m.drawKeys(t)
+	dst := make([]rdma.Region, len(keys))
+	short := make([]bool, len(keys))
+	for i, key := range keys {
+		n := m.dst.slotSize
+		vals := m.model[key]
+		switch mode := rapid.IntRange(0, 3).Draw(t, "dst"); {
+		case len(vals) == 0:
+		case mode == 1: // exactly the size
+			n = len(vals[0])
+			for _, v := range vals {
+				n = max(n, len(v))
+			}
+		case mode == 2: // one byte short of every candidate value
+			n = len(vals[0])
+			for _, v := range vals {
+				n = min(n, len(v))
+			}
+			n--
+			short[i] = n > 0
+			if n == 0 {
+				n = m.dst.slotSize
+			}
+		}
+		dst[i] = m.dst.slot(i, n)
+		canary(m.dst.bytes(i))
+	}
+	res := make([]store.Result, len(keys))
+	if err := m.s.Get(background, keys, dst, res); err != nil {
+		t.Fatalf("Get(%q) = %v, want per-key results and a nil error", keys, err)
+	}
+	for i, key := range keys {
+		r, b := res[i], m.dst.bytes(i)
+		switch {
+		case r.Err == nil:
+			if short[i] {
+				t.Fatalf("Get(%q): key %q: into %d bytes, shorter than its value: nil error, want store.ErrBufferTooSmall", keys, key, dst[i].Len)
+			}
+			if r.N < 0 || r.N > dst[i].Len {
+				t.Fatalf("Get(%q): key %q: N = %d, outside the %d-byte destination", keys, key, r.N, dst[i].Len)
+			}
+			if j := canaryBroken(b, r.N); j >= 0 {
+				t.Fatalf("Get(%q): key %q: wrote byte %d of the destination, past the %d-byte value", keys, key, j, r.N)
+			}
+			m.sawValue(t, "Get", key, b[:r.N])
+		case errors.Is(r.Err, store.ErrNotFound):
+			if j := canaryBroken(b, 0); j >= 0 {
+				t.Fatalf("Get(%q): key %q: %v, but wrote byte %d of the destination", keys, key, r.Err, j)
+			}
+			m.sawAbsent(t, "Get", key)
+		case errors.Is(r.Err, store.ErrBufferTooSmall):
+			if j := canaryBroken(b, 0); j >= 0 {
+				t.Fatalf("Get(%q): key %q: %v, but wrote byte %d of the destination", keys, key, r.Err, j)
+			}
+			if !short[i] {
+				t.Fatalf("Get(%q): key %q: %v, but the %d-byte destination holds every value the key may have (%s)", keys, key, r.Err, dst[i].Len, sizesOf(m.model[key]))
+			}
+		default:
+			t.Fatalf("Get(%q): key %q: error %v, want nil, store.ErrNotFound or store.ErrBufferTooSmall", keys, key, r.Err)
+		}
+	}
+}
+
+func (m *machine) exists(t *rapid.T) {
+	keys := m.drawKeys(t)
+	m.probe(t, keys)
+}
+
+// probe calls Exists on keys and checks each answer against the model.
+// It returns the results.
+func (m *machine) probe(t *rapid.T, keys []string) []store.Result {
+	res := make([]store.Result, len(keys))
+	if err := m.s.Exists(background, keys, res); err != nil {
+		t.Fatalf("Exists(%d keys) = %v, want per-key results and a nil error", len(keys), err)
+	}
+	for i, key := range keys {
+		r := res[i]
+		switch {
+		case r.Err == nil:
+			m.sawSize(t, key, r.N)
+		case errors.Is(r.Err, store.ErrNotFound):
+			m.sawAbsent(t, "Exists", key)
+		default:
+			t.Fatalf("Exists: key %q: error %v, want nil or store.ErrNotFound", key, r.Err)
+		}
+	}
+	return res
+}
+
+func (m *machine) remove(t *rapid.T) {
+	key := rapid.SampledFrom(m.keys).Draw(t, "key")
+	err := m.s.Remove(background, key)
+	switch {
+	case err == nil:
+		if len(m.model[key]) == 0 {
+			t.Fatalf("Remove(%q) = nil, but the key was removed before or never stored", key)
+		}
+		delete(m.model, key)
+	case errors.Is(err, store.ErrNotFound):
+		m.sawAbsent(t, "Remove", key)
+	default:
+		t.Fatalf("Remove(%q) = %v, want nil or store.ErrNotFound", key, err)
+	}
+}
+
+func (m *machine) removePrefix(t *rapid.T) {
+	prefix := rapid.SampledFrom(machinePrefixes).Draw(t, "prefix")
+	n, err := m.s.RemovePrefix(background, prefix)
+	if err != nil {
+		t.Fatalf("RemovePrefix(%q) = %d, %v; want a nil error", prefix, n, err)
+	}
+	m.removed(t, fmt.Sprintf("RemovePrefix(%q)", prefix), n, func(k string) bool { return strings.HasPrefix(k, prefix) })
+}
+
+func (m *machine) removeAll(t *rapid.T) {
+	if rapid.IntRange(0, 3).Draw(t, "removeAll") != 0 {
+		t.Skip("RemoveAll only one time in four")
+	}
+	n, err := m.s.RemoveAll(background)
+	if err != nil {
+		t.Fatalf("RemoveAll() = %d, %v; want a nil error", n, err)
+	}
+	m.removed(t, "RemoveAll()", n, func(string) bool { return true })
+}
+
+// removed checks the count of a prefix or total removal and updates the
+// model: every matching key is gone.
+func (m *machine) removed(t *rapid.T, call string, n int, match func(string) bool) {
+	present := 0
+	for key, vals := range m.model {
+		if match(key) && len(vals) > 0 {
+			present++
+			delete(m.model, key)
+		}
+	}
+	if n < 0 || n > present || (!m.opts.Evicts && n != present) {
+		want := fmt.Sprint(present)
+		if m.opts.Evicts {
+			want = fmt.Sprintf("at most %d (some may have been evicted)", present)
+		}
+		t.Fatalf("%s = %d, want %s", call, n, want)
+	}
+}
+
+// check is the invariant after every step: Exists answers for every key
+// as the model allows, and Stats count what Exists reports if declared.
+func (m *machine) check(t *rapid.T) {
+	res := m.probe(t, m.keys)
+	if !m.opts.Stats {
+		return
+	}
+	var keys, size int64
+	for _, r := range res {
+		if r.Err == nil {
+			keys++
+			size += int64(r.N)
+		}
+	}
+	st := m.s.Stats()
+	if st.Keys != keys || st.Bytes != size {
+		t.Fatalf("Stats() = {Keys: %d, Bytes: %d}, but Exists finds %d keys of %d bytes", st.Keys, st.Bytes, keys, size)
+	}
+}
+
+// sawAbsent records that key is absent.
+func (m *machine) sawAbsent(t *rapid.T, op, key string) {
+	if len(m.model[key]) > 0 && !m.opts.Evicts {
+		t.Fatalf("%s: key %q vanished: it was stored and never removed, and the store declares no eviction", op, key)
+	}
+	delete(m.model, key)
+}
+
+// sawSize records that key is present with a value of n bytes.
+func (m *machine) sawSize(t *rapid.T, key string, n int) {
+	vals := m.model[key]
+	if len(vals) == 0 {
+		t.Fatalf("Exists: key %q is present (%d bytes), but it was removed or never stored", key, n)
+	}
+	kept := slices.DeleteFunc(slices.Clone(vals), func(v []byte) bool { return len(v) != n })
+	if len(kept) == 0 {
+		t.Fatalf("Exists: key %q has N = %d, want %s", key, n, sizesOf(vals))
+	}
+	m.model[key] = kept
+}
+
+// sawValue records that key holds got.
+func (m *machine) sawValue(t *rapid.T, op, key string, got []byte) {
+	vals := m.model[key]
+	if len(vals) == 0 {
+		t.Fatalf("%s: key %q returned a %d-byte value, but it was removed or never stored", op, key, len(got))
+	}
+	for _, v := range vals {
+		if bytes.Equal(v, got) {
+			m.model[key] = [][]byte{v}
+			return
+		}
+	}
+	t.Fatalf("%s: key %q returned %d bytes that differ from its first-written value (%s)%s", op, key, len(got), sizesOf(vals), firstDiff(vals[0], got))
+}
+
+func sizesOf(vals [][]byte) string {
+	var s []string
+	for _, v := range vals {
+		s = append(s, fmt.Sprint(len(v)))
+	}
+	if len(s) == 1 {
+		return s[0] + " bytes"
+	}
+	return "one of " + strings.Join(s, ", ") + " bytes"
+}
+
+func firstDiff(want, got []byte) string {
+	for i := range min(len(want), len(got)) {
+		if want[i] != got[i] {
+			return fmt.Sprintf("; first difference at byte %d: got %#02x, want %#02x", i, got[i], want[i])
+		}
+	}
+	if len(want) != len(got) {
+		return fmt.Sprintf("; got %d bytes, want %d", len(got), len(want))
+	}
+	return ""
+}

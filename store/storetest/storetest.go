@@ -1,0 +1,177 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// Options declares what the store under test does, so that [Run] checks
+// exactly that and nothing it does not claim.
+type Options struct {
+	// Evicts declares that the store may drop keys on its own to make room,
+	// as a cache does. Run then accepts a key vanishing (and a put refused
+	// with store.ErrNoSpace) at any time, except while a Get copies the
+	// key's value, and stores several times Capacity to cause evictions.
+	// Without Evicts, every key stays until removed.
+	Evicts bool
+
+	// Capacity is the number of value bytes the store holds without
+	// evicting or refusing a put. Without Evicts, Run fails a put refused
+	// with store.ErrNoSpace while the values it stored stay within
+	// Capacity. Zero means 1 MiB.
+	Capacity int64
+
+	// MaxValueSize is the size in bytes of the largest value Run stores.
+	// Zero means 4096.
+	MaxValueSize int
+
+	// Stats declares that Stats().Keys and Stats().Bytes count the keys
+	// and value bytes the store holds, exactly, whenever no call is in
+	// flight. Run then checks them after every step of its state machine.
+	Stats bool
+}
+
+func (o *Options) ensureDefaults() error {
+	if o.Capacity == 0 {
+		o.Capacity = 1 << 20
+	}
+	if o.MaxValueSize == 0 {
+		o.MaxValueSize = 4096
+	}
+	switch {
+	case o.Capacity < 0:
+		return fmt.Errorf("storetest: Options.Capacity %d: must not be negative", o.Capacity)
+	case o.MaxValueSize < 2:
+		return fmt.Errorf("storetest: Options.MaxValueSize %d: must be at least 2", o.MaxValueSize)
+	case int64(o.MaxValueSize) > o.Capacity:
+		return fmt.Errorf("storetest: Options.MaxValueSize %d: larger than Options.Capacity %d", o.MaxValueSize, o.Capacity)
+	}
+	return nil
+}
+
+// Run checks that the stores newStore returns implement [store.Store]
+// correctly, as far as opts declares what they do. It runs these subtests,
+// each with stores of its own:
+//
+//   - StateMachine: a rapid state machine of batch puts, gets and exists,
+//     removes, prefix removes and remove-alls, checked against a model
+//     after every step: a present value always has exactly its first-written
+//     bytes, a removed key never comes back, a key vanishes only if the
+//     store evicts, gets write exactly the value's bytes and nothing past
+//     them, puts neither write their sources nor keep reading them.
+//   - FirstWriterWins: concurrent puts of different values under the same
+//     keys, with concurrent readers: every reader sees one winner per key.
+//   - Churn: concurrent puts, gets, exists and removes under eviction
+//     pressure (when the store evicts): every value read is exact.
+//   - BadInput: invalid keys, empty and zero regions, short destinations
+//     and batch slices of different lengths get per-key errors (or the
+//     whole-call error for slices) and change nothing.
+//   - Register: overlapping and unknown regions are refused.
+//   - Context: a canceled context fails calls as a whole, and they do nothing.
+//   - Close and CloseWhileBusy: calls after Close fail with store.ErrClosed,
+//     Close is idempotent, and calls in flight when Close starts finish
+//     with correct results.
+//
+// newStore is called once per store, from the subtest's goroutine (or the
+// rapid check's), with the subtest as t. Run registers the host memory it
+// uses with each store, unregisters it at the end, and closes every store it
+// creates; stores must tolerate a second Close. Failures name the operation,
+// the keys and what was expected. The state machine honors rapid's flags
+// (-rapid.checks, -rapid.steps, -rapid.seed) and -short shortens every
+// subtest.
+//
+// Run needs host memory from [rdma.AllocHost] and skips where that is not
+// supported.
+func Run(t *testing.T, newStore func(t testing.TB) store.Store, opts Options) {
+	t.Helper()
+	run(tt{t}, newStore, opts)
+}
+
+// tester is the part of a test that Run uses: testing.TB and subtests. Run
+// takes a *testing.T; the package's own tests pass a recorder that runs the
+// same subtests against stores that are broken on purpose.
+type tester interface {
+	testing.TB
+	run(name string, f func(t tester)) bool
+}
+
+// tt adapts *testing.T to tester.
+type tt struct{ *testing.T }
+
+func (t tt) run(name string, f func(t tester)) bool {
+	return t.T.Run(name, func(t *testing.T) { f(tt{t}) })
+}
+
+func run(t tester, newStore func(t testing.TB) store.Store, opts Options) {
+	t.Helper()
+	if err := opts.ensureDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := rdma.AllocHost(1)
+	if errors.Is(err, rdma.ErrUnsupported) {
+		t.Skipf("storetest: needs host memory: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	if err := probe.Free(); err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	h := &harness{newStore: newStore, opts: opts}
+	t.run("StateMachine", h.stateMachine)
+	t.run("FirstWriterWins", h.firstWriterWins)
+	t.run("Churn", h.churn)
+	t.run("BadInput", h.badInput)
+	t.run("Register", h.register)
+	t.run("Context", h.context)
+	t.run("Close", h.close)
+	t.run("CloseWhileBusy", h.closeWhileBusy)
+}
+
+// harness carries what every subtest needs.
+type harness struct {
+	newStore func(t testing.TB) store.Store
+	opts     Options
+}
+
+// open returns a new store with mem registered, to be unregistered and
+// closed when t ends.
+func (h *harness) open(t tester, mems ...*memory) store.Store {
+	t.Helper()
+	s := h.newStore(t)
+	if s == nil {
+		t.Fatal("storetest: newStore returned a nil store")
+	}
+	for _, m := range mems {
+		if err := s.Register(m.region()); err != nil {
+			closeStore(t, s)
+			t.Fatalf("Register(%v) = %v, want nil", m.region(), err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, m := range mems {
+			if err := s.Unregister(m.region()); err != nil && !errors.Is(err, store.ErrClosed) {
+				t.Errorf("Unregister(%v) = %v, want nil", m.region(), err)
+			}
+		}
+		closeStore(t, s)
+	})
+	return s
+}
+
+func closeStore(t testing.TB, s store.Store) {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Errorf("Close() = %v, want nil", err)
+	}
+}
+
+// short reports whether the test runs with -short.
+func short() bool { return testing.Short() }
+
+var background = context.Background()

@@ -1,0 +1,262 @@
+package storetest
+
+import (
+	"flag"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// recorder is a tester that records failures instead of failing the test
+// it runs in, so that the harness can be run against broken stores. Like
+// testing.T, it runs each subtest on its own goroutine and ends it with
+// runtime.Goexit on FailNow and SkipNow. Methods it does not override
+// (TempDir, Context, ...) go to the enclosing test.
+type recorder struct {
+	testing.TB
+	name   string
+	parent *recorder
+	log    *recording
+
+	mu       sync.Mutex
+	failed   bool
+	cleanups []func()
+}
+
+// recording is what a tree of recorders saw.
+type recording struct {
+	mu     sync.Mutex
+	lines  []string
+	failed map[string]bool // names of the (sub)tests that failed themselves
+}
+
+func newRecorder(t testing.TB, name string) *recorder {
+	return &recorder{TB: t, name: name, log: &recording{failed: map[string]bool{}}}
+}
+
+func (r *recorder) Helper()      {}
+func (r *recorder) Name() string { return r.name }
+
+func (r *recorder) Logf(format string, args ...any) { r.Log(fmt.Sprintf(format, args...)) }
+func (r *recorder) Log(args ...any) {
+	r.log.mu.Lock()
+	defer r.log.mu.Unlock()
+	r.log.lines = append(r.log.lines, r.name+": "+strings.TrimSuffix(fmt.Sprintln(args...), "\n"))
+}
+
+func (r *recorder) Errorf(format string, args ...any) { r.Logf(format, args...); r.Fail() }
+func (r *recorder) Error(args ...any)                 { r.Log(args...); r.Fail() }
+func (r *recorder) Fatalf(format string, args ...any) { r.Logf(format, args...); r.FailNow() }
+func (r *recorder) Fatal(args ...any)                 { r.Log(args...); r.FailNow() }
+func (r *recorder) FailNow()                          { r.Fail(); runtime.Goexit() }
+func (r *recorder) Skipf(format string, args ...any)  { r.Logf(format, args...); r.SkipNow() }
+func (r *recorder) Skip(args ...any)                  { r.Log(args...); r.SkipNow() }
+func (r *recorder) SkipNow()                          { runtime.Goexit() }
+func (r *recorder) Skipped() bool                     { return false }
+
+func (r *recorder) Fail() {
+	r.log.mu.Lock()
+	r.log.failed[r.name] = true
+	r.log.mu.Unlock()
+	for p := r; p != nil; p = p.parent {
+		p.mu.Lock()
+		p.failed = true
+		p.mu.Unlock()
+	}
+}
+
+func (r *recorder) Failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failed
+}
+
+func (r *recorder) Cleanup(f func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cleanups = append(r.cleanups, f)
+}
+
+func (r *recorder) run(name string, f func(t tester)) bool {
+	c := &recorder{TB: r.TB, name: r.name + "/" + name, parent: r, log: r.log}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer c.runCleanups()
+		f(c)
+	}()
+	<-done
+	return !c.Failed()
+}
+
+func (r *recorder) runCleanups() {
+	for {
+		r.mu.Lock()
+		n := len(r.cleanups)
+		if n == 0 {
+			r.mu.Unlock()
+			return
+		}
+		f := r.cleanups[n-1]
+		r.cleanups = r.cleanups[:n-1]
+		r.mu.Unlock()
+		done := make(chan struct{}) // a cleanup may call FailNow
+		go func() {
+			defer close(done)
+			f()
+		}()
+		<-done
+	}
+}
+
+// runRecorded runs the harness against the stores newStore returns, under
+// a recorder, and returns what it recorded.
+func runRecorded(t *testing.T, newStore func(testing.TB) store.Store, opts Options) *recording {
+	r := newRecorder(t, "Run")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer r.runCleanups()
+		run(r, newStore, opts)
+	}()
+	<-done
+	return r.log
+}
+
+// failedUnder returns the failed tests whose names start with prefix.
+func (g *recording) failedUnder(prefix string) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for name := range g.failed {
+		if strings.HasPrefix(name, prefix) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+func (g *recording) String() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return strings.Join(g.lines, "\n")
+}
+
+// fastRapid shortens rapid's shrinking for tests that expect a failure.
+func fastRapid(t *testing.T) {
+	f := flag.Lookup("rapid.shrinktime")
+	old := f.Value.String()
+	if err := f.Value.Set("250ms"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.Value.Set(old); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Chdir(t.TempDir()) // rapid writes fail files under ./testdata
+}
+
+// TestRunCatchesBrokenStores runs the harness against stores with one
+// deliberate bug each and checks that it fails, in the subtest that owns
+// that kind of bug.
+func TestRunCatchesBrokenStores(t *testing.T) {
+	fastRapid(t)
+	for _, tc := range []struct {
+		name   string
+		bug    bug
+		evicts bool
+		stats  bool
+		caught string // a subtest that must fail, under Run/
+	}{
+		{"ServesAfterRemove", bugServesAfterRemove, false, false, "StateMachine"},
+		{"LastWriterWins", bugLastWriterWins, false, false, "StateMachine"},
+		{"LastWriterWinsConcurrently", bugLastWriterWins, false, false, "FirstWriterWins"},
+		{"EvictsDuringRead", bugEvictsDuringRead, true, false, "StateMachine"},
+		{"EvictsDuringReadConcurrently", bugEvictsDuringRead, true, false, "Churn"},
+		{"AcceptsSpaces", bugAcceptsSpaces, false, false, "BadInput/Keys"},
+		{"IgnoresMismatch", bugIgnoresMismatch, false, false, "BadInput/Mismatch"},
+		{"WritesShortBuffer", bugWritesShortBuffer, false, false, "BadInput/ShortDestination"},
+		{"WritesShortBufferModel", bugWritesShortBuffer, false, false, "StateMachine"},
+		{"VanishesWithoutEviction", bugVanishes, false, false, "StateMachine"},
+		{"OpenAfterClose", bugOpenAfterClose, false, false, "Close"},
+		{"OpenAfterCloseWhileBusy", bugOpenAfterClose, false, false, "CloseWhileBusy"},
+		{"PrefixMiscount", bugPrefixMiscount, false, false, "StateMachine"},
+		{"IgnoresContext", bugIgnoresContext, false, false, "Context"},
+		{"RetainsSource", bugRetainsSource, false, false, "StateMachine"},
+		{"WritesPastValue", bugWritesPastValue, false, false, "StateMachine"},
+		{"StatsOffByOne", bugStatsOffByOne, false, true, "StateMachine"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := Options{Evicts: tc.evicts, Capacity: 256 << 10, MaxValueSize: 2048, Stats: tc.stats}
+			capacity := 0
+			if tc.evicts {
+				capacity = int(opts.Capacity)
+			}
+			got := runRecorded(t, func(testing.TB) store.Store { return newRefStore(tc.bug, capacity) }, opts)
+			if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
+				t.Errorf("Run did not fail in %s for a store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
+			}
+		})
+	}
+}
+
+// TestRunPassesCorrectStores runs the harness, under a recorder and for
+// real, against the correct reference store: without eviction, with
+// eviction, and through a Faulty wrapper that injects nothing.
+func TestRunPassesCorrectStores(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		capacity int
+		opts     Options
+		wrap     bool
+	}{
+		{"Plain", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, false},
+		{"Evicting", 64 << 10, Options{Evicts: true, Capacity: 64 << 10, MaxValueSize: 2048, Stats: true}, false},
+		{"FaultyWithoutFaults", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, true},
+	} {
+		newStore := func(testing.TB) store.Store {
+			var s store.Store = newRefStore(noBug, tc.capacity)
+			if tc.wrap {
+				s = NewFaulty(s, FaultOptions{Seed: 1})
+			}
+			return s
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			if got := runRecorded(t, newStore, tc.opts); len(got.failedUnder("")) > 0 {
+				t.Errorf("Run under a recorder failed %v for a correct store:\n%s", got.failedUnder(""), got)
+			}
+			Run(t, newStore, tc.opts)
+		})
+	}
+}
+
+// TestRecorder checks the recorder itself: failures propagate to parents,
+// FailNow ends only its subtest, cleanups run.
+func TestRecorder(t *testing.T) {
+	r := newRecorder(t, "R")
+	var after, cleaned bool
+	ok := r.run("a", func(t tester) {
+		t.Cleanup(func() { cleaned = true })
+		t.Fatal("boom")
+		after = true
+	})
+	okB := r.run("b", func(t tester) { t.Log("fine") })
+	switch {
+	case ok || !okB:
+		t.Errorf("run results = %v, %v; want false, true", ok, okB)
+	case after:
+		t.Error("code after Fatal ran")
+	case !cleaned:
+		t.Error("cleanup did not run")
+	case !r.Failed():
+		t.Error("a failed subtest did not fail its parent")
+	}
+	if got := r.log.failedUnder(""); len(got) != 1 || got[0] != "R/a" {
+		t.Errorf("failed tests = %q, want [R/a]", got)
+	}
+}
