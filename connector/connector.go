@@ -203,8 +203,31 @@ type Env struct {
 	// half and in-process workers share. The connector does not close it.
 	Store store.Store
 
+	// Copier, when the worker's KV memory is device memory that the store
+	// cannot reach, stages blocks through registered host memory: a
+	// *cudart.Stream is one. Worker half only.
+	Copier DeviceCopier
+
 	// Logger receives the connector's logs; nil discards them.
 	Logger *slog.Logger
+}
+
+// DeviceCopy is one copy of N bytes from Src to Dst, between device memory
+// and host memory. It is the same type as cudart.Copy, so a *cudart.Stream
+// is a [DeviceCopier] without this package importing cudart.
+type DeviceCopy = struct {
+	Dst, Src uintptr
+	N        int
+}
+
+// DeviceCopier moves block bytes between device KV memory and host staging
+// memory. Copies may run asynchronously; Synchronize waits until every copy
+// issued so far is done. A worker's transfer goroutines share it, so it must
+// be safe for concurrent use.
+type DeviceCopier interface {
+	CopyToHost(copies []DeviceCopy) error
+	CopyToDevice(copies []DeviceCopy) error
+	Synchronize(ctx context.Context) error
 }
 
 // Stats are a connector's counters, from the optional [StatsReporter].

@@ -1,0 +1,268 @@
+package storeconn_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/storeconn"
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+	"github.com/kvconnect/kvconnect/store/memstore"
+)
+
+// longRequest is a 32K-token request: 2,048 blocks of 16 tokens.
+func longRequest(id string) *connector.Request {
+	toks := make([]hashing.Token, 32*1024)
+	for i := range toks {
+		toks[i] = hashing.Token(i)
+	}
+	hs, err := hashing.HashBlocks(16, toks)
+	if err != nil {
+		panic(err)
+	}
+	return &connector.Request{ID: connector.RequestID(id), Prompt: len(toks), Hashes: hs}
+}
+
+func benchIdentity() hashing.Identity {
+	id := identity(1, 1)
+	id.Layout.BlockSize = 16
+	return id
+}
+
+// BenchmarkMatch32K measures the first Match of a 32K-token request whose
+// blocks are all in the store: key building and one batch exists of 2,047
+// keys, inline (lookup "sync").
+func BenchmarkMatch32K(b *testing.B) {
+	st, err := memstore.New(memstore.Config{Capacity: 64 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	id := benchIdentity()
+	ns, err := id.Namespace()
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := longRequest("r")
+	mem, err := rdma.AllocHost(4096)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mem.Free()
+	keys := make([]string, len(req.Hashes))
+	src := make([]rdma.Region, len(req.Hashes))
+	for i, h := range req.Hashes {
+		keys[i] = ns.Key(0, h)
+		src[i], _ = mem.Region().Sub(0, 64)
+	}
+	if err := st.Put(context.Background(), keys, src, make([]store.Result, len(keys))); err != nil {
+		b.Fatal(err)
+	}
+	s, err := connector.OpenScheduler(connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}},
+		connector.Env{Identity: id, Store: st})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	i := 0
+	for b.Loop() {
+		req.ID = connector.RequestID(fmt.Sprint(i))
+		i++
+		m, err := s.Match(req, 0)
+		if err != nil || m.Tokens != 2047*16 {
+			b.Fatalf("Match = %+v, %v", m, err)
+		}
+		if _, err := s.Finish(req, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e6, "ms/match")
+}
+
+// BenchmarkStep measures the scheduler half's steady state: 64 running 32K
+// requests that complete no new block this step: Scheduled for each, Plan,
+// and Update.
+func BenchmarkStep(b *testing.B) {
+	st, err := memstore.New(memstore.Config{Capacity: 1 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	s, err := connector.OpenScheduler(connector.Config{Connector: storeconn.Name, Role: connector.RoleBoth},
+		connector.Env{Identity: benchIdentity(), Store: st})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	const n = 64
+	reqs := make([]*connector.Request, n)
+	blk := make([]connector.BlockID, 2048)
+	base := longRequest("x")
+	for i := range reqs {
+		r := *base
+		r.ID = connector.RequestID(fmt.Sprint("r", i))
+		reqs[i] = &r
+		// Mark everything computed and planned once, outside the loop.
+		if err := s.Scheduled(reqs[i], blk, 32*1024); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s.Plan() // ships the initial saves; the workers never answer here
+	outs := []*connector.Output{{Rank: 0}}
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, r := range reqs {
+			if err := s.Scheduled(r, blk, 32*1024); err != nil {
+				b.Fatal(err)
+			}
+		}
+		s.Plan()
+		if _, err := s.Update(outs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/request/step")
+}
+
+// BenchmarkWorkerThroughput compares the worker half's save and load of
+// 256 KiB blocks (2 layers × K,V × 64 KiB, block-major) with memstore's own
+// batch put and get of the same bytes, in the same run.
+func BenchmarkWorkerThroughput(b *testing.B) {
+	const nblocks = 64
+	const blockBytes = 64 << 10
+	kv := connector.KVCache{Layers: 2, Blocks: nblocks, KV: 2, BlockBytes: blockBytes, Order: connector.BlockMajor}
+	size := kv.BlockSize()
+	for _, mode := range []string{"store-put", "worker-save", "store-get", "worker-load"} {
+		b.Run(mode, func(b *testing.B) {
+			st, err := memstore.New(memstore.Config{Capacity: 2 * nblocks * int64(size)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			mem, err := rdma.AllocHost(nblocks * size)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer mem.Free()
+			kv.Regions = []rdma.Region{mem.Region()}
+			id := benchIdentity()
+			ns, _ := id.Namespace()
+			toks := make([]hashing.Token, nblocks*16+1)
+			round := 0
+			hashesFor := func() []hashing.BlockHash {
+				round++
+				for i := range toks {
+					toks[i] = hashing.Token(round*1_000_000 + i)
+				}
+				hs, _ := hashing.HashBlocks(16, toks)
+				return hs
+			}
+			keys := make([]string, nblocks)
+			regions := make([]rdma.Region, nblocks)
+			res := make([]store.Result, nblocks)
+			for i := range regions {
+				regions[i] = kv.Spans(nil, connector.BlockID(i))[0]
+			}
+			cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
+			env := connector.Env{Identity: id, Store: st}
+			s, err := connector.OpenScheduler(cfg, env)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			w, err := connector.OpenWorker(cfg, env)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer w.Close()
+			if err := w.Register(kv); err != nil {
+				b.Fatal(err)
+			}
+			blk := make([]connector.BlockID, nblocks+1)
+			for i := range blk {
+				blk[i] = connector.BlockID(i % nblocks)
+			}
+			ctx := context.Background()
+			// drive runs one step and waits for its transfers.
+			drive := func() {
+				m := s.Plan()
+				want := len(m.Loads) + len(m.Saves)
+				if err := w.Start(ctx, m); err != nil {
+					b.Fatal(err)
+				}
+				if err := w.Save(ctx, connector.Ready); err != nil {
+					b.Fatal(err)
+				}
+				for got := 0; got < want; {
+					o := w.Poll()
+					if len(o.Failed) > 0 {
+						b.Fatalf("failures: %+v", o.Failed)
+					}
+					got += len(o.Done)
+					if _, err := s.Update([]*connector.Output{o}); err != nil {
+						b.Fatal(err)
+					}
+					if got < want {
+						time.Sleep(10 * time.Microsecond)
+					}
+				}
+			}
+			// For loads, store one round of blocks first.
+			var stored []hashing.BlockHash
+			if mode == "store-get" || mode == "worker-load" {
+				stored = hashesFor()
+				for i, h := range stored {
+					keys[i] = ns.Key(0, h)
+				}
+				if err := st.Put(ctx, keys, regions, res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(int64(nblocks * size))
+			i := 0
+			for b.Loop() {
+				i++
+				switch mode {
+				case "store-put":
+					for k, h := range hashesFor() {
+						keys[k] = ns.Key(0, h)
+					}
+					if err := st.Put(ctx, keys, regions, res); err != nil {
+						b.Fatal(err)
+					}
+				case "store-get":
+					if err := st.Get(ctx, keys, regions, res); err != nil {
+						b.Fatal(err)
+					}
+				case "worker-save":
+					hs := hashesFor()
+					r := &connector.Request{ID: connector.RequestID(fmt.Sprint(i)), Prompt: len(toks), Hashes: hs}
+					if err := s.Scheduled(r, blk, len(toks)); err != nil {
+						b.Fatal(err)
+					}
+					drive()
+					if _, err := s.Finish(r, blk); err != nil {
+						b.Fatal(err)
+					}
+				case "worker-load":
+					r := &connector.Request{ID: connector.RequestID(fmt.Sprint(i)), Prompt: len(toks), Hashes: stored}
+					m, err := s.Match(r, 0)
+					if err != nil || m.Tokens != nblocks*16 {
+						b.Fatalf("Match = %+v, %v", m, err)
+					}
+					if err := s.Allocated(r, blk, m.Tokens); err != nil {
+						b.Fatal(err)
+					}
+					drive()
+					if _, err := s.Finish(r, blk); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

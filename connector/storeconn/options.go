@@ -1,0 +1,64 @@
+package storeconn
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
+)
+
+// Name is the name the connector registers under, for kv_connector.
+const Name = "StoreConnector"
+
+// options are the connector's settings, read from kv_connector_extra_config.
+type options struct {
+	syncLookup     bool          // "lookup": "sync" runs exists probes inside Match
+	lookupWorkers  int           // "lookup_workers": goroutines probing the store
+	lookupQueue    int           // "lookup_queue": lookups waiting for a worker
+	transferWorker int           // "transfer_workers": worker goroutines moving blocks
+	batchBlocks    int           // "batch_blocks": blocks per store call
+	saveRetries    int           // "save_retries": out-of-space retries of a block
+	retryDelay     int           // "retry_steps": steps between retries
+	pollInterval   time.Duration // "event_poll": how often a worker polls a ready event
+}
+
+func parseOptions(cfg connector.Config) (options, error) {
+	o := options{}
+	mode, err := cfg.ExtraString("lookup", "async")
+	if err != nil {
+		return o, err
+	}
+	switch mode {
+	case "async":
+	case "sync":
+		o.syncLookup = true
+	default:
+		return o, fmt.Errorf("%w: kv_connector_extra_config.lookup = %q, want async or sync", connector.ErrConfig, mode)
+	}
+	ints := []struct {
+		key      string
+		dst      *int
+		def, min int
+	}{
+		{"lookup_workers", &o.lookupWorkers, 2, 1},
+		{"lookup_queue", &o.lookupQueue, 256, 1},
+		{"transfer_workers", &o.transferWorker, 2, 1},
+		{"batch_blocks", &o.batchBlocks, 64, 1},
+		{"save_retries", &o.saveRetries, 3, 0},
+		{"retry_steps", &o.retryDelay, 1, 1},
+	}
+	for _, f := range ints {
+		v, err := cfg.ExtraInt(f.key, f.def)
+		if err != nil {
+			return o, err
+		}
+		if v < f.min {
+			return o, fmt.Errorf("%w: kv_connector_extra_config.%s = %d, want >= %d", connector.ErrConfig, f.key, v, f.min)
+		}
+		*f.dst = v
+	}
+	if o.pollInterval, err = cfg.ExtraDuration("event_poll", 50*time.Microsecond); err != nil {
+		return o, err
+	}
+	return o, nil
+}

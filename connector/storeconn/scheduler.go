@@ -1,0 +1,687 @@
+package storeconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// Scheduler is the scheduler half of the store connector. It implements
+// connector.Scheduler, connector.Rotator, connector.EventSource and
+// connector.StatsReporter.
+type Scheduler struct {
+	cfg     connector.Config
+	opt     options
+	st      store.Store
+	log     *slog.Logger
+	id      hashing.Identity
+	ns      hashing.Namespace
+	bs      int // tokens per block
+	shards  int // distinct KV shards (TP size / replication)
+	workers int // workers that report each transfer (TP size)
+
+	reqs        map[connector.RequestID]*request
+	transfers   map[uint64]*transfer
+	saving      map[hashing.BlockHash]int // blocks with a save in flight, this generation
+	retries     []retry                   // out-of-space saves to plan again
+	nextID      uint64
+	bufs        [2]connector.Metadata // Plan hands out one while the other fills
+	meta        *connector.Metadata   // the one filling: this step's plan
+	progress    connector.Progress
+	events      []connector.KVEvent
+	released    []connector.RequestID
+	stats       connector.Stats
+	syncScratch probeScratch // for lookups run inside Match
+
+	// Lookups run on a pool of goroutines; results come back through mu.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	jobs   chan *lookup
+	mu     struct {
+		sync.Mutex
+		done []*lookup
+	}
+	closed bool
+}
+
+var (
+	_ connector.Scheduler     = (*Scheduler)(nil)
+	_ connector.Rotator       = (*Scheduler)(nil)
+	_ connector.EventSource   = (*Scheduler)(nil)
+	_ connector.StatsReporter = (*Scheduler)(nil)
+)
+
+// request is the scheduler half's state of one request.
+type request struct {
+	id       connector.RequestID
+	lk       *lookup // the latest lookup; nil before the first Match
+	from     int     // first block the engine had locally at Match
+	saveNext int     // first block not yet considered for saving
+	noSave   int     // blocks before this were computed under an older generation
+	inflight int     // transfers (planned or running) that touch its blocks
+	retries  int     // out-of-space retries waiting to be planned
+	finished bool    // Finish was called while transfers ran
+	load     *connector.Transfer
+}
+
+// lookup is one batch exists probe for a request, run by the pool.
+type lookup struct {
+	req    connector.RequestID
+	gen    uint64
+	from   int                 // first block probed
+	hashes []hashing.BlockHash // blocks probed, from `from` on
+	ns     hashing.Namespace
+	shards int
+	// Results, written by the pool before it hands the lookup back under
+	// Scheduler.mu; read by the scheduler only once done is set.
+	present int // contiguous blocks present in every shard, from `from`
+	err     error
+	nanos   int64
+	done    bool // set by the scheduler's goroutine when it collects the lookup
+}
+
+// transfer is a planned or running load or save.
+type transfer struct {
+	req     *request
+	load    bool
+	gen     uint64
+	first   int
+	blocks  []connector.BlockID
+	hashes  []hashing.BlockHash
+	reports []bool // per worker rank: reported Done
+	left    int    // workers yet to report
+	failAt  int    // lowest failed block index over all workers, -1 if none
+	noSpace []bool // per block: a worker reported no space (saves)
+	failed  []bool // per block: failed for another reason (saves)
+	tries   int
+}
+
+type retry struct {
+	req    *request
+	first  int
+	blocks []connector.BlockID
+	hashes []hashing.BlockHash
+	tries  int
+	after  uint64 // the step from which it may be planned
+}
+
+func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) {
+	opt, err := parseOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if env.Store == nil {
+		return nil, fmt.Errorf("%w: %s needs Env.Store (an open store.Store)", connector.ErrConfig, Name)
+	}
+	ns, err := env.Identity.Namespace()
+	if err != nil {
+		return nil, fmt.Errorf("storeconn: identity: %w", err)
+	}
+	log := env.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Scheduler{
+		cfg:       cfg,
+		opt:       opt,
+		st:        env.Store,
+		log:       log,
+		id:        env.Identity,
+		ns:        ns,
+		bs:        env.Identity.Layout.BlockSize,
+		shards:    ns.Shards(),
+		workers:   env.Identity.Layout.TPSize,
+		reqs:      make(map[connector.RequestID]*request),
+		transfers: make(map[uint64]*transfer),
+		saving:    make(map[hashing.BlockHash]int),
+	}
+	s.meta = &s.bufs[0]
+	s.meta.Generation = env.Identity.Generation
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if !opt.syncLookup {
+		s.jobs = make(chan *lookup, opt.lookupQueue)
+		for range opt.lookupWorkers {
+			s.wg.Add(1)
+			go s.lookupLoop()
+		}
+	}
+	return s, nil
+}
+
+func (s *Scheduler) lookupLoop() {
+	defer s.wg.Done()
+	var sc probeScratch
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case lk := <-s.jobs:
+			s.probe(lk, &sc)
+			s.mu.Lock()
+			s.mu.done = append(s.mu.done, lk)
+			s.mu.Unlock()
+		}
+	}
+}
+
+// probeScratch is reusable space for probes.
+type probeScratch struct {
+	kb   keyBuf
+	keys []string
+	res  []store.Result
+}
+
+// probe runs lk's batch exists over every shard of every probed block and
+// records the longest prefix present in all of them.
+func (s *Scheduler) probe(lk *lookup, sc *probeScratch) {
+	start := time.Now()
+	sc.kb.reset()
+	for _, h := range lk.hashes {
+		for sh := 0; sh < lk.shards; sh++ {
+			sc.kb.add(lk.ns, sh, h)
+		}
+	}
+	keys := sc.kb.keys(sc.keys[:0])
+	res := grow(sc.res, len(keys))
+	sc.keys, sc.res = keys, res
+	if err := s.st.Exists(s.ctx, keys, res); err != nil {
+		lk.err = err
+	} else {
+		n := 0
+	blocks:
+		for b := range lk.hashes {
+			for sh := 0; sh < lk.shards; sh++ {
+				if res[b*lk.shards+sh].Err != nil {
+					break blocks
+				}
+			}
+			n++
+		}
+		lk.present = n
+	}
+	lk.nanos = time.Since(start).Nanoseconds()
+	clear(keys) // drop the batch's string
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// collect takes the lookups the pool finished since the last call.
+func (s *Scheduler) collect() {
+	s.mu.Lock()
+	done := s.mu.done
+	s.mu.done = nil
+	s.mu.Unlock()
+	for _, lk := range done {
+		lk.done = true
+		s.stats.LookupNanos += lk.nanos
+		if lk.err != nil && !errors.Is(lk.err, context.Canceled) {
+			s.log.Warn("storeconn: lookup failed", "request", lk.req, "err", lk.err)
+		}
+	}
+}
+
+// Match implements connector.Scheduler.
+func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, error) {
+	if s.closed {
+		return connector.Match{}, connector.ErrClosed
+	}
+	if computed < 0 || computed%s.bs != 0 {
+		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): computed = %d, want a multiple of the block size %d", r.ID, computed, s.bs)
+	}
+	if r.Prompt < 0 || len(r.Hashes) > 0 && r.Prompt > 0 && r.Prompt/s.bs > len(r.Hashes) {
+		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): %d hashes do not cover the %d-token prompt's full blocks", r.ID, len(r.Hashes), r.Prompt)
+	}
+	q := s.reqs[r.ID]
+	if q == nil {
+		q = &request{id: r.ID}
+		s.reqs[r.ID] = q
+	} else if q.finished {
+		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): request finished and not yet released", r.ID)
+	}
+	from := computed / s.bs
+	q.from = from
+	if q.saveNext < from {
+		q.saveNext = from
+	}
+	if !s.cfg.Role.CanLoad() {
+		return connector.Match{}, nil
+	}
+	// Never the last prompt token: at most (Prompt-1)/B whole blocks.
+	limit := 0
+	if r.Prompt > 0 {
+		limit = (r.Prompt - 1) / s.bs
+	}
+	limit = min(limit, len(r.Hashes))
+	if from >= limit {
+		return connector.Match{}, nil
+	}
+	if q.lk != nil && !q.lk.done {
+		s.collect()
+	}
+	if q.lk == nil || q.lk.gen != s.meta.Generation || q.lk.from > from ||
+		(q.lk.done && (q.lk.err != nil || q.lk.present == len(q.lk.hashes) && q.lk.from+len(q.lk.hashes) < limit)) {
+		// A new lookup: none yet, an older generation, the engine lost
+		// local blocks the last one assumed, the last one failed, or it
+		// found every block it probed and the prompt has grown since.
+		s.collect()
+		lk := &lookup{
+			req:    r.ID,
+			gen:    s.meta.Generation,
+			from:   from,
+			hashes: append([]hashing.BlockHash(nil), r.Hashes[from:limit]...),
+			ns:     s.ns,
+			shards: s.shards,
+		}
+		s.stats.Lookups++
+		s.stats.LookupKeys += int64(len(lk.hashes) * lk.shards)
+		if s.opt.syncLookup {
+			s.probe(lk, &s.syncScratch)
+			lk.done = true
+			s.stats.LookupNanos += lk.nanos
+		} else {
+			select {
+			case s.jobs <- lk:
+			default:
+				// The queue is full: try again next step.
+				s.stats.Lookups--
+				s.stats.LookupKeys -= int64(len(lk.hashes) * lk.shards)
+				return connector.Match{Pending: true}, nil
+			}
+		}
+		q.lk = lk
+	}
+	if !q.lk.done {
+		return connector.Match{Pending: true}, nil
+	}
+	if q.lk.err != nil {
+		// A failed lookup is a miss, not an error: recompute is always safe.
+		return connector.Match{}, nil
+	}
+	end := min(q.lk.from+q.lk.present, limit)
+	if end <= from {
+		return connector.Match{}, nil
+	}
+	return connector.Match{Tokens: (end - from) * s.bs}, nil
+}
+
+// Allocated implements connector.Scheduler.
+func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, external int) error {
+	if s.closed {
+		return connector.ErrClosed
+	}
+	q := s.reqs[r.ID]
+	if q == nil {
+		return fmt.Errorf("%w: Allocated(%q) before Match", connector.ErrUnknownRequest, r.ID)
+	}
+	if external == 0 {
+		return nil
+	}
+	if external < 0 || external%s.bs != 0 {
+		return fmt.Errorf("storeconn: Allocated(%q): external = %d, want a multiple of the block size %d", r.ID, external, s.bs)
+	}
+	n := external / s.bs
+	if q.lk == nil || !q.lk.done || q.lk.err != nil || q.from+n > q.lk.from+q.lk.present || q.lk.gen != s.meta.Generation {
+		return fmt.Errorf("storeconn: Allocated(%q): external = %d tokens exceeds the last match", r.ID, external)
+	}
+	if q.from+n > len(blocks) || q.from+n > len(r.Hashes) {
+		return fmt.Errorf("%w: Allocated(%q): %d blocks and %d hashes do not cover %d tokens", connector.ErrInvalidBlock, r.ID, len(blocks), len(r.Hashes), (q.from+n)*s.bs)
+	}
+	if q.load != nil {
+		return fmt.Errorf("storeconn: Allocated(%q): a load is already planned", r.ID)
+	}
+	s.nextID++
+	t := connector.Transfer{
+		ID:     s.nextID,
+		Req:    r.ID,
+		First:  q.from,
+		Blocks: append([]connector.BlockID(nil), blocks[q.from:q.from+n]...),
+		Hashes: append([]hashing.BlockHash(nil), r.Hashes[q.from:q.from+n]...),
+	}
+	s.meta.Loads = append(s.meta.Loads, t)
+	s.track(q, &t, true, 0)
+	// Loaded blocks are in the store: never save them again.
+	q.saveNext = max(q.saveNext, q.from+n)
+	s.stats.HitBlocks += int64(n)
+	s.stats.HitTokens += int64(external)
+	return nil
+}
+
+// track records a planned transfer.
+func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries int) {
+	x := &transfer{
+		req:     q,
+		load:    load,
+		gen:     s.meta.Generation,
+		first:   t.First,
+		blocks:  t.Blocks,
+		hashes:  t.Hashes,
+		reports: make([]bool, s.workers),
+		left:    s.workers,
+		failAt:  -1,
+		tries:   tries,
+	}
+	if !load {
+		x.noSpace = make([]bool, len(t.Blocks))
+		x.failed = make([]bool, len(t.Blocks))
+		for _, h := range t.Hashes {
+			s.saving[h]++
+		}
+	}
+	s.transfers[t.ID] = x
+	q.inflight++
+}
+
+// Scheduled implements connector.Scheduler.
+func (s *Scheduler) Scheduled(r *connector.Request, blocks []connector.BlockID, computed int) error {
+	if s.closed {
+		return connector.ErrClosed
+	}
+	q := s.reqs[r.ID]
+	if q == nil {
+		q = &request{id: r.ID}
+		s.reqs[r.ID] = q
+	}
+	if q.finished {
+		return fmt.Errorf("storeconn: Scheduled(%q): request finished", r.ID)
+	}
+	if !s.cfg.Role.CanSave() {
+		return nil
+	}
+	full := min(computed/s.bs, len(r.Hashes))
+	if full > len(blocks) {
+		return fmt.Errorf("%w: Scheduled(%q): %d blocks do not hold %d computed tokens", connector.ErrInvalidBlock, r.ID, len(blocks), computed)
+	}
+	start := max(q.saveNext, q.noSave)
+	if start >= full {
+		return nil
+	}
+	var t *connector.Transfer
+	for i := start; i < full; i++ {
+		h := r.Hashes[i]
+		if s.knownPresent(q, i) || s.saving[h] > 0 {
+			s.stats.SaveSkipped++
+			continue
+		}
+		if t == nil {
+			s.nextID++
+			s.meta.Saves = append(s.meta.Saves, connector.Transfer{ID: s.nextID, Req: r.ID, First: i})
+			t = &s.meta.Saves[len(s.meta.Saves)-1]
+		}
+		if t.First+len(t.Blocks) != i {
+			// A gap (a skipped block): start another transfer so that
+			// First still locates every block.
+			s.track(q, t, false, 0)
+			s.nextID++
+			s.meta.Saves = append(s.meta.Saves, connector.Transfer{ID: s.nextID, Req: r.ID, First: i})
+			t = &s.meta.Saves[len(s.meta.Saves)-1]
+		}
+		t.Blocks = append(t.Blocks, blocks[i])
+		t.Hashes = append(t.Hashes, h)
+	}
+	if t != nil {
+		s.track(q, t, false, 0)
+	}
+	q.saveNext = full
+	return nil
+}
+
+// knownPresent reports whether the request's last lookup found block i.
+func (s *Scheduler) knownPresent(q *request, i int) bool {
+	lk := q.lk
+	return lk != nil && lk.done && lk.err == nil && lk.gen == s.meta.Generation && i >= lk.from && i < lk.from+lk.present
+}
+
+// Plan implements connector.Scheduler.
+func (s *Scheduler) Plan() *connector.Metadata {
+	s.meta.Step++
+	// Out-of-space saves whose wait is over go out again.
+	kept := s.retries[:0]
+	for _, rt := range s.retries {
+		if rt.after > s.meta.Step {
+			kept = append(kept, rt)
+			continue
+		}
+		rt.req.retries--
+		s.nextID++
+		t := connector.Transfer{ID: s.nextID, Req: rt.req.id, First: rt.first, Blocks: rt.blocks, Hashes: rt.hashes}
+		s.meta.Saves = append(s.meta.Saves, t)
+		s.track(rt.req, &s.meta.Saves[len(s.meta.Saves)-1], false, rt.tries)
+		s.stats.SaveRetries += int64(len(rt.blocks))
+	}
+	s.retries = kept
+	m := s.meta
+	next := &s.bufs[0]
+	if m == next {
+		next = &s.bufs[1]
+	}
+	next.Reset()
+	next.Step, next.Generation = m.Step, m.Generation
+	s.meta = next
+	return m
+}
+
+// Update implements connector.Scheduler.
+func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error) {
+	if s.closed {
+		return nil, connector.ErrClosed
+	}
+	s.progress.Loaded = s.progress.Loaded[:0]
+	s.progress.Failed = s.progress.Failed[:0]
+	s.progress.Released = s.progress.Released[:0]
+	// Validate everything first, so that a bad Output changes nothing.
+	for _, o := range outs {
+		if o.Rank < 0 || o.Rank >= s.workers {
+			return nil, fmt.Errorf("storeconn: Update: Output.Rank = %d, want [0, %d)", o.Rank, s.workers)
+		}
+		for _, f := range o.Failed {
+			x := s.transfers[f.Transfer]
+			if x == nil {
+				return nil, fmt.Errorf("storeconn: Update: rank %d reports a failure of unknown transfer %d", o.Rank, f.Transfer)
+			}
+			if f.Index < 0 || f.Index >= len(x.blocks) {
+				return nil, fmt.Errorf("storeconn: Update: rank %d reports block %d of transfer %d, which has %d", o.Rank, f.Index, f.Transfer, len(x.blocks))
+			}
+		}
+		for _, id := range o.Done {
+			x := s.transfers[id]
+			if x == nil {
+				return nil, fmt.Errorf("storeconn: Update: rank %d reports unknown transfer %d done", o.Rank, id)
+			}
+			if x.reports[o.Rank] {
+				return nil, fmt.Errorf("storeconn: Update: rank %d reports transfer %d done twice", o.Rank, id)
+			}
+		}
+	}
+	for _, o := range outs {
+		for _, f := range o.Failed {
+			x := s.transfers[f.Transfer]
+			if x.load {
+				if x.failAt < 0 || f.Index < x.failAt {
+					x.failAt = f.Index
+				}
+			} else if f.Reason == connector.ReasonNoSpace {
+				x.noSpace[f.Index] = true
+			} else {
+				x.failed[f.Index] = true
+			}
+		}
+		for _, id := range o.Done {
+			x := s.transfers[id]
+			x.reports[o.Rank] = true
+			x.left--
+			if x.left == 0 {
+				delete(s.transfers, id)
+				s.finishTransfer(x)
+			}
+		}
+	}
+	s.progress.Released = append(s.progress.Released, s.released...)
+	s.released = s.released[:0]
+	return &s.progress, nil
+}
+
+// finishTransfer acts on a transfer that every worker reported.
+func (s *Scheduler) finishTransfer(x *transfer) {
+	q := x.req
+	if x.load {
+		q.load = nil
+		if x.failAt >= 0 {
+			s.stats.LoadFailures += int64(len(x.blocks) - x.failAt)
+			s.progress.Failed = append(s.progress.Failed, connector.LoadFailure{
+				Req:   q.id,
+				Valid: (x.first + x.failAt) * s.bs,
+				Fail:  s.cfg.LoadFailurePolicy == connector.PolicyFail,
+			})
+			// The lookup promised blocks the store no longer has.
+			q.lk = nil
+		} else {
+			s.progress.Loaded = append(s.progress.Loaded, q.id)
+		}
+	} else {
+		var stored []hashing.BlockHash
+		var rt *retry
+		for i, h := range x.hashes {
+			if x.gen == s.meta.Generation {
+				if s.saving[h]--; s.saving[h] <= 0 {
+					delete(s.saving, h)
+				}
+			}
+			switch {
+			case x.noSpace[i] && x.tries < s.opt.saveRetries && x.gen == s.meta.Generation:
+				if rt == nil || rt.first+len(rt.blocks) != x.first+i {
+					if rt != nil {
+						s.retries = append(s.retries, *rt)
+					}
+					q.retries++
+					rt = &retry{req: q, first: x.first + i, tries: x.tries + 1, after: s.meta.Step + uint64(s.opt.retryDelay)}
+				}
+				rt.blocks = append(rt.blocks, x.blocks[i])
+				rt.hashes = append(rt.hashes, h)
+			case x.noSpace[i] || x.failed[i]:
+				s.stats.SaveFailures++
+			default:
+				stored = append(stored, h)
+			}
+		}
+		if rt != nil {
+			s.retries = append(s.retries, *rt)
+		}
+		if len(stored) > 0 && x.gen == s.meta.Generation {
+			s.events = append(s.events, connector.KVEvent{Kind: connector.BlockStored, Generation: x.gen, Hashes: stored})
+		}
+	}
+	q.inflight--
+	s.maybeRelease(q)
+}
+
+// maybeRelease forgets a finished request once nothing touches its blocks.
+func (s *Scheduler) maybeRelease(q *request) {
+	if q.finished && q.inflight == 0 && q.retries == 0 {
+		delete(s.reqs, q.id)
+		s.released = append(s.released, q.id)
+	}
+}
+
+// Finish implements connector.Scheduler.
+func (s *Scheduler) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+	if s.closed {
+		return false, connector.ErrClosed
+	}
+	q := s.reqs[r.ID]
+	if q == nil {
+		return false, fmt.Errorf("%w: Finish(%q)", connector.ErrUnknownRequest, r.ID)
+	}
+	if q.finished {
+		return false, fmt.Errorf("storeconn: Finish(%q) called twice", r.ID)
+	}
+	if q.inflight == 0 && q.retries == 0 {
+		delete(s.reqs, r.ID)
+		return false, nil
+	}
+	q.finished = true
+	return true, nil
+}
+
+// Rotate implements connector.Rotator: from the next Plan on, every key is
+// bound to generation gen. Lookups of older generations are forgotten, out
+// of space retries of older generations dropped, and no block that any
+// request computed before the rotation is saved.
+func (s *Scheduler) Rotate(gen uint64) error {
+	if s.closed {
+		return connector.ErrClosed
+	}
+	if gen == s.meta.Generation {
+		return nil
+	}
+	id := s.id
+	id.Generation = gen
+	ns, err := id.Namespace()
+	if err != nil {
+		return fmt.Errorf("storeconn: rotate to generation %d: %w", gen, err)
+	}
+	old := s.meta.Generation
+	s.id, s.ns = id, ns
+	s.meta.Generation = gen
+	clear(s.saving)
+	for _, rt := range s.retries {
+		rt.req.retries--
+		s.stats.StaleDiscarded += int64(len(rt.blocks))
+		s.maybeRelease(rt.req)
+	}
+	s.retries = s.retries[:0]
+	// Saves planned this step but not yet shipped belong to the old
+	// weights: drop them.
+	for _, t := range s.meta.Saves {
+		if x := s.transfers[t.ID]; x != nil {
+			delete(s.transfers, t.ID)
+			x.req.inflight--
+			s.stats.StaleDiscarded += int64(len(t.Blocks))
+			s.maybeRelease(x.req)
+		}
+	}
+	s.meta.Saves = s.meta.Saves[:0]
+	for _, q := range s.reqs {
+		q.lk = nil
+		q.noSave = max(q.noSave, q.saveNext)
+	}
+	s.events = append(s.events, connector.KVEvent{Kind: connector.AllCleared, Generation: old})
+	return nil
+}
+
+// TakeEvents implements connector.EventSource.
+func (s *Scheduler) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
+	dst = append(dst, s.events...)
+	clear(s.events)
+	s.events = s.events[:0]
+	return dst
+}
+
+// Stats implements connector.StatsReporter.
+func (s *Scheduler) Stats() connector.Stats {
+	s.collect()
+	return s.stats
+}
+
+// Close implements connector.Scheduler. It does not close the store.
+func (s *Scheduler) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}

@@ -1,0 +1,631 @@
+package storeconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// Worker is the worker half of the store connector. It implements
+// connector.Worker and connector.StatsReporter.
+type Worker struct {
+	cfg      connector.Config
+	opt      options
+	st       store.Store
+	log      *slog.Logger
+	id       hashing.Identity
+	rank     int
+	replicas int // ranks that hold the same KV heads
+	replica  int // this rank's index among them
+
+	kv         connector.KVCache
+	copier     connector.DeviceCopier
+	staged     bool // blocks move through a host staging buffer
+	device     bool // KV memory is device memory: staging copies go through copier
+	registered bool
+	blockSize  int
+	gen        uint64
+	ns         hashing.Namespace
+	genNow     atomic.Uint64 // generation of the latest Start: older jobs are stale
+	saves      []job         // the last Start's saves, waiting for Save
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	q      struct {
+		sync.Mutex
+		cond   *sync.Cond
+		jobs   []job
+		closed bool
+	}
+	mu struct {
+		sync.Mutex
+		out connector.Output // reports since the last Poll
+	}
+	polled    connector.Output // handed out by the last Poll
+	closeOnce sync.Once
+	stats     workerStats
+}
+
+var (
+	_ connector.Worker        = (*Worker)(nil)
+	_ connector.StatsReporter = (*Worker)(nil)
+)
+
+type workerStats struct {
+	loads, loadBytes, loadFailures atomic.Int64
+	saves, saveBytes, saveFailures atomic.Int64
+	staged, nanos, stale           atomic.Int64
+}
+
+// job is one transfer for the pool; it owns copies of the transfer's slices.
+type job struct {
+	load  bool
+	t     connector.Transfer
+	gen   uint64
+	ns    hashing.Namespace
+	ready connector.Event
+}
+
+func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
+	opt, err := parseOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if env.Store == nil {
+		return nil, fmt.Errorf("%w: %s needs Env.Store (an open store.Store)", connector.ErrConfig, Name)
+	}
+	ns, err := env.Identity.Namespace()
+	if err != nil {
+		return nil, fmt.Errorf("storeconn: identity: %w", err)
+	}
+	tp := env.Identity.Layout.TPSize
+	if env.Rank < 0 || env.Rank >= tp {
+		return nil, fmt.Errorf("%w: Env.Rank = %d, want [0, %d) for TP size %d", connector.ErrConfig, env.Rank, tp, tp)
+	}
+	log := env.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	w := &Worker{
+		cfg:      cfg,
+		opt:      opt,
+		st:       env.Store,
+		log:      log,
+		id:       env.Identity,
+		rank:     env.Rank,
+		replicas: env.Identity.Layout.Replication,
+		gen:      env.Identity.Generation,
+		ns:       ns,
+		copier:   env.Copier,
+	}
+	w.replica = env.Rank % w.replicas
+	w.genNow.Store(w.gen)
+	w.q.cond = sync.NewCond(&w.q.Mutex)
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	for range opt.transferWorker {
+		w.wg.Add(1)
+		go w.loop()
+	}
+	return w, nil
+}
+
+// Register implements connector.Worker. Host KV memory is registered with
+// the store and moves without staging when blocks are contiguous. Device KV
+// memory needs Env.Copier: blocks are staged through registered host
+// memory, since the store reads and writes host memory.
+func (w *Worker) Register(kv connector.KVCache) error {
+	if w.registered {
+		return fmt.Errorf("storeconn: Register called twice")
+	}
+	if err := kv.Validate(); err != nil {
+		return err
+	}
+	w.device = !kv.Regions[0].Loc.IsHost()
+	if w.device {
+		if w.copier == nil {
+			return fmt.Errorf("storeconn: KV memory in %v needs Env.Copier (a *cudart.Stream, say) to stage blocks through host memory", kv.Regions[0].Loc)
+		}
+		w.kv, w.blockSize, w.staged, w.registered = kv, kv.BlockSize(), true, true
+		return nil
+	}
+	w.staged = !kv.Contiguous()
+	for i, r := range kv.Regions {
+		if err := w.st.Register(r); err != nil {
+			for _, done := range kv.Regions[:i] {
+				if uerr := w.st.Unregister(done); uerr != nil {
+					w.log.Warn("storeconn: unregister after a failed register", "err", uerr)
+				}
+			}
+			return fmt.Errorf("storeconn: register KV region %d: %w", i, err)
+		}
+	}
+	w.kv = kv
+	w.blockSize = kv.BlockSize()
+	w.registered = true
+	return nil
+}
+
+// Start implements connector.Worker. It checks the whole Metadata before it
+// starts anything: a bad block id fails the call and nothing is written.
+func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !w.registered {
+		return connector.ErrNotRegistered
+	}
+	for _, list := range [2][]connector.Transfer{m.Loads, m.Saves} {
+		for i := range list {
+			t := &list[i]
+			if len(t.Hashes) != len(t.Blocks) {
+				return fmt.Errorf("%w: transfer %d has %d blocks but %d hashes", connector.ErrBadMetadata, t.ID, len(t.Blocks), len(t.Hashes))
+			}
+			if t.First < 0 {
+				return fmt.Errorf("%w: transfer %d has First = %d", connector.ErrBadMetadata, t.ID, t.First)
+			}
+			for _, b := range t.Blocks {
+				if err := w.kv.CheckBlock(b); err != nil {
+					return fmt.Errorf("storeconn: transfer %d of request %q: %w", t.ID, t.Req, err)
+				}
+			}
+		}
+	}
+	if m.Generation != w.gen {
+		id := w.id
+		id.Generation = m.Generation
+		ns, err := id.Namespace()
+		if err != nil {
+			return fmt.Errorf("storeconn: generation %d: %w", m.Generation, err)
+		}
+		w.id, w.ns, w.gen = id, ns, m.Generation
+		w.genNow.Store(m.Generation)
+	}
+	// Saves recorded by an earlier Start and never Saved are dropped: their
+	// step's compute did not complete.
+	for _, j := range w.saves {
+		w.report(j.t.ID, j.t.Blocks, 0, connector.ReasonCanceled)
+	}
+	w.saves = w.saves[:0]
+	for i := range m.Saves {
+		w.saves = append(w.saves, job{t: cloneTransfer(&m.Saves[i]), gen: w.gen, ns: w.ns})
+	}
+	if len(m.Loads) == 0 {
+		return nil
+	}
+	w.q.Lock()
+	defer w.q.Unlock()
+	if w.q.closed {
+		return connector.ErrClosed
+	}
+	for i := range m.Loads {
+		w.q.jobs = append(w.q.jobs, job{load: true, t: cloneTransfer(&m.Loads[i]), gen: w.gen, ns: w.ns})
+	}
+	w.q.cond.Broadcast()
+	return nil
+}
+
+func cloneTransfer(t *connector.Transfer) connector.Transfer {
+	c := *t
+	c.Blocks = append([]connector.BlockID(nil), t.Blocks...)
+	c.Hashes = append([]hashing.BlockHash(nil), t.Hashes...)
+	return c
+}
+
+// Save implements connector.Worker.
+func (w *Worker) Save(ctx context.Context, ready connector.Event) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ready == nil {
+		return fmt.Errorf("storeconn: Save: ready event is nil (use connector.Ready for CPU compute)")
+	}
+	if len(w.saves) == 0 {
+		return nil
+	}
+	w.q.Lock()
+	defer w.q.Unlock()
+	if w.q.closed {
+		return connector.ErrClosed
+	}
+	for _, j := range w.saves {
+		j.ready = ready
+		w.q.jobs = append(w.q.jobs, j)
+	}
+	w.saves = w.saves[:0]
+	w.q.cond.Broadcast()
+	return nil
+}
+
+// Poll implements connector.Worker.
+func (w *Worker) Poll() *connector.Output {
+	w.polled.Reset()
+	w.mu.Lock()
+	w.mu.out, w.polled = w.polled, w.mu.out
+	w.mu.Unlock()
+	w.polled.Rank = w.rank
+	return &w.polled
+}
+
+// report records the end of a transfer: blocks from index failFrom on
+// failed for reason (none if failFrom == len(blocks)).
+func (w *Worker) report(id uint64, blocks []connector.BlockID, failFrom int, reason connector.Reason) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := failFrom; i < len(blocks); i++ {
+		w.mu.out.Failed = append(w.mu.out.Failed, connector.Failure{Transfer: id, Index: i, Reason: reason})
+	}
+	w.mu.out.Done = append(w.mu.out.Done, id)
+}
+
+func (w *Worker) loop() {
+	defer w.wg.Done()
+	var sc scratch
+	defer sc.free()
+	for {
+		w.q.Lock()
+		for len(w.q.jobs) == 0 && !w.q.closed {
+			w.q.cond.Wait()
+		}
+		if w.q.closed {
+			w.q.Unlock()
+			return
+		}
+		j := w.q.jobs[0]
+		w.q.jobs[0] = job{}
+		w.q.jobs = w.q.jobs[1:]
+		w.q.Unlock()
+		start := time.Now()
+		var fails []connector.Failure
+		if j.load {
+			fails = w.load(&j, &sc)
+		} else {
+			fails = w.save(&j, &sc)
+		}
+		w.stats.nanos.Add(time.Since(start).Nanoseconds())
+		w.mu.Lock()
+		w.mu.out.Failed = append(w.mu.out.Failed, fails...)
+		w.mu.out.Done = append(w.mu.out.Done, j.t.ID)
+		w.mu.Unlock()
+	}
+}
+
+// scratch is one pool goroutine's reusable buffers.
+type scratch struct {
+	kb      keyBuf
+	keys    []string
+	regions []rdma.Region
+	res     []store.Result
+	spans   []rdma.Region
+	idx     []int
+	copies  []connector.DeviceCopy
+	fails   []connector.Failure
+	staging *rdma.HostMemory
+	st      store.Store
+}
+
+func (sc *scratch) free() {
+	if sc.staging != nil {
+		_ = sc.st.Unregister(sc.staging.Region()) // the store may be closed by now
+		_ = sc.staging.Free()
+		sc.staging = nil
+	}
+}
+
+// stage returns a registered host region of n bytes for gathering blocks.
+func (w *Worker) stage(sc *scratch, n int) (rdma.Region, error) {
+	if sc.staging != nil && sc.staging.Len() >= n {
+		return sc.staging.Region(), nil
+	}
+	sc.st = w.st
+	sc.free()
+	m, err := rdma.AllocHost(n)
+	if err != nil {
+		return rdma.Region{}, err
+	}
+	if err := w.st.Register(m.Region()); err != nil {
+		_ = m.Free()
+		return rdma.Region{}, err
+	}
+	sc.staging = m
+	return m.Region(), nil
+}
+
+func (w *Worker) stale(j *job) bool { return j.gen != w.genNow.Load() }
+
+func fail(dst []connector.Failure, id uint64, from, to int, r connector.Reason) []connector.Failure {
+	for i := from; i < to; i++ {
+		dst = append(dst, connector.Failure{Transfer: id, Index: i, Reason: r})
+	}
+	return dst
+}
+
+func reason(err error) connector.Reason {
+	switch {
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrLeaseExpired):
+		return connector.ReasonNotFound
+	case errors.Is(err, store.ErrNoSpace):
+		return connector.ReasonNoSpace
+	case errors.Is(err, context.Canceled), errors.Is(err, store.ErrClosed):
+		return connector.ReasonCanceled
+	}
+	return connector.ReasonIO
+}
+
+// load copies a load transfer's blocks from the store into KV memory, in
+// batches; a block whose value is missing or of the wrong size fails.
+func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
+	t := &j.t
+	sc.fails = sc.fails[:0]
+	if w.stale(j) {
+		w.stats.stale.Add(int64(len(t.Blocks)))
+		return fail(sc.fails, t.ID, 0, len(t.Blocks), connector.ReasonStale)
+	}
+	shard := j.ns.Shard(w.rank)
+	bs := w.blockSize
+	for lo := 0; lo < len(t.Blocks); lo += w.opt.batchBlocks {
+		hi := min(lo+w.opt.batchBlocks, len(t.Blocks))
+		sc.kb.reset()
+		sc.regions = sc.regions[:0]
+		var stage rdma.Region
+		if w.staged {
+			var err error
+			if stage, err = w.stage(sc, (hi-lo)*bs); err != nil {
+				return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
+			}
+		}
+		for i := lo; i < hi; i++ {
+			sc.kb.add(j.ns, shard, t.Hashes[i])
+			if stage.Len > 0 {
+				sub, _ := stage.Sub((i-lo)*bs, bs)
+				sc.regions = append(sc.regions, sub)
+			} else {
+				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
+			}
+		}
+		sc.keys = sc.kb.keys(sc.keys[:0])
+		sc.res = grow(sc.res, len(sc.keys))
+		err := w.st.Get(w.ctx, sc.keys, sc.regions, sc.res)
+		clear(sc.keys)
+		if err != nil {
+			return fail(sc.fails, t.ID, lo, len(t.Blocks), reason(err))
+		}
+		sc.copies = sc.copies[:0]
+		nfail := len(sc.fails)
+		for k, r := range sc.res {
+			i := lo + k
+			switch {
+			case r.Err != nil:
+				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: reason(r.Err)})
+			case r.N != bs:
+				// A value of the wrong size is not this layout's block.
+				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: connector.ReasonIO})
+			default:
+				if stage.Len > 0 {
+					w.scatter(sc, sc.regions[k], t.Blocks[i])
+				}
+			}
+		}
+		if err := w.flush(sc, true); err != nil {
+			// The copies to the device failed: none of the batch is loaded.
+			sc.fails = sc.fails[:nfail]
+			return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
+		}
+		loaded := int64(hi - lo - (len(sc.fails) - nfail))
+		w.stats.loads.Add(loaded)
+		w.stats.loadBytes.Add(loaded * int64(bs))
+	}
+	w.stats.loadFailures.Add(int64(len(sc.fails)))
+	return sc.fails
+}
+
+// scatter copies a staged block into the block's spans in KV memory: at
+// once for host memory, or as device copies that flush issues.
+func (w *Worker) scatter(sc *scratch, staged rdma.Region, b connector.BlockID) {
+	sc.spans = w.kv.Spans(sc.spans[:0], b)
+	off := uintptr(0)
+	src := staged.Bytes()
+	for _, sp := range sc.spans {
+		if w.device {
+			sc.copies = append(sc.copies, connector.DeviceCopy{Dst: sp.Addr, Src: staged.Addr + off, N: sp.Len})
+		} else {
+			copy(sp.Bytes(), src[off:])
+		}
+		off += uintptr(sp.Len)
+	}
+	w.stats.staged.Add(int64(staged.Len))
+}
+
+// gather copies a block's spans into a staging region: at once for host
+// memory, or as device copies that flush issues.
+func (w *Worker) gather(sc *scratch, staged rdma.Region, b connector.BlockID) {
+	sc.spans = w.kv.Spans(sc.spans[:0], b)
+	off := uintptr(0)
+	dst := staged.Bytes()
+	for _, sp := range sc.spans {
+		if w.device {
+			sc.copies = append(sc.copies, connector.DeviceCopy{Dst: staged.Addr + off, Src: sp.Addr, N: sp.Len})
+		} else {
+			copy(dst[off:], sp.Bytes())
+		}
+		off += uintptr(sp.Len)
+	}
+	w.stats.staged.Add(int64(staged.Len))
+}
+
+// flush issues the device copies that scatter or gather queued, in one
+// batch, and waits for them.
+func (w *Worker) flush(sc *scratch, toDevice bool) error {
+	if len(sc.copies) == 0 {
+		return nil
+	}
+	var err error
+	if toDevice {
+		err = w.copier.CopyToDevice(sc.copies)
+	} else {
+		err = w.copier.CopyToHost(sc.copies)
+	}
+	if err == nil {
+		err = w.copier.Synchronize(w.ctx)
+	}
+	sc.copies = sc.copies[:0]
+	return err
+}
+
+// waitReady waits until the step's compute is done.
+func (w *Worker) waitReady(ev connector.Event) error {
+	if wt, ok := ev.(connector.Waiter); ok {
+		return wt.Wait(w.ctx)
+	}
+	d := w.opt.pollInterval
+	for {
+		done, err := ev.Query()
+		if err != nil || done {
+			return err
+		}
+		select {
+		case <-w.ctx.Done():
+			return w.ctx.Err()
+		case <-time.After(d):
+		}
+		d = min(2*d, 5*time.Millisecond)
+	}
+}
+
+// save copies a save transfer's blocks that this replica owns into the
+// store once the step is ready. Out of space stops the transfer: the rest
+// of its blocks are reported no-space, for the scheduler to plan again.
+func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
+	t := &j.t
+	sc.fails = sc.fails[:0]
+	if err := w.waitReady(j.ready); err != nil {
+		return fail(sc.fails, t.ID, 0, len(t.Blocks), reason(err))
+	}
+	if w.stale(j) {
+		w.stats.stale.Add(int64(len(t.Blocks)))
+		return fail(sc.fails, t.ID, 0, len(t.Blocks), connector.ReasonStale)
+	}
+	shard := j.ns.Shard(w.rank)
+	bs := w.blockSize
+	idx := sc.idx[:0]
+	defer func() { sc.idx = idx }()
+	for lo := 0; lo < len(t.Blocks); {
+		// The next batch of blocks this replica owns: block i of the
+		// request goes to replica i mod replicas, so replicas split the
+		// work and each key is written once.
+		idx = idx[:0]
+		hi := lo
+		for ; hi < len(t.Blocks) && len(idx) < w.opt.batchBlocks; hi++ {
+			if (t.First+hi)%w.replicas == w.replica {
+				idx = append(idx, hi)
+			}
+		}
+		lo = hi
+		if len(idx) == 0 {
+			continue
+		}
+		var stage rdma.Region
+		if w.staged {
+			var err error
+			if stage, err = w.stage(sc, len(idx)*bs); err != nil {
+				return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
+			}
+		}
+		sc.kb.reset()
+		sc.regions = sc.regions[:0]
+		sc.copies = sc.copies[:0]
+		for k, i := range idx {
+			sc.kb.add(j.ns, shard, t.Hashes[i])
+			if stage.Len > 0 {
+				sub, _ := stage.Sub(k*bs, bs)
+				w.gather(sc, sub, t.Blocks[i])
+				sc.regions = append(sc.regions, sub)
+			} else {
+				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
+			}
+		}
+		if err := w.flush(sc, false); err != nil {
+			return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
+		}
+		sc.keys = sc.kb.keys(sc.keys[:0])
+		sc.res = grow(sc.res, len(sc.keys))
+		err := w.st.Put(w.ctx, sc.keys, sc.regions, sc.res)
+		clear(sc.keys)
+		if err != nil {
+			return fail(sc.fails, t.ID, idx[0], len(t.Blocks), reason(err))
+		}
+		noSpace := false
+		for k, r := range sc.res {
+			switch {
+			case r.Err == nil:
+				w.stats.saves.Add(1)
+				w.stats.saveBytes.Add(int64(bs))
+			case errors.Is(r.Err, store.ErrNoSpace):
+				noSpace = true
+				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: idx[k], Reason: connector.ReasonNoSpace})
+			default:
+				w.stats.saveFailures.Add(1)
+				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: idx[k], Reason: reason(r.Err)})
+			}
+		}
+		if noSpace {
+			// Stop this request's saves for the step; the scheduler
+			// plans the rest again later.
+			for i := lo; i < len(t.Blocks); i++ {
+				if (t.First+i)%w.replicas == w.replica {
+					sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: connector.ReasonNoSpace})
+				}
+			}
+			break
+		}
+	}
+	return sc.fails
+}
+
+// Stats implements connector.StatsReporter.
+func (w *Worker) Stats() connector.Stats {
+	return connector.Stats{
+		Loads:          w.stats.loads.Load(),
+		LoadBytes:      w.stats.loadBytes.Load(),
+		LoadFailures:   w.stats.loadFailures.Load(),
+		Saves:          w.stats.saves.Load(),
+		SaveBytes:      w.stats.saveBytes.Load(),
+		SaveFailures:   w.stats.saveFailures.Load(),
+		StagedBytes:    w.stats.staged.Load(),
+		TransferNanos:  w.stats.nanos.Load(),
+		StaleDiscarded: w.stats.stale.Load(),
+	}
+}
+
+// Close implements connector.Worker: queued transfers are dropped, running
+// ones finish or are canceled, every goroutine is joined, and the KV
+// regions are unregistered from the store. It does not close the store.
+func (w *Worker) Close() error {
+	var err error
+	w.closeOnce.Do(func() {
+		w.q.Lock()
+		w.q.closed = true
+		w.q.jobs = nil
+		w.q.cond.Broadcast()
+		w.q.Unlock()
+		w.cancel()
+		w.wg.Wait()
+		if w.registered && !w.device {
+			for _, r := range w.kv.Regions {
+				if uerr := w.st.Unregister(r); uerr != nil && !errors.Is(uerr, store.ErrClosed) {
+					err = errors.Join(err, uerr)
+				}
+			}
+		}
+	})
+	return err
+}
