@@ -24,8 +24,10 @@ type BlockID int32
 type Request struct {
 	ID RequestID
 
-	// Prompt is the number of prompt tokens. A match never covers the last
-	// prompt token: the engine must compute at least one token to sample.
+	// Prompt is the number of tokens the engine must prefill: the prompt,
+	// or for a request resumed after preemption, the prompt and the tokens
+	// generated so far. A match never covers the last of them: the engine
+	// must compute at least one token to sample.
 	Prompt int
 
 	// Hashes are the block hashes of the request's full blocks so far, in
@@ -78,7 +80,9 @@ type Scheduler interface {
 	// Scheduled tells the connector that after this step the first computed
 	// tokens of r will be in blocks (blocks[i] holding tokens [i*B, (i+1)*B)).
 	// Full blocks that the store lacks are saved by the workers once the
-	// step's compute is ready.
+	// step's compute is ready. Call it only for requests that compute this
+	// step, after the step's last preemption decision: a block named here
+	// is saved, so it must hold the KV of its tokens when the step is ready.
 	Scheduled(r *Request, blocks []BlockID, computed int) error
 
 	// Plan returns the step's Metadata, to be shipped to every worker. It
@@ -96,6 +100,8 @@ type Scheduler interface {
 	// is true when transfers still touch its blocks: the engine must not
 	// reuse them until a Progress lists r in Released. A request ID may be
 	// used again only once Finish returned keep == false or r was released.
+	// Finish of a request the connector never saw (no Match or Scheduled)
+	// returns false and no error.
 	Finish(r *Request, blocks []BlockID) (keep bool, err error)
 
 	// Close stops background lookups and releases resources. It is
@@ -103,7 +109,10 @@ type Scheduler interface {
 	Close() error
 }
 
-// Progress is what the engine must act on after an Update.
+// Progress is what the engine must act on after an Update. Loaded and
+// Failed may name a request that was finished while its load ran: the
+// engine ignores those. Within one Progress, act on Loaded and Failed before
+// Released.
 type Progress struct {
 	// Loaded lists requests whose planned loads finished in every worker:
 	// their blocks hold the stored KV and the requests may run.
@@ -157,7 +166,8 @@ type Worker interface {
 	Poll() *Output
 
 	// Close cancels queued transfers, waits for running ones, and releases
-	// resources. It is idempotent.
+	// resources. It is idempotent. Transfers it cancels are never reported:
+	// close the scheduler half together with its workers.
 	Close() error
 }
 

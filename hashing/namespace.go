@@ -102,9 +102,10 @@ func (ns Namespace) Shards() int {
 
 // Shard returns the shard that TP rank rank holds: rank / Replication.
 // Ranks that hold the same KV heads (Replication consecutive ranks) have the
-// same shard and so the same keys, which store a block once; by convention
-// the first rank of each shard (rank % Replication == 0) saves it, and any
-// of them may load it. Shard panics unless 0 <= rank < TPSize.
+// same shard and so the same keys, which store a block once: exactly one of
+// them must save each block (the reference connector gives block i to the
+// rank with rank % Replication == i % Replication, spreading the writes),
+// and any of them may load it. Shard panics unless 0 <= rank < TPSize.
 func (ns Namespace) Shard(rank int) int {
 	if rank < 0 || rank >= ns.tp {
 		panic(fmt.Sprintf("hashing: Namespace.Shard: rank %d outside [0, %d)", rank, ns.tp))

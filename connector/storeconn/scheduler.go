@@ -545,8 +545,10 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 				Valid: (x.first + x.failAt) * s.bs,
 				Fail:  s.cfg.LoadFailurePolicy == connector.PolicyFail,
 			})
-			// The lookup promised blocks the store no longer has.
+			// The lookup promised blocks the store no longer has: look
+			// again next time, and save the blocks the engine recomputes.
 			q.lk = nil
+			q.saveNext = min(q.saveNext, x.first+x.failAt)
 		} else {
 			s.progress.Loaded = append(s.progress.Loaded, q.id)
 		}
@@ -602,7 +604,7 @@ func (s *Scheduler) Finish(r *connector.Request, blocks []connector.BlockID) (bo
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
-		return false, fmt.Errorf("%w: Finish(%q)", connector.ErrUnknownRequest, r.ID)
+		return false, nil
 	}
 	if q.finished {
 		return false, fmt.Errorf("storeconn: Finish(%q) called twice", r.ID)

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
+	_ "github.com/kvconnect/kvconnect/connector/storeconn" // registers StoreConnector
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/scheduler"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// EngineConfig configures one engine instance.
+type EngineConfig struct {
+	Model            *Model
+	Identity         hashing.Identity // its Layout.BlockSize is the block size
+	Blocks           int              // KV blocks in the pool
+	MaxBatchedTokens int              // token budget of a step
+	Par              int              // goroutines computing a step
+
+	// Store, when not nil, turns the connector on: the reference store
+	// connector over this store, with Connector as its config.
+	Store     store.Store
+	Connector connector.Config
+}
+
+// Engine is a single-worker inference engine: the scheduler package plans
+// each step, the model computes it on paged KV memory, and the connector
+// (when on) loads and saves blocks through the store.
+type Engine struct {
+	cfg    EngineConfig
+	sched  *scheduler.Scheduler
+	conn   connector.Scheduler
+	worker connector.Worker
+	mem    *rdma.HostMemory
+	kv     *KV
+	reqs   map[connector.RequestID]*live
+	res    []scheduler.Result
+	outs   []*connector.Output
+	ended  []scheduler.Ended
+}
+
+// live is the engine's record of a running request.
+type live struct {
+	maxTokens int
+	out       []hashing.Token
+	added     time.Time
+	first     time.Time
+	done      chan<- finished
+}
+
+// finished is a request's outcome.
+type finished struct {
+	ID      connector.RequestID
+	Out     []hashing.Token
+	Err     error
+	TTFT    time.Duration
+	Total   time.Duration
+	Metrics scheduler.Metrics
+}
+
+// NewEngine allocates KV memory and opens the scheduler and, when
+// cfg.Store is set, both halves of the connector.
+func NewEngine(cfg EngineConfig) (*Engine, error) {
+	l := KVLayout{Layers: cfg.Model.cfg.Layers, Dim: cfg.Model.cfg.Dim, BlockSize: cfg.Identity.Layout.BlockSize, Blocks: cfg.Blocks}
+	mem, err := rdma.AllocHost(l.Blocks * l.Layers * 2 * l.BlockBytes())
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, mem: mem, kv: NewKV(l, mem.Region()), reqs: make(map[connector.RequestID]*live)}
+	if cfg.Store != nil {
+		env := connector.Env{Identity: cfg.Identity, Store: cfg.Store}
+		if e.conn, err = connector.OpenScheduler(cfg.Connector, env); err != nil {
+			e.Close()
+			return nil, err
+		}
+		if e.worker, err = connector.OpenWorker(cfg.Connector, env); err != nil {
+			e.Close()
+			return nil, err
+		}
+		if err := e.worker.Register(l.Cache(mem.Region())); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
+	e.sched, err = scheduler.New(scheduler.Config{
+		Identity:         cfg.Identity,
+		Blocks:           cfg.Blocks,
+		MaxBatchedTokens: cfg.MaxBatchedTokens,
+		PrefixCaching:    true,
+	}, e.conn)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// Submit queues a request; its outcome goes to done when it ends.
+func (e *Engine) Submit(id connector.RequestID, prompt []hashing.Token, maxTokens int, done chan<- finished) error {
+	if err := e.sched.Add(scheduler.Request{ID: id, Prompt: prompt, MaxTokens: maxTokens}); err != nil {
+		return err
+	}
+	e.reqs[id] = &live{maxTokens: maxTokens, added: time.Now(), done: done}
+	return nil
+}
+
+// Busy reports whether requests remain.
+func (e *Engine) Busy() bool { return len(e.reqs) > 0 }
+
+// Step runs one engine step: plan, start loads, compute, save, report.
+func (e *Engine) Step(ctx context.Context) error {
+	plan, err := e.sched.Step()
+	if err != nil {
+		return err
+	}
+	if e.worker != nil && plan.Metadata != nil {
+		if err := e.worker.Start(ctx, plan.Metadata); err != nil {
+			return fmt.Errorf("worker start: %w", err)
+		}
+	}
+	e.res = e.res[:0]
+	for _, it := range plan.Items {
+		next := e.cfg.Model.Forward(e.kv, it.Blocks, it.Tokens, it.Start, it.End, e.cfg.Par)
+		if !it.Sample {
+			continue
+		}
+		r := e.reqs[it.ID]
+		if r.first.IsZero() {
+			r.first = time.Now()
+		}
+		r.out = append(r.out, next)
+		e.res = append(e.res, scheduler.Result{ID: it.ID, Token: next, Finished: len(r.out) >= r.maxTokens})
+	}
+	e.outs = e.outs[:0]
+	if e.worker != nil {
+		// CPU compute is done by now: the saves may read the blocks.
+		if err := e.worker.Save(ctx, connector.Ready); err != nil {
+			return fmt.Errorf("worker save: %w", err)
+		}
+		e.outs = append(e.outs, e.worker.Poll())
+	}
+	if err := e.sched.Done(e.res, e.outs); err != nil {
+		return err
+	}
+	e.ended = e.sched.TakeEnded(e.ended[:0])
+	now := time.Now()
+	for _, en := range e.ended {
+		r := e.reqs[en.ID]
+		if r == nil {
+			continue
+		}
+		delete(e.reqs, en.ID)
+		f := finished{ID: en.ID, Out: r.out, Err: en.Err, Total: now.Sub(r.added), Metrics: en.Metrics}
+		if !r.first.IsZero() {
+			f.TTFT = r.first.Sub(r.added)
+		}
+		r.done <- f
+	}
+	return nil
+}
+
+// Rotate moves the engine to a new weights generation with new weights:
+// the local prefix cache is dropped, running requests recompute, and the
+// connector stops reading and writing the old generation's keys.
+func (e *Engine) Rotate(gen uint64, m *Model) error {
+	e.cfg.Model = m
+	e.cfg.Identity.Generation = gen
+	return e.sched.Invalidate(gen)
+}
+
+// ConnStats returns the connector's counters (both halves), if on.
+func (e *Engine) ConnStats() (sched, worker connector.Stats) {
+	if r, ok := e.conn.(connector.StatsReporter); ok {
+		sched = r.Stats()
+	}
+	if r, ok := e.worker.(connector.StatsReporter); ok {
+		worker = r.Stats()
+	}
+	return sched, worker
+}
+
+// Close releases everything the engine holds. It does not close the store.
+func (e *Engine) Close() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if e.worker != nil {
+		keep(e.worker.Close())
+	}
+	if e.conn != nil {
+		keep(e.conn.Close())
+	}
+	keep(e.mem.Free())
+	return first
+}

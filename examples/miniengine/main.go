@@ -1,0 +1,528 @@
+// Command miniengine is a small but real inference engine built on
+// kvconnect: a float32 transformer with paged KV memory, the scheduler
+// package's block pool and planner, and the reference store connector over
+// the embedded store. It runs a multi-turn chat workload with the connector
+// off and on, without and with eviction pressure, prints a table of
+// throughput, latency and KV hit rates, and checks that every generated
+// token is the same with the connector as without it.
+//
+//	go run ./examples/miniengine
+//
+// Flags set the workload, the model, the KV pool and the scenarios: two
+// instances sharing one store (-instances 2), a cold start of a new
+// instance (-cold-start), an online weight update mid-run
+// (-weight-update-at N), and store faults (-fault-rate).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/storeconn"
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/store"
+	"github.com/kvconnect/kvconnect/store/memstore"
+	"github.com/kvconnect/kvconnect/store/mooncake"
+	"github.com/kvconnect/kvconnect/store/storetest"
+)
+
+// Options are everything a run takes; flags fill them.
+type Options struct {
+	Workload Workload
+	Model    ModelConfig
+	Block    int // tokens per block
+
+	Blocks         int     // KV pool without pressure; 0: every session's history fits
+	PressureBlocks int     // KV pool under pressure; 0: a third of Blocks
+	StoreBytes     int64   // embedded store capacity; 0: everything fits
+	Batch          int     // max batched tokens per step
+	Par            int     // goroutines per step
+	FaultRate      float64 // store faults per key, for the faults scenario
+
+	Store          string // "memstore" (embedded) or "mooncake"
+	MooncakeConfig string // Mooncake client config file; "" reads MOONCAKE_CONFIG_PATH, then MOONCAKE_MASTER
+
+	Instances      int  // engines sharing one store (ON runs)
+	ColdStart      bool // run the cold-start scenario
+	WeightUpdateAt int  // rotate the weights after this many requests end (0: never)
+
+	JSON     bool
+	Progress bool
+
+	wrapStore func(store.Store) store.Store // tests: wraps the ON runs' store
+	shared    store.Store                   // an open Mooncake client every ON run shares
+	tenant    string                        // the ON runs' tenant; each run gets its own
+	runs      *int                          // ON runs so far, naming their tenants
+}
+
+func defaultOptions() Options {
+	return Options{
+		Workload:  Workload{Sessions: 8, System: 128, FirstTurn: 768, Growth: 192, Output: 16, Turns: 4, Seed: 1},
+		Model:     ModelConfig{Vocab: 512, Dim: 64, Heads: 4, Layers: 2, FFN: 128, Seed: 1},
+		Block:     16,
+		Batch:     512,
+		Par:       runtime.NumCPU(),
+		Instances: 1,
+		Store:     "memstore",
+		Progress:  true,
+	}
+}
+
+func main() {
+	o := defaultOptions()
+	fs := flag.NewFlagSet("miniengine", flag.ExitOnError)
+	w := &o.Workload
+	fs.IntVar(&w.Sessions, "sessions", w.Sessions, "concurrent multi-turn sessions")
+	fs.IntVar(&w.System, "system", w.System, "tokens of the system prompt all sessions share")
+	fs.IntVar(&w.FirstTurn, "first", w.FirstTurn, "user tokens of a session's first turn")
+	fs.IntVar(&w.Growth, "growth", w.Growth, "user tokens each later turn adds")
+	fs.IntVar(&w.Output, "output", w.Output, "tokens generated per turn")
+	fs.IntVar(&w.Turns, "turns", w.Turns, "turns per session")
+	fs.Uint64Var(&w.Seed, "seed", w.Seed, "seed of the workload's tokens")
+	fs.IntVar(&o.Model.Layers, "layers", o.Model.Layers, "model layers")
+	fs.IntVar(&o.Model.Dim, "dim", o.Model.Dim, "model width")
+	fs.IntVar(&o.Model.Heads, "heads", o.Model.Heads, "attention heads")
+	fs.Uint64Var(&o.Model.Seed, "weights", o.Model.Seed, "weights version: the seed of the model's weights")
+	fs.IntVar(&o.Block, "block", o.Block, "tokens per KV block")
+	fs.IntVar(&o.Blocks, "blocks", o.Blocks, "KV pool size in blocks without pressure (0: every history fits)")
+	fs.IntVar(&o.PressureBlocks, "pressure-blocks", o.PressureBlocks, "KV pool size in blocks under pressure (0: a third of -blocks)")
+	fs.Int64Var(&o.StoreBytes, "store-bytes", o.StoreBytes, "embedded store capacity in bytes (0: everything fits)")
+	fs.IntVar(&o.Batch, "batch", o.Batch, "max batched tokens per step")
+	fs.IntVar(&o.Par, "par", o.Par, "goroutines computing a step")
+	fs.StringVar(&o.Store, "store", o.Store, "the store of the ON runs: memstore (embedded) or mooncake")
+	fs.StringVar(&o.MooncakeConfig, "mooncake-config", o.MooncakeConfig, "Mooncake client config file (default: $MOONCAKE_CONFIG_PATH, else $MOONCAKE_MASTER); the library comes from $MOONCAKE_STORE_LIBRARY")
+	fs.IntVar(&o.Instances, "instances", o.Instances, "engine instances sharing one store in the ON runs; sessions alternate between them turn by turn")
+	fs.BoolVar(&o.ColdStart, "cold-start", o.ColdStart, "also run the cold-start scenario: a new instance serves a workload another one already ran")
+	fs.IntVar(&o.WeightUpdateAt, "weight-update-at", o.WeightUpdateAt, "rotate to new weights after this many requests end (0: never)")
+	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
+	fs.BoolVar(&o.JSON, "json", o.JSON, "print the results as JSON")
+	fs.BoolVar(&o.Progress, "progress", o.Progress, "print a progress line while running")
+	fs.Parse(os.Args[1:])
+	if err := Main(context.Background(), o, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "miniengine:", err)
+		os.Exit(1)
+	}
+}
+
+// Validate names the first option out of range.
+func (o *Options) Validate() error {
+	w := o.Workload
+	for _, f := range []struct {
+		name string
+		v    int
+		min  int
+	}{
+		{"sessions", w.Sessions, 1}, {"first", w.FirstTurn, 1}, {"growth", w.Growth, 0}, {"system", w.System, 0},
+		{"output", w.Output, 1}, {"turns", w.Turns, 1}, {"layers", o.Model.Layers, 1}, {"dim", o.Model.Dim, 1},
+		{"heads", o.Model.Heads, 1}, {"block", o.Block, 1}, {"batch", o.Batch, 1}, {"par", o.Par, 1},
+		{"instances", o.Instances, 1}, {"blocks", o.Blocks, 0}, {"pressure-blocks", o.PressureBlocks, 0},
+	} {
+		if f.v < f.min {
+			return fmt.Errorf("-%s = %d, want >= %d", f.name, f.v, f.min)
+		}
+	}
+	if o.Model.Dim%o.Model.Heads != 0 {
+		return fmt.Errorf("-dim = %d is not a multiple of -heads = %d", o.Model.Dim, o.Model.Heads)
+	}
+	if o.Store != "memstore" && o.Store != "mooncake" {
+		return fmt.Errorf("-store = %q, want memstore or mooncake", o.Store)
+	}
+	if o.FaultRate < 0 || o.FaultRate > 1 {
+		return fmt.Errorf("-fault-rate = %v, want [0, 1]", o.FaultRate)
+	}
+	need := (w.maxContext() + o.Block - 1) / o.Block
+	if o.Blocks == 0 {
+		o.Blocks = w.Sessions*need + need
+	}
+	if o.PressureBlocks == 0 {
+		o.PressureBlocks = max(o.Blocks/3, 2*need)
+	}
+	if o.Blocks < need || o.PressureBlocks < need {
+		return fmt.Errorf("a pool of %d blocks (pressure %d) cannot hold one request of %d blocks", o.Blocks, o.PressureBlocks, need)
+	}
+	if o.Model.FFN == 0 {
+		o.Model.FFN = 2 * o.Model.Dim
+	}
+	return nil
+}
+
+// identity is the engine's namespace identity for weights generation gen.
+func (o Options) identity(gen uint64) hashing.Identity {
+	tenant := o.tenant
+	if tenant == "" {
+		tenant = "miniengine"
+	}
+	return hashing.Identity{
+		Tenant:         tenant,
+		Model:          "kvconnect-mini",
+		WeightsVersion: fmt.Sprintf("seed-%d", o.Model.Seed),
+		Generation:     gen,
+		Format:         hashing.Format{Device: "cpu", ModelDType: hashing.FP32, KVDType: hashing.FP32},
+		Layout: hashing.Layout{
+			Layers: o.Model.Layers, KVHeads: o.Model.Heads, HeadDim: o.Model.Dim / o.Model.Heads,
+			BlockSize: o.Block, TPSize: 1, Replication: 1,
+		},
+	}
+}
+
+// model returns the model of weights generation gen: an online weight
+// update changes the weights, so the seed mixes in the generation.
+func (o Options) model(gen uint64) *Model {
+	c := o.Model
+	c.Seed = o.Model.Seed*1_000_003 + gen
+	return NewModel(c)
+}
+
+// connectorConfig is the kv_transfer_config of the ON runs. The embedded
+// store answers an exists probe in about 100 ns a key, so lookups run
+// inside Match ("sync") rather than a step later.
+func (o Options) connectorConfig() connector.Config {
+	return connector.Config{
+		Connector: storeconn.Name,
+		Role:      connector.RoleBoth,
+		Extra:     map[string]any{"lookup": "sync"},
+	}
+}
+
+// newStore returns the embedded store every ON run shares between its
+// engines, with faults injected when asked.
+func (o Options) newStore() (store.Store, func() error, error) {
+	if o.shared != nil {
+		// A Mooncake cluster outlives the run: the run's keys live under
+		// a tenant of their own (see runOnce) and are removed after it.
+		var st store.Store = noClose{o.shared}
+		if o.wrapStore != nil {
+			st = o.wrapStore(st)
+		}
+		purge := func() error {
+			_, err := o.shared.RemovePrefix(context.Background(), hashing.TenantPrefix(o.tenant))
+			return err
+		}
+		return st, purge, nil
+	}
+	capacity := o.StoreBytes
+	if capacity == 0 {
+		blockBytes := int64(o.Block * o.Model.Dim * 4 * 2 * o.Model.Layers)
+		capacity = int64(o.Workload.Sessions*o.Workload.Turns)*int64(o.Workload.maxContext()/o.Block+1)*blockBytes + 64<<20
+	}
+	m, err := memstore.New(memstore.Config{Capacity: capacity})
+	if err != nil {
+		return nil, nil, err
+	}
+	var st store.Store = m
+	if o.wrapStore != nil {
+		st = o.wrapStore(st)
+	}
+	if o.FaultRate > 0 {
+		st = storetest.NewFaulty(m, storetest.FaultOptions{Seed: o.Workload.Seed, KeyRate: o.FaultRate, Ops: storetest.OpGet | storetest.OpPut | storetest.OpExists, Scribble: true})
+	}
+	return st, m.Close, nil
+}
+
+// forRun gives an ON run over a shared Mooncake cluster a tenant of its
+// own, so that runs start cold and never see each other's keys.
+func (o Options) forRun() Options {
+	if o.shared != nil {
+		*o.runs++
+		o.tenant = fmt.Sprintf("miniengine-%d-%d-%d", os.Getpid(), time.Now().Unix(), *o.runs)
+	}
+	return o
+}
+
+// noClose keeps a shared store open when a run ends.
+type noClose struct{ store.Store }
+
+func (noClose) Close() error { return nil }
+
+// openShared opens the Mooncake client that every ON run uses.
+func (o *Options) openShared(ctx context.Context) (func() error, error) {
+	if o.Store != "mooncake" {
+		return func() error { return nil }, nil
+	}
+	var cfg mooncake.Config
+	var err error
+	if o.MooncakeConfig != "" {
+		cfg, err = mooncake.LoadConfig(o.MooncakeConfig)
+	} else {
+		cfg, err = mooncake.ConfigFromEnv()
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Lookups need presence only: one native call per batch.
+	cfg.PresenceOnly = true
+	s, err := mooncake.Open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	o.shared = s
+	o.runs = new(int)
+	return s.Close, nil
+}
+
+// Run is one run's result, as printed and as -json encodes it.
+type Run struct {
+	Name         string  `json:"name"`
+	Connector    bool    `json:"connector"`
+	Blocks       int     `json:"blocks"`
+	Succeeded    int     `json:"succeeded"`
+	Failed       int     `json:"failed"`
+	Seconds      float64 `json:"seconds"`
+	RequestsPerS float64 `json:"requests_per_s"`
+	TokensPerS   float64 `json:"tokens_per_s"` // prompt + generated tokens served per second
+	TTFTms       float64 `json:"mean_ttft_ms"`
+	TPOTms       float64 `json:"mean_tpot_ms"`
+	LaterTTFTms  float64 `json:"subsequent_turn_ttft_ms"`
+	LocalHitRate float64 `json:"kv_hit_rate_local"`
+	ExtHitRate   float64 `json:"kv_hit_rate_external"`
+	Computed     int     `json:"computed_tokens"`
+	BlocksLoaded int64   `json:"blocks_loaded"`
+	BlocksSaved  int64   `json:"blocks_saved"`
+	Failures     int64   `json:"transfer_failures"`
+	stats        Stats
+}
+
+func newRun(name string, on bool, blocks int, st Stats) Run {
+	sec := st.Duration.Seconds()
+	return Run{
+		Name: name, Connector: on, Blocks: blocks,
+		Succeeded: st.Succeeded, Failed: st.Failed, Seconds: sec,
+		RequestsPerS: float64(st.Succeeded+st.Failed) / sec,
+		TokensPerS:   float64(st.PromptTokens+st.OutputTokens) / sec,
+		TTFTms:       ms(st.TTFT), TPOTms: ms(st.TPOT), LaterTTFTms: ms(st.LaterTTFT),
+		LocalHitRate: st.HitRate(st.LocalTokens), ExtHitRate: st.HitRate(st.ExternalTokens),
+		Computed: st.ComputedTokens, BlocksLoaded: st.ConnLoads, BlocksSaved: st.ConnSaves, Failures: st.ConnFailures,
+		stats: st,
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// runOnce runs the workload on fresh engines: connector off, or on over a
+// fresh store shared by o.Instances engines.
+func runOnce(ctx context.Context, o Options, on bool, blocks int, progress func(int, int)) (Stats, error) {
+	var st store.Store
+	if on {
+		o = o.forRun()
+		s, closeStore, err := o.newStore()
+		if err != nil {
+			return Stats{}, err
+		}
+		defer closeStore()
+		st = s
+	}
+	n := 1
+	if on {
+		n = o.Instances
+	}
+	var engines []*Engine
+	defer func() {
+		for _, e := range engines {
+			e.Close()
+		}
+	}()
+	model := o.model(0)
+	for range n {
+		e, err := NewEngine(EngineConfig{
+			Model: model, Identity: o.identity(0), Blocks: blocks, MaxBatchedTokens: o.Batch, Par: o.Par,
+			Store: st, Connector: o.connectorConfig(),
+		})
+		if err != nil {
+			return Stats{}, err
+		}
+		engines = append(engines, e)
+	}
+	route := func(session, turn int) int { return (session + turn) % len(engines) }
+	var h hooks
+	if o.WeightUpdateAt > 0 {
+		h.onEnd = func(ended int) error {
+			if ended != o.WeightUpdateAt {
+				return nil
+			}
+			for _, e := range engines {
+				if err := e.Rotate(1, o.model(1)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	return run(ctx, engines, o.Workload, route, h, progress)
+}
+
+// Main runs the default comparison and the scenarios o asks for, writing
+// the report to out and progress to errw.
+func Main(ctx context.Context, o Options, out, errw io.Writer) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	closeShared, err := o.openShared(ctx)
+	if err != nil {
+		return fmt.Errorf("-store %s: %w", o.Store, err)
+	}
+	defer closeShared()
+	type job struct {
+		name   string
+		on     bool
+		blocks int
+	}
+	jobs := []job{
+		{"no pressure, connector off", false, o.Blocks},
+		{"no pressure, connector on", true, o.Blocks},
+		{"eviction pressure, connector off", false, o.PressureBlocks},
+		{"eviction pressure, connector on", true, o.PressureBlocks},
+	}
+	var runs []Run
+	for _, j := range jobs {
+		progress := func(done, total int) {}
+		if o.Progress {
+			progress = func(done, total int) {
+				if done == total || done%max(1, total/10) == 0 {
+					fmt.Fprintf(errw, "\r%-36s %3d/%d requests", j.name, done, total)
+				}
+				if done == total {
+					fmt.Fprintln(errw)
+				}
+			}
+		}
+		st, err := runOnce(ctx, o, j.on, j.blocks, progress)
+		if err != nil {
+			return fmt.Errorf("%s: %w", j.name, err)
+		}
+		runs = append(runs, newRun(j.name, j.on, j.blocks, st))
+	}
+	identical := true
+	var diff []string
+	for i := 0; i+1 < len(runs); i += 2 {
+		if k, ok := sameOutputs(runs[i].stats, runs[i+1].stats); !ok {
+			identical = false
+			diff = append(diff, fmt.Sprintf("%s: session %d turn %d differs", runs[i+1].Name, k.Session, k.Turn))
+		}
+	}
+	var cold *Run
+	if o.ColdStart {
+		r, err := coldStart(ctx, o)
+		if err != nil {
+			return fmt.Errorf("cold start: %w", err)
+		}
+		cold = &r
+	}
+	if o.JSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Options   Options `json:"options"`
+			Runs      []Run   `json:"runs"`
+			ColdStart *Run    `json:"cold_start,omitempty"`
+			Identical bool    `json:"outputs_identical"`
+		}{o, runs, cold, identical})
+	}
+	printTable(out, o, runs)
+	if cold != nil {
+		fmt.Fprintf(out, "\ncold start: a new instance, empty KV pool, store warm: TTFT %.1f ms, external hit rate %.0f%%, %d blocks loaded\n",
+			cold.TTFTms, 100*cold.ExtHitRate, cold.BlocksLoaded)
+	}
+	if identical {
+		fmt.Fprintln(out, "\noutputs identical: yes (every generated token, connector on vs off)")
+		return nil
+	}
+	fmt.Fprintf(out, "\noutputs identical: NO: %s\n", strings.Join(diff, "; "))
+	return errors.New("outputs differ between connector on and off")
+}
+
+// coldStart runs the workload on one instance with the connector on, then
+// runs it again on a brand-new instance over the same store: the new
+// instance's KV pool is empty, so every hit comes from the store.
+func coldStart(ctx context.Context, o Options) (Run, error) {
+	o = o.forRun()
+	st, closeStore, err := o.newStore()
+	if err != nil {
+		return Run{}, err
+	}
+	defer closeStore()
+	mk := func() (*Engine, error) {
+		return NewEngine(EngineConfig{Model: o.model(0), Identity: o.identity(0), Blocks: o.Blocks, MaxBatchedTokens: o.Batch, Par: o.Par,
+			Store: st, Connector: o.connectorConfig()})
+	}
+	first, err := mk()
+	if err != nil {
+		return Run{}, err
+	}
+	_, err = run(ctx, []*Engine{first}, o.Workload, func(int, int) int { return 0 }, hooks{}, nil)
+	first.Close()
+	if err != nil {
+		return Run{}, err
+	}
+	second, err := mk()
+	if err != nil {
+		return Run{}, err
+	}
+	defer second.Close()
+	s, err := run(ctx, []*Engine{second}, o.Workload, func(int, int) int { return 0 }, hooks{}, nil)
+	if err != nil {
+		return Run{}, err
+	}
+	return newRun("cold start", true, o.Blocks, s), nil
+}
+
+func printTable(out io.Writer, o Options, runs []Run) {
+	w := o.Workload
+	fmt.Fprintf(out, "kvconnect mini-engine: %d sessions x %d turns, system %d + first turn %d tokens, +%d per turn, %d output tokens\n",
+		w.Sessions, w.Turns, w.System, w.FirstTurn, w.Growth, w.Output)
+	storeName := "embedded memstore"
+	if o.Store == "mooncake" {
+		storeName = "Mooncake Store"
+	}
+	fmt.Fprintf(out, "model: %d layers, dim %d, %d heads, float32; KV blocks of %d tokens; store: %s", o.Model.Layers, o.Model.Dim, o.Model.Heads, o.Block, storeName)
+	if o.Instances > 1 {
+		fmt.Fprintf(out, ", shared by %d instances", o.Instances)
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "\n%-26s | %-30s | %-30s\n", "", fmt.Sprintf("no pressure (%d blocks)", o.Blocks), fmt.Sprintf("eviction pressure (%d blocks)", o.PressureBlocks))
+	fmt.Fprintf(out, "%-26s | %9s %9s %10s | %9s %9s %10s\n", "", "OFF", "ON", "ON vs OFF", "OFF", "ON", "ON vs OFF")
+	row := func(name string, f func(Run) float64, format string, ratio bool) {
+		fmt.Fprintf(out, "%-26s |", name)
+		for i := 0; i+1 < len(runs); i += 2 {
+			a, b := f(runs[i]), f(runs[i+1])
+			fmt.Fprintf(out, " "+format+" "+format, a, b)
+			switch {
+			case !ratio:
+				fmt.Fprintf(out, " %10s |", "")
+			case a == 0:
+				fmt.Fprintf(out, " %10s |", "-")
+			default:
+				fmt.Fprintf(out, " %9.2fx |", b/a)
+			}
+		}
+		fmt.Fprintln(out)
+	}
+	fmt.Fprintf(out, "%-26s |", "success / failed")
+	for i, r := range runs {
+		fmt.Fprintf(out, " %9s", fmt.Sprintf("%d/%d", r.Succeeded, r.Failed))
+		if i%2 == 1 {
+			fmt.Fprintf(out, " %10s |", "")
+		}
+	}
+	fmt.Fprintln(out)
+	row("duration (s)", func(r Run) float64 { return r.Seconds }, "%9.2f", true)
+	row("requests/s", func(r Run) float64 { return r.RequestsPerS }, "%9.2f", true)
+	row("tokens/s", func(r Run) float64 { return r.TokensPerS }, "%9.0f", true)
+	row("mean TTFT (ms)", func(r Run) float64 { return r.TTFTms }, "%9.1f", true)
+	row("mean TPOT (ms)", func(r Run) float64 { return r.TPOTms }, "%9.2f", true)
+	row("subsequent-turn TTFT (ms)", func(r Run) float64 { return r.LaterTTFTms }, "%9.1f", true)
+	row("KV hit rate, local", func(r Run) float64 { return 100 * r.LocalHitRate }, "%8.1f%%", false)
+	row("KV hit rate, external", func(r Run) float64 { return 100 * r.ExtHitRate }, "%8.1f%%", false)
+	row("KV hit rate, total", func(r Run) float64 { return 100 * (r.LocalHitRate + r.ExtHitRate) }, "%8.1f%%", false)
+	row("tokens computed", func(r Run) float64 { return float64(r.Computed) }, "%9.0f", true)
+	row("blocks loaded", func(r Run) float64 { return float64(r.BlocksLoaded) }, "%9.0f", false)
+	row("blocks saved", func(r Run) float64 { return float64(r.BlocksSaved) }, "%9.0f", false)
+}

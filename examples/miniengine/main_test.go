@@ -1,0 +1,257 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// small is a workload that runs in a fraction of a second.
+func small(t *testing.T) Options {
+	t.Helper()
+	o := defaultOptions()
+	o.Workload = Workload{Sessions: 3, System: 32, FirstTurn: 96, Growth: 32, Output: 4, Turns: 3, Seed: 3}
+	o.Model.Dim, o.Model.FFN = 32, 64
+	o.Block = 8
+	o.Par = 2
+	o.Progress = false
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func mustRun(t *testing.T, o Options, on bool, blocks int) Stats {
+	t.Helper()
+	st, err := runOnce(context.Background(), o, on, blocks, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Failed != 0 || st.Succeeded != o.Workload.Sessions*o.Workload.Turns {
+		t.Fatalf("%d succeeded, %d failed; want %d and 0", st.Succeeded, st.Failed, o.Workload.Sessions*o.Workload.Turns)
+	}
+	return st
+}
+
+func mustSame(t *testing.T, what string, a, b Stats) {
+	t.Helper()
+	if k, ok := sameOutputs(a, b); !ok {
+		t.Fatalf("%s: outputs differ from the connector-off run at session %d turn %d", what, k.Session, k.Turn)
+	}
+}
+
+func TestMainReport(t *testing.T) {
+	o := small(t)
+	var out, errw bytes.Buffer
+	if err := Main(context.Background(), o, &out, &errw); err != nil {
+		t.Fatalf("Main: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"outputs identical: yes", "eviction pressure", "KV hit rate, external", "subsequent-turn TTFT"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	o.JSON = true
+	out.Reset()
+	if err := Main(context.Background(), o, &out, &errw); err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Runs      []Run `json:"runs"`
+		Identical bool  `json:"outputs_identical"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil || len(res.Runs) != 4 || !res.Identical {
+		t.Fatalf("-json: %v, %d runs, identical %v:\n%s", err, len(res.Runs), res.Identical, out.String())
+	}
+}
+
+func TestOptionsRejected(t *testing.T) {
+	for name, edit := range map[string]func(*Options){
+		"sessions":   func(o *Options) { o.Workload.Sessions = 0 },
+		"heads":      func(o *Options) { o.Model.Heads = 3 },
+		"fault-rate": func(o *Options) { o.FaultRate = 2 },
+		"blocks":     func(o *Options) { o.Blocks = 1 },
+	} {
+		o := defaultOptions()
+		edit(&o)
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), strings.SplitN(name, "-", 2)[0]) {
+			t.Errorf("%s: Validate() = %v, want an error naming it", name, err)
+		}
+	}
+}
+
+// TestPressure: with a small pool, the connector serves most prompt tokens
+// from the store, computes fewer, and changes no output.
+func TestPressure(t *testing.T) {
+	o := small(t)
+	off := mustRun(t, o, false, o.PressureBlocks)
+	on := mustRun(t, o, true, o.PressureBlocks)
+	mustSame(t, "pressure", off, on)
+	if on.ExternalTokens == 0 || on.ComputedTokens >= off.ComputedTokens {
+		t.Errorf("ON: %d external tokens, %d computed (OFF %d); want external hits and less compute", on.ExternalTokens, on.ComputedTokens, off.ComputedTokens)
+	}
+}
+
+// TestTwoInstances: two engines share one store; turns alternate between
+// them, so each turn's history was computed by the other instance.
+func TestTwoInstances(t *testing.T) {
+	o := small(t)
+	off := mustRun(t, o, false, o.Blocks)
+	o.Instances = 2
+	on := mustRun(t, o, true, o.Blocks)
+	mustSame(t, "two instances", off, on)
+	if on.ExternalTokens == 0 {
+		t.Errorf("two instances: no external hits; each turn's history was saved by the other instance")
+	}
+}
+
+// TestColdStart: a new instance over a warm store serves the workload from
+// the store.
+func TestColdStart(t *testing.T) {
+	o := small(t)
+	off := mustRun(t, o, false, o.Blocks)
+	r, err := coldStart(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSame(t, "cold start", off, r.stats)
+	if r.stats.ExternalTokens == 0 || 2*r.stats.ComputedTokens > off.ComputedTokens {
+		t.Errorf("cold start: %d external tokens, %d computed; an instance without a store computes %d: want at most half",
+			r.stats.ExternalTokens, r.stats.ComputedTokens, off.ComputedTokens)
+	}
+}
+
+// TestFaults: store faults change no output; they are counted.
+func TestFaults(t *testing.T) {
+	o := small(t)
+	off := mustRun(t, o, false, o.PressureBlocks)
+	o.FaultRate = 0.3
+	on := mustRun(t, o, true, o.PressureBlocks)
+	mustSame(t, "faults", off, on)
+	if on.ConnFailures == 0 {
+		t.Errorf("faults at rate 0.3: no transfer failure counted")
+	}
+}
+
+// recorder is a store that records the order of the namespaces its lookups
+// and loads touch.
+type recorder struct {
+	store.Store
+	mu   sync.Mutex
+	seen []string // namespace prefix of each Exists or Get key, in order
+}
+
+func (r *recorder) note(keys []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range keys {
+		k, err := hashing.ParseKey(k)
+		if err == nil {
+			r.seen = append(r.seen, k.Namespace)
+		}
+	}
+}
+
+func (r *recorder) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	r.note(keys)
+	return r.Store.Exists(ctx, keys, res)
+}
+
+func (r *recorder) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	r.note(keys)
+	return r.Store.Get(ctx, keys, dst, res)
+}
+
+// TestWeightUpdate: after an online weight update, no key of the old
+// generation is looked up or loaded, and every request submitted after it
+// generates what a fresh engine on the new weights generates.
+func TestWeightUpdate(t *testing.T) {
+	o := small(t)
+	o.WeightUpdateAt = 3
+	rec := &recorder{}
+	o.wrapStore = func(s store.Store) store.Store { rec.Store = s; return rec }
+	on := mustRun(t, o, true, o.PressureBlocks)
+	ns0, _ := o.identity(0).Namespace()
+	ns1, _ := o.identity(1).Namespace()
+	first1 := slices.Index(rec.seen, ns1.ID())
+	if first1 < 0 {
+		t.Fatalf("no lookup of generation 1 keys")
+	}
+	if i := slices.Index(rec.seen[first1:], ns0.ID()); i >= 0 {
+		t.Errorf("a generation 0 key was looked up or loaded after generation 1's first lookup (at %d)", first1+i)
+	}
+	checked := 0
+	for k, gen := range on.gens {
+		if gen != 1 {
+			continue
+		}
+		checked++
+		if got, want := on.outputs[k], fresh(t, o, on.prompts[k]); !slices.Equal(got, want) {
+			t.Errorf("session %d turn %d after the update: output %v, a fresh engine on the new weights gives %v", k.Session, k.Turn, got, want)
+		}
+	}
+	if checked == 0 {
+		t.Fatalf("no request was submitted after the update")
+	}
+}
+
+// fresh generates the output of prompt on a new engine with the new weights
+// and no connector.
+func fresh(t *testing.T, o Options, prompt []hashing.Token) []hashing.Token {
+	t.Helper()
+	e, err := NewEngine(EngineConfig{Model: o.model(1), Identity: o.identity(1), Blocks: o.Blocks, MaxBatchedTokens: o.Batch, Par: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	done := make(chan finished, 1)
+	if err := e.Submit("fresh", prompt, o.Workload.Output, done); err != nil {
+		t.Fatal(err)
+	}
+	for e.Busy() {
+		if err := e.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return (<-done).Out
+}
+
+// corrupter flips a bit in the exponent of every float of every value it
+// serves: KV that looks like KV but is not what the model computed.
+type corrupter struct{ store.Store }
+
+func (c corrupter) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	err := c.Store.Get(ctx, keys, dst, res)
+	for i, r := range res {
+		if err == nil && r.Err == nil {
+			b := dst[i].Bytes()[:r.N]
+			for j := 3; j < len(b); j += 4 {
+				b[j] ^= 0x01
+			}
+		}
+	}
+	return err
+}
+
+// TestCorruptionChangesOutputs proves the end-to-end check can fail: KV
+// that is not what the model computed changes what it generates.
+func TestCorruptionChangesOutputs(t *testing.T) {
+	o := small(t)
+	off := mustRun(t, o, false, o.PressureBlocks)
+	o.wrapStore = func(s store.Store) store.Store { return corrupter{s} }
+	on := mustRun(t, o, true, o.PressureBlocks)
+	if on.ExternalTokens == 0 {
+		t.Fatal("no external hits: the corruption was never served")
+	}
+	if _, same := sameOutputs(off, on); same {
+		t.Errorf("outputs identical although every loaded block was corrupted")
+	}
+}

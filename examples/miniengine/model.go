@@ -1,0 +1,273 @@
+package main
+
+import (
+	"math"
+	"sync"
+	"unsafe"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
+)
+
+// ModelConfig is the shape of the tiny transformer.
+type ModelConfig struct {
+	Vocab, Dim, Heads, Layers, FFN int
+	Seed                           uint64 // the weights: its version names it
+}
+
+// Model is a small decoder-only transformer in float32: token embedding
+// plus a sinusoidal position, then per layer RMS-normed multi-head causal
+// attention (Q, K, V, O projections) and a ReLU MLP, then an LM head with
+// greedy decoding. Its K and V go to a paged KV cache, so every KV byte the
+// connector moves is one the model reads back: a foreign, stale or
+// corrupted block changes what it generates.
+//
+// A position's computation depends only on its token, its position and the
+// K/V of earlier positions, never on how prefill was chunked, so runs with
+// and without the connector can be compared token for token.
+type Model struct {
+	cfg    ModelConfig
+	hd     int // head dimension
+	emb    []float32
+	layers []layerWeights
+	head   []float32 // Dim × Vocab
+}
+
+type layerWeights struct {
+	wq, wk, wv, wo []float32 // Dim × Dim
+	w1             []float32 // Dim × FFN
+	w2             []float32 // FFN × Dim
+}
+
+// NewModel draws the weights from cfg.Seed with a fixed generator.
+func NewModel(cfg ModelConfig) *Model {
+	r := splitmix(cfg.Seed)
+	draw := func(n, fanIn int) []float32 {
+		s := float32(1 / math.Sqrt(float64(fanIn)))
+		w := make([]float32, n)
+		for i := range w {
+			w[i] = (float32(r.next()>>40)/float32(1<<24)*2 - 1) * s * 1.7
+		}
+		return w
+	}
+	m := &Model{cfg: cfg, hd: cfg.Dim / cfg.Heads}
+	m.emb = draw(cfg.Vocab*cfg.Dim, 1)
+	for range cfg.Layers {
+		m.layers = append(m.layers, layerWeights{
+			wq: draw(cfg.Dim*cfg.Dim, cfg.Dim), wk: draw(cfg.Dim*cfg.Dim, cfg.Dim),
+			wv: draw(cfg.Dim*cfg.Dim, cfg.Dim), wo: draw(cfg.Dim*cfg.Dim, cfg.Dim),
+			w1: draw(cfg.Dim*cfg.FFN, cfg.Dim), w2: draw(cfg.FFN*cfg.Dim, cfg.FFN),
+		})
+	}
+	m.head = draw(cfg.Dim*cfg.Vocab, cfg.Dim)
+	return m
+}
+
+type splitmix uint64
+
+func (s *splitmix) next() uint64 {
+	*s += 0x9e3779b97f4a7c15
+	z := uint64(*s)
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+// KVLayout is where the model's K and V live: block-major paged memory,
+// block b holding, for each layer, K then V of BlockSize positions of Dim
+// float32s each.
+type KVLayout struct {
+	Layers, Dim, BlockSize, Blocks int
+}
+
+// BlockBytes returns the bytes of one layer's K (or V) of one block.
+func (l KVLayout) BlockBytes() int { return l.BlockSize * l.Dim * 4 }
+
+// Cache returns the connector's description of KV memory in mem.
+func (l KVLayout) Cache(mem rdma.Region) connector.KVCache {
+	return connector.KVCache{Layers: l.Layers, Blocks: l.Blocks, KV: 2, BlockBytes: l.BlockBytes(), Order: connector.BlockMajor, Regions: []rdma.Region{mem}}
+}
+
+// KV is a float32 view of paged KV memory.
+type KV struct {
+	l   KVLayout
+	mem []float32
+}
+
+// NewKV views host memory as KV of layout l.
+func NewKV(l KVLayout, mem rdma.Region) *KV {
+	b := mem.Bytes()
+	return &KV{l: l, mem: unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)}
+}
+
+// slot returns K (kv = 0) or V (kv = 1) of layer layer at position p of a
+// request whose block table is blocks.
+func (c *KV) slot(blocks []connector.BlockID, layer, kv, p int) []float32 {
+	l := c.l
+	b := int(blocks[p/l.BlockSize])
+	off := ((b*l.Layers+layer)*2+kv)*l.BlockSize*l.Dim + (p%l.BlockSize)*l.Dim
+	return c.mem[off : off+l.Dim]
+}
+
+// Forward computes positions [from, to) of a sequence of tokens whose KV
+// lives in blocks, writing their K and V, and returns the greedy next token
+// after position to-1. Positions before from must already be in the cache.
+// Work on the positions of one layer is split over par goroutines; the
+// result does not depend on par.
+func (m *Model) Forward(kv *KV, blocks []connector.BlockID, toks []hashing.Token, from, to, par int) hashing.Token {
+	d := m.cfg.Dim
+	n := to - from
+	x := make([]float32, n*d)
+	for i := range n {
+		p := from + i
+		e := m.emb[int(toks[p])%m.cfg.Vocab*d:][:d]
+		row := x[i*d : (i+1)*d]
+		for j := range d {
+			freq := math.Pow(10000, -float64(j/2*2)/float64(d))
+			var pe float64
+			if j%2 == 0 {
+				pe = math.Sin(float64(p) * freq)
+			} else {
+				pe = math.Cos(float64(p) * freq)
+			}
+			row[j] = e[j] + float32(pe)*0.5
+		}
+	}
+	q := make([]float32, n*d)
+	att := make([]float32, n*d)
+	h := make([]float32, n*m.cfg.FFN)
+	for li := range m.layers {
+		w := &m.layers[li]
+		// Q, K, V of every new position; K and V go to the cache.
+		parallel(n, par, func(i int) {
+			xn := rmsnorm(x[i*d:(i+1)*d], make([]float32, d))
+			matvec(q[i*d:(i+1)*d], xn, w.wq, d, d)
+			matvec(kv.slot(blocks, li, 0, from+i), xn, w.wk, d, d)
+			matvec(kv.slot(blocks, li, 1, from+i), xn, w.wv, d, d)
+		})
+		// Causal attention over every earlier position, from the cache.
+		parallel(n, par, func(i int) {
+			p := from + i
+			H, hd := m.cfg.Heads, m.hd
+			scores := make([]float32, H*(p+1)) // head-major
+			out := att[i*d : (i+1)*d]
+			clear(out)
+			qi := q[i*d : (i+1)*d]
+			scale := float32(1 / math.Sqrt(float64(hd)))
+			for t := 0; t <= p; t++ {
+				k := kv.slot(blocks, li, 0, t)
+				for hh := 0; hh < H; hh++ {
+					qh, kh := qi[hh*hd:(hh+1)*hd], k[hh*hd:(hh+1)*hd]
+					var s float32
+					for j := range qh {
+						s += qh[j] * kh[j]
+					}
+					scores[hh*(p+1)+t] = s * scale
+				}
+			}
+			for hh := 0; hh < H; hh++ {
+				sc := scores[hh*(p+1) : (hh+1)*(p+1)]
+				maxS := sc[0]
+				for _, v := range sc {
+					maxS = max(maxS, v)
+				}
+				var sum float32
+				for t, v := range sc {
+					e := float32(math.Exp(float64(v - maxS)))
+					sc[t] = e
+					sum += e
+				}
+				for t := range sc {
+					sc[t] /= sum
+				}
+			}
+			for t := 0; t <= p; t++ {
+				v := kv.slot(blocks, li, 1, t)
+				for hh := 0; hh < H; hh++ {
+					a := scores[hh*(p+1)+t]
+					oh, vh := out[hh*hd:(hh+1)*hd], v[hh*hd:(hh+1)*hd]
+					for j := range oh {
+						oh[j] += a * vh[j]
+					}
+				}
+			}
+		})
+		// Output projection and MLP, with residuals.
+		parallel(n, par, func(i int) {
+			row := x[i*d : (i+1)*d]
+			o := make([]float32, d)
+			matvec(o, att[i*d:(i+1)*d], w.wo, d, d)
+			for j := range row {
+				row[j] += o[j]
+			}
+			xn := rmsnorm(row, make([]float32, d))
+			hi := h[i*m.cfg.FFN : (i+1)*m.cfg.FFN]
+			matvec(hi, xn, w.w1, d, m.cfg.FFN)
+			for j := range hi {
+				hi[j] = max(hi[j], 0)
+			}
+			matvec(o, hi, w.w2, m.cfg.FFN, d)
+			for j := range row {
+				row[j] += o[j]
+			}
+		})
+	}
+	last := rmsnorm(x[(n-1)*d:n*d], make([]float32, d))
+	logits := make([]float32, m.cfg.Vocab)
+	matvec(logits, last, m.head, d, m.cfg.Vocab)
+	best := 0
+	for i, v := range logits {
+		if v > logits[best] {
+			best = i
+		}
+	}
+	return hashing.Token(best)
+}
+
+// matvec sets dst (n) to src (k) times w (k × n, row-major).
+func matvec(dst, src, w []float32, k, n int) {
+	clear(dst[:n])
+	for i := 0; i < k; i++ {
+		s := src[i]
+		row := w[i*n : (i+1)*n]
+		for j := range row {
+			dst[j] += s * row[j]
+		}
+	}
+}
+
+func rmsnorm(x, dst []float32) []float32 {
+	var ss float32
+	for _, v := range x {
+		ss += v * v
+	}
+	inv := float32(1 / math.Sqrt(float64(ss/float32(len(x))+1e-5)))
+	for i, v := range x {
+		dst[i] = v * inv
+	}
+	return dst
+}
+
+// parallel runs f(0..n-1) on up to par goroutines, in contiguous ranges.
+func parallel(n, par int, f func(int)) {
+	if par <= 1 || n < 2 {
+		for i := range n {
+			f(i)
+		}
+		return
+	}
+	par = min(par, n)
+	var wg sync.WaitGroup
+	for g := range par {
+		lo, hi := g*n/par, (g+1)*n/par
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := lo; i < hi; i++ {
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
+)
+
+func testModel() (*Model, KVLayout) {
+	cfg := ModelConfig{Vocab: 256, Dim: 32, Heads: 4, Layers: 2, FFN: 64, Seed: 7}
+	return NewModel(cfg), KVLayout{Layers: 2, Dim: 32, BlockSize: 4, Blocks: 16}
+}
+
+// TestChunkingDoesNotChangeResults: prefill in one chunk, in odd chunks and
+// one token at a time gives the same KV bytes and the same next token.
+func TestChunkingDoesNotChangeResults(t *testing.T) {
+	m, l := testModel()
+	toks := make([]hashing.Token, 37)
+	for i := range toks {
+		toks[i] = hashing.Token(i*13 + 5)
+	}
+	blocks := []connector.BlockID{3, 7, 1, 0, 9, 2, 4, 5, 6, 8}
+	var want []byte
+	var wantNext hashing.Token
+	for _, chunks := range [][]int{{37}, {5, 11, 21}, slices.Repeat([]int{1}, 37)} {
+		mem, err := rdma.AllocHost(l.Blocks * l.Layers * 2 * l.BlockBytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mem.Free()
+		kv := NewKV(l, mem.Region())
+		from := 0
+		var next hashing.Token
+		for _, c := range chunks {
+			next = m.Forward(kv, blocks, toks, from, from+c, 2)
+			from += c
+		}
+		got := slices.Clone(mem.Bytes())
+		if want == nil {
+			want, wantNext = got, next
+			continue
+		}
+		if !slices.Equal(got, want) || next != wantNext {
+			t.Errorf("chunks %v: KV or next token (%d, want %d) differ from one chunk", chunks, next, wantNext)
+		}
+	}
+}
+
+// TestSeedChangesOutput: other weights give other KV and tokens, the
+// premise of the stale-KV checks.
+func TestSeedChangesOutput(t *testing.T) {
+	m, l := testModel()
+	cfg := m.cfg
+	cfg.Seed++
+	m2 := NewModel(cfg)
+	toks := []hashing.Token{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	blocks := []connector.BlockID{0, 1, 2}
+	out := func(m *Model) []byte {
+		mem, err := rdma.AllocHost(l.Blocks * l.Layers * 2 * l.BlockBytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mem.Free()
+		m.Forward(NewKV(l, mem.Region()), blocks, toks, 0, len(toks), 1)
+		return slices.Clone(mem.Bytes())
+	}
+	if slices.Equal(out(m), out(m2)) {
+		t.Errorf("two seeds gave the same KV")
+	}
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+)
+
+// Workload is N concurrent multi-turn sessions: each turn's prompt is a
+// system prompt shared by every session, the session's history (earlier
+// prompts and answers), and new user tokens.
+type Workload struct {
+	Sessions  int    // concurrent sessions
+	System    int    // tokens of the system prompt every session shares
+	FirstTurn int    // user tokens of the first turn
+	Growth    int    // user tokens added by each later turn
+	Output    int    // tokens generated per turn
+	Turns     int    // turns per session
+	Seed      uint64 // draws the tokens
+}
+
+// maxContext returns the longest context a request reaches, in tokens.
+func (w Workload) maxContext() int {
+	return w.System + w.FirstTurn + (w.Turns-1)*(w.Growth+w.Output) + w.Output
+}
+
+// userTokens returns the user tokens of a session's turn.
+func (w Workload) userTokens(session, turn, vocab int) []hashing.Token {
+	n := w.Growth
+	if turn == 0 {
+		n = w.FirstTurn
+	}
+	r := splitmix(w.Seed ^ uint64(session+1)*0x9e3779b97f4a7c15 ^ uint64(turn+1)*0xbf58476d1ce4e5b9)
+	out := make([]hashing.Token, n)
+	for i := range out {
+		out[i] = hashing.Token(r.next() % uint64(vocab))
+	}
+	return out
+}
+
+func (w Workload) system(vocab int) []hashing.Token {
+	r := splitmix(w.Seed ^ 0x5eed)
+	out := make([]hashing.Token, w.System)
+	for i := range out {
+		out[i] = hashing.Token(r.next() % uint64(vocab))
+	}
+	return out
+}
+
+// turnKey names one turn of one session.
+type turnKey struct{ Session, Turn int }
+
+// Stats are one run's measurements.
+type Stats struct {
+	Succeeded, Failed int
+	Duration          time.Duration
+	PromptTokens      int
+	OutputTokens      int
+	LocalTokens       int
+	ExternalTokens    int
+	ComputedTokens    int
+	TTFT, TPOT        time.Duration // means
+	LaterTTFT         time.Duration // mean TTFT of turns after the first
+	Steps             int
+	ConnLoads         int64 // blocks loaded by the connector
+	ConnSaves         int64 // blocks saved
+	ConnFailures      int64 // blocks whose transfer failed
+	outputs           map[turnKey][]hashing.Token
+	prompts           map[turnKey][]hashing.Token
+	gens              map[turnKey]uint64 // the weights generation a turn was submitted under
+}
+
+// HitRate returns the share of prompt tokens served from a cache.
+func (s Stats) HitRate(tokens int) float64 {
+	if s.PromptTokens == 0 {
+		return 0
+	}
+	return float64(tokens) / float64(s.PromptTokens)
+}
+
+// router says which engine serves a turn.
+type router func(session, turn int) int
+
+// hooks let a scenario act between steps: it is called after every request
+// that ends, with the number ended so far.
+type hooks struct {
+	onEnd func(ended int) error
+}
+
+// run drives the workload through the engines until every turn ended, and
+// returns the measurements.
+func run(ctx context.Context, engines []*Engine, w Workload, route router, h hooks, progress func(done, total int)) (Stats, error) {
+	vocab := engines[0].cfg.Model.cfg.Vocab
+	sys := w.system(vocab)
+	history := make([][]hashing.Token, w.Sessions)
+	done := make(chan finished, w.Sessions*w.Turns)
+	turnOf := map[connector.RequestID]turnKey{}
+	st := Stats{outputs: map[turnKey][]hashing.Token{}, prompts: map[turnKey][]hashing.Token{}, gens: map[turnKey]uint64{}}
+	var ttft, tpot, later time.Duration
+	var nlater, ntpot int
+	submit := func(s, turn int) error {
+		prompt := append(append(append([]hashing.Token(nil), sys...), history[s]...), w.userTokens(s, turn, vocab)...)
+		history[s] = prompt[len(sys):]
+		id := connector.RequestID(fmt.Sprintf("s%d-t%d", s, turn))
+		k := turnKey{s, turn}
+		turnOf[id] = k
+		st.PromptTokens += len(prompt)
+		e := engines[route(s, turn)]
+		st.prompts[k] = prompt
+		st.gens[k] = e.cfg.Identity.Generation
+		return e.Submit(id, prompt, w.Output, done)
+	}
+	start := time.Now()
+	for s := 0; s < w.Sessions; s++ {
+		if err := submit(s, 0); err != nil {
+			return st, err
+		}
+	}
+	total := w.Sessions * w.Turns
+	ended := 0
+	for ended < total {
+		for _, e := range engines {
+			if !e.Busy() {
+				continue
+			}
+			if err := e.Step(ctx); err != nil {
+				return st, err
+			}
+			st.Steps++
+		}
+		for len(done) > 0 {
+			f := <-done
+			ended++
+			k := turnOf[f.ID]
+			if f.Err != nil {
+				st.Failed++
+			} else {
+				st.Succeeded++
+			}
+			st.outputs[k] = f.Out
+			st.OutputTokens += len(f.Out)
+			st.LocalTokens += f.Metrics.LocalTokens
+			st.ExternalTokens += f.Metrics.ExternalTokens
+			st.ComputedTokens += f.Metrics.ComputedTokens
+			ttft += f.TTFT
+			if k.Turn > 0 {
+				later += f.TTFT
+				nlater++
+			}
+			if len(f.Out) > 1 {
+				tpot += (f.Total - f.TTFT) / time.Duration(len(f.Out)-1)
+				ntpot++
+			}
+			history[k.Session] = append(history[k.Session], f.Out...)
+			if k.Turn+1 < w.Turns {
+				if err := submit(k.Session, k.Turn+1); err != nil {
+					return st, err
+				}
+			}
+			if progress != nil {
+				progress(ended, total)
+			}
+			if h.onEnd != nil {
+				if err := h.onEnd(ended); err != nil {
+					return st, err
+				}
+			}
+		}
+	}
+	st.Duration = time.Since(start)
+	if ended > 0 {
+		st.TTFT = ttft / time.Duration(ended)
+	}
+	if ntpot > 0 {
+		st.TPOT = tpot / time.Duration(ntpot)
+	}
+	if nlater > 0 {
+		st.LaterTTFT = later / time.Duration(nlater)
+	}
+	for _, e := range engines {
+		s, wk := e.ConnStats()
+		st.ConnLoads += wk.Loads
+		st.ConnSaves += wk.Saves
+		st.ConnFailures += wk.LoadFailures + s.SaveFailures
+	}
+	return st, nil
+}
+
+// sameOutputs compares every generated token of two runs; it returns the
+// first turn that differs.
+func sameOutputs(a, b Stats) (turnKey, bool) {
+	if len(a.outputs) != len(b.outputs) {
+		return turnKey{-1, -1}, false
+	}
+	for k, out := range a.outputs {
+		o2, ok := b.outputs[k]
+		if !ok || len(o2) != len(out) {
+			return k, false
+		}
+		for i := range out {
+			if out[i] != o2[i] {
+				return k, false
+			}
+		}
+	}
+	return turnKey{}, true
+}

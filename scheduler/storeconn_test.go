@@ -1,0 +1,339 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"testing"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/storeconn"
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+	"github.com/kvconnect/kvconnect/store/memstore"
+)
+
+// miniEngine is a CPU engine over real KV memory: tensor-parallel workers,
+// each with its own KV blocks registered with a storeconn worker, and a
+// "model" whose every KV value is a digest of the token prefix (different
+// per rank, layer and K/V part). It samples each token from the KV it reads
+// back from memory, so a block loaded with wrong bytes, or reused while a
+// transfer touched it, changes the output, and is reported by name.
+type miniEngine struct {
+	t       *testing.T
+	s       *Scheduler
+	conn    connector.Scheduler // nil: no connector
+	workers []connector.Worker
+	mems    []*rdma.HostMemory
+	kv      connector.KVCache
+	bs      int
+	prompts map[connector.RequestID]*modelReq
+	outs    []*connector.Output
+}
+
+const (
+	e2eLayers = 2
+	e2eKV     = 2
+	e2eTP     = 2
+)
+
+func e2eIdentity(bs int) hashing.Identity {
+	id := testIdentity(bs)
+	id.Layout.TPSize = e2eTP
+	id.Layout.KVHeads = 2
+	id.Layout.Layers = e2eLayers
+	return id
+}
+
+// newMiniEngine opens a scheduler with blocks blocks over st (nil: no
+// connector) and, with a store, a storeconn scheduler half and one worker
+// per rank.
+func newMiniEngine(t *testing.T, st store.Store, cfg Config) *miniEngine {
+	t.Helper()
+	bs := cfg.Identity.Layout.BlockSize
+	e := &miniEngine{t: t, bs: bs, prompts: map[connector.RequestID]*modelReq{}}
+	e.kv = connector.KVCache{Layers: e2eLayers, Blocks: cfg.Blocks, KV: e2eKV, BlockBytes: 8 * bs, Order: connector.BlockMajor}
+	for range e2eTP {
+		m, err := rdma.AllocHost(e2eLayers * e2eKV * cfg.Blocks * 8 * bs)
+		if errors.Is(err, rdma.ErrUnsupported) {
+			t.Skipf("no host memory for KV blocks on this platform: %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := m.Free(); err != nil {
+				t.Error(err)
+			}
+		})
+		e.mems = append(e.mems, m)
+	}
+	if st != nil {
+		ccfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
+		env := connector.Env{Identity: cfg.Identity, Store: st}
+		sc, err := connector.OpenScheduler(ccfg, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := sc.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+		e.conn = sc
+		for rank := range e2eTP {
+			env.Rank = rank
+			w, err := connector.OpenWorker(ccfg, env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kv := e.kv
+			kv.Regions = []rdma.Region{e.mems[rank].Region()}
+			if err := w.Register(kv); err != nil {
+				t.Fatal(err)
+			}
+			// Registered last, so it closes first: before the memory
+			// it reads is freed.
+			t.Cleanup(func() {
+				if err := w.Close(); err != nil {
+					t.Error(err)
+				}
+			})
+			e.workers = append(e.workers, w)
+		}
+	}
+	s, err := New(cfg, e.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.s = s
+	return e
+}
+
+// slot returns the 8 bytes of position p (in block b) of rank, layer l and
+// part k.
+func (e *miniEngine) slot(rank int, b BlockID, l, k, p int) []byte {
+	off := ((int(b)*e2eLayers+l)*e2eKV+k)*8*e.bs + (p%e.bs)*8
+	return e.mems[rank].Bytes()[off : off+8]
+}
+
+func kvValue(d uint64, rank, l, k int) uint64 {
+	return d ^ uint64(rank+1)<<60 ^ uint64(l+1)<<56 ^ uint64(k+1)<<52
+}
+
+func (e *miniEngine) add(id string, prompt []hashing.Token, maxGen int) {
+	e.t.Helper()
+	m := &modelReq{id: connector.RequestID(id), tokens: slices.Clone(prompt), maxGen: maxGen}
+	if err := e.s.Add(Request{ID: m.id, Prompt: prompt, MaxTokens: maxGen}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.prompts[m.id] = m
+}
+
+// step runs one engine step: workers start the connector's loads, the
+// model computes the plan, workers save and report.
+func (e *miniEngine) step() (*Plan, error) {
+	ctx := context.Background()
+	p, err := e.s.Step()
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range e.workers {
+		if err := w.Start(ctx, p.Metadata); err != nil {
+			return nil, err
+		}
+	}
+	var res []Result
+	for _, it := range p.Items {
+		m := e.prompts[it.ID]
+		m.digests = prefixDigests(m.digests, "", m.tokens)
+		var sum uint64
+		for rank := range e2eTP {
+			for pos := 0; pos < it.End; pos++ {
+				b := it.Blocks[pos/e.bs]
+				for l := range e2eLayers {
+					for k := range e2eKV {
+						s := e.slot(rank, b, l, k, pos)
+						want := kvValue(m.digests[pos], rank, l, k)
+						if pos >= it.Start {
+							binary.LittleEndian.PutUint64(s, want)
+						} else if got := binary.LittleEndian.Uint64(s); got != want {
+							return nil, fmt.Errorf("step %d: request %q attends to wrong KV: rank %d position %d (block %d, layer %d, part %d) holds %#x, want %#x",
+								p.Step, it.ID, rank, pos, b, l, k, got, want)
+						}
+						sum = sum*31 + binary.LittleEndian.Uint64(s)
+					}
+				}
+			}
+		}
+		if it.Sample {
+			m.gen++
+			res = append(res, Result{ID: it.ID, Token: hashing.Token(sum>>11) % 50, Finished: m.gen >= m.maxGen})
+		}
+	}
+	e.outs = e.outs[:0]
+	for _, w := range e.workers {
+		if err := w.Save(ctx, connector.Ready); err != nil {
+			return nil, err
+		}
+		e.outs = append(e.outs, w.Poll())
+	}
+	if err := e.s.Done(res, e.outs); err != nil {
+		return nil, err
+	}
+	for _, r := range res {
+		e.prompts[r.ID].tokens = append(e.prompts[r.ID].tokens, r.Token)
+	}
+	return p, nil
+}
+
+// run steps until every request ended and every block came back: the
+// connector's transfers run on its goroutines, so idle steps yield to them.
+func (e *miniEngine) run() map[connector.RequestID][]hashing.Token {
+	e.t.Helper()
+	for i := 0; len(e.s.reqs) > 0; i++ {
+		p, err := e.step()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if len(p.Items) == 0 {
+			runtime.Gosched()
+		}
+		if i%64 == 0 {
+			if err := checkInvariants(e.s, nil, nil); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+	}
+	if st := e.s.Stats(); st.Pool.Used != 0 || st.Held != 0 {
+		e.t.Fatalf("drained with %d blocks used, %d requests held", st.Pool.Used, st.Held)
+	}
+	out := map[connector.RequestID][]hashing.Token{}
+	for id, m := range e.prompts {
+		out[id] = slices.Clone(m.tokens)
+	}
+	return out
+}
+
+// workload adds requests sharing prefixes, as a multi-turn chat would.
+func workload(e *miniEngine, tag string) {
+	for i := range 12 {
+		base := seq(1000*(i%3), 20+4*(i%4))
+		e.add(fmt.Sprintf("%s%d", tag, i), append(base, seq(7*i, i%5)...), 3+i%4)
+	}
+}
+
+func TestStoreconnEndToEnd(t *testing.T) {
+	st, err := memstore.New(memstore.Config{Capacity: 4 << 20})
+	if errors.Is(err, rdma.ErrUnsupported) {
+		t.Skipf("no host memory for the store on this platform: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := st.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	cfg := Config{Identity: e2eIdentity(4), Blocks: 96, MaxBatchedTokens: 48, PrefixCaching: true}
+
+	// The reference: no connector, no prefix cache.
+	refCfg := cfg
+	refCfg.PrefixCaching = false
+	ref := newMiniEngine(t, nil, refCfg)
+	workload(ref, "q")
+	want := ref.run()
+
+	// Engine A computes and saves.
+	a := newMiniEngine(t, st, cfg)
+	workload(a, "q")
+	if diff := diffOutputs(want, a.run()); diff != "" {
+		t.Fatalf("engine A outputs differ from the reference:\n%s", diff)
+	}
+	if a.s.Stats().ExternalTokens != 0 {
+		t.Fatalf("engine A loaded %d tokens from an empty store", a.s.Stats().ExternalTokens)
+	}
+
+	// Engine B, a cold start on the same store, loads instead of computing.
+	b := newMiniEngine(t, st, cfg)
+	workload(b, "q")
+	if diff := diffOutputs(want, b.run()); diff != "" {
+		t.Fatalf("engine B outputs differ from the reference:\n%s", diff)
+	}
+	sa, sb := a.s.Stats(), b.s.Stats()
+	if sb.ExternalTokens == 0 || sb.ComputedTokens >= sa.ComputedTokens {
+		t.Fatalf("engine B: %d external tokens, computed %d (A computed %d)", sb.ExternalTokens, sb.ComputedTokens, sa.ComputedTokens)
+	}
+	t.Logf("A: computed %d, local %d; B: computed %d, local %d, external %d",
+		sa.ComputedTokens, sa.LocalTokens, sb.ComputedTokens, sb.LocalTokens, sb.ExternalTokens)
+
+	// After a weight update nothing of generation 0 is reused, locally or
+	// from the store.
+	if err := b.s.Invalidate(1); err != nil {
+		t.Fatal(err)
+	}
+	before := b.s.Stats()
+	b.add("rot", seq(0, 20), 2)
+	if _, err := b.step(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := b.s.Status("rot"); st.Metrics.LocalTokens != 0 || st.Metrics.ExternalTokens != 0 || st.State != Running {
+		t.Fatalf("after rotation: %+v", st)
+	}
+	b.run()
+	if got := b.s.Stats().ExternalTokens; got != before.ExternalTokens {
+		t.Fatalf("after rotation %d tokens came from the store", got-before.ExternalTokens)
+	}
+}
+
+// TestStoreconnPreemption runs the workload in a pool too small for it, so
+// that requests are preempted while their saves run and come back once
+// released.
+func TestStoreconnPreemption(t *testing.T) {
+	st, err := memstore.New(memstore.Config{Capacity: 4 << 20})
+	if errors.Is(err, rdma.ErrUnsupported) {
+		t.Skipf("no host memory for the store on this platform: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := st.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	cfg := Config{Identity: e2eIdentity(4), Blocks: 14, MaxBatchedTokens: 64, PrefixCaching: true}
+	refCfg := cfg
+	refCfg.Blocks = 200
+	ref := newMiniEngine(t, nil, refCfg)
+	workload(ref, "q")
+	want := ref.run()
+
+	e := newMiniEngine(t, st, cfg)
+	workload(e, "q")
+	if diff := diffOutputs(want, e.run()); diff != "" {
+		t.Fatalf("outputs differ from the reference:\n%s", diff)
+	}
+	if st := e.s.Stats(); st.Preemptions == 0 {
+		t.Fatalf("no preemption in a pool of %d blocks: %+v", cfg.Blocks, st)
+	}
+	t.Logf("%+v", e.s.Stats())
+}
+
+func diffOutputs(want, got map[connector.RequestID][]hashing.Token) string {
+	out := ""
+	for id, w := range want {
+		if g := got[id]; !slices.Equal(w, g) {
+			out += fmt.Sprintf("%s: got %v, want %v\n", id, g, w)
+		}
+	}
+	if len(got) != len(want) {
+		out += fmt.Sprintf("%d requests, want %d\n", len(got), len(want))
+	}
+	return out
+}
