@@ -3,6 +3,7 @@ package storeconn_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -129,140 +130,153 @@ func BenchmarkStep(b *testing.B) {
 }
 
 // BenchmarkWorkerThroughput compares the worker half's save and load of
-// 256 KiB blocks (2 layers × K,V × 64 KiB, block-major) with memstore's own
-// batch put and get of the same bytes, in the same run.
+// 64 blocks of 256 KiB (2 layers × K,V × 64 KiB, block-major) with
+// memstore's own batch put and get of the same bytes, alternating the two in
+// every iteration, and reports both bandwidths and their ratio.
 func BenchmarkWorkerThroughput(b *testing.B) {
-	const nblocks = 64
-	const blockBytes = 64 << 10
-	kv := connector.KVCache{Layers: 2, Blocks: nblocks, KV: 2, BlockBytes: blockBytes, Order: connector.BlockMajor}
-	size := kv.BlockSize()
-	for _, mode := range []string{"store-put", "worker-save", "store-get", "worker-load"} {
-		b.Run(mode, func(b *testing.B) {
-			st, err := memstore.New(memstore.Config{Capacity: 2 * nblocks * int64(size)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer st.Close()
-			mem, err := rdma.AllocHost(nblocks * size)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer mem.Free()
-			kv.Regions = []rdma.Region{mem.Region()}
-			id := benchIdentity()
-			ns, _ := id.Namespace()
-			toks := make([]hashing.Token, nblocks*16+1)
-			round := 0
-			hashesFor := func() []hashing.BlockHash {
-				round++
-				for i := range toks {
-					toks[i] = hashing.Token(round*1_000_000 + i)
-				}
-				hs, _ := hashing.HashBlocks(16, toks)
-				return hs
-			}
-			keys := make([]string, nblocks)
-			regions := make([]rdma.Region, nblocks)
-			res := make([]store.Result, nblocks)
-			for i := range regions {
-				regions[i] = kv.Spans(nil, connector.BlockID(i))[0]
-			}
-			cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
-			env := connector.Env{Identity: id, Store: st}
-			s, err := connector.OpenScheduler(cfg, env)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
-			w, err := connector.OpenWorker(cfg, env)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer w.Close()
-			if err := w.Register(kv); err != nil {
-				b.Fatal(err)
-			}
-			blk := make([]connector.BlockID, nblocks+1)
-			for i := range blk {
-				blk[i] = connector.BlockID(i % nblocks)
-			}
-			ctx := context.Background()
-			// drive runs one step and waits for its transfers.
-			drive := func() {
-				m := s.Plan()
-				want := len(m.Loads) + len(m.Saves)
-				if err := w.Start(ctx, m); err != nil {
-					b.Fatal(err)
-				}
-				if err := w.Save(ctx, connector.Ready); err != nil {
-					b.Fatal(err)
-				}
-				for got := 0; got < want; {
-					o := w.Poll()
-					if len(o.Failed) > 0 {
-						b.Fatalf("failures: %+v", o.Failed)
-					}
-					got += len(o.Done)
-					if _, err := s.Update([]*connector.Output{o}); err != nil {
-						b.Fatal(err)
-					}
-					if got < want {
-						time.Sleep(10 * time.Microsecond)
-					}
-				}
-			}
-			// For loads, store one round of blocks first.
-			var stored []hashing.BlockHash
-			if mode == "store-get" || mode == "worker-load" {
-				stored = hashesFor()
-				for i, h := range stored {
-					keys[i] = ns.Key(0, h)
-				}
-				if err := st.Put(ctx, keys, regions, res); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.SetBytes(int64(nblocks * size))
-			i := 0
-			for b.Loop() {
-				i++
-				switch mode {
-				case "store-put":
-					for k, h := range hashesFor() {
-						keys[k] = ns.Key(0, h)
-					}
-					if err := st.Put(ctx, keys, regions, res); err != nil {
-						b.Fatal(err)
-					}
-				case "store-get":
-					if err := st.Get(ctx, keys, regions, res); err != nil {
-						b.Fatal(err)
-					}
-				case "worker-save":
-					hs := hashesFor()
-					r := &connector.Request{ID: connector.RequestID(fmt.Sprint(i)), Prompt: len(toks), Hashes: hs}
-					if err := s.Scheduled(r, blk, len(toks)); err != nil {
-						b.Fatal(err)
-					}
-					drive()
-					if _, err := s.Finish(r, blk); err != nil {
-						b.Fatal(err)
-					}
-				case "worker-load":
-					r := &connector.Request{ID: connector.RequestID(fmt.Sprint(i)), Prompt: len(toks), Hashes: stored}
-					m, err := s.Match(r, 0)
-					if err != nil || m.Tokens != nblocks*16 {
-						b.Fatalf("Match = %+v, %v", m, err)
-					}
-					if err := s.Allocated(r, blk, m.Tokens); err != nil {
-						b.Fatal(err)
-					}
-					drive()
-					if _, err := s.Finish(r, blk); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-		})
+	for _, mode := range []string{"save", "load"} {
+		b.Run(mode, func(b *testing.B) { benchWorker(b, mode == "load") })
 	}
+}
+
+func benchWorker(b *testing.B, load bool) {
+	const nblocks = 64
+	kv := connector.KVCache{Layers: 2, Blocks: nblocks, KV: 2, BlockBytes: 64 << 10, Order: connector.BlockMajor}
+	size := kv.BlockSize()
+	st, err := memstore.New(memstore.Config{Capacity: 4 * nblocks * int64(size)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	mem, err := rdma.AllocHost(nblocks * size)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mem.Free()
+	kv.Regions = []rdma.Region{mem.Region()}
+	id := benchIdentity()
+	ns, _ := id.Namespace()
+	toks := make([]hashing.Token, nblocks*16+1)
+	round := 0
+	hashesFor := func() []hashing.BlockHash {
+		round++
+		for i := range toks {
+			toks[i] = hashing.Token(round*1_000_000 + i)
+		}
+		hs, _ := hashing.HashBlocks(16, toks)
+		return hs
+	}
+	keys := make([]string, nblocks)
+	regions := make([]rdma.Region, nblocks)
+	res := make([]store.Result, nblocks)
+	for i := range regions {
+		regions[i] = kv.Spans(nil, connector.BlockID(i))[0]
+	}
+	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
+	env := connector.Env{Identity: id, Store: st}
+	s, err := connector.OpenScheduler(cfg, env)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	w, err := connector.OpenWorker(cfg, env)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Register(kv); err != nil {
+		b.Fatal(err)
+	}
+	blk := make([]connector.BlockID, nblocks+1)
+	for i := range blk {
+		blk[i] = connector.BlockID(i % nblocks)
+	}
+	ctx := context.Background()
+	// drive runs one step and waits for its transfers.
+	drive := func() {
+		m := s.Plan()
+		want := len(m.Loads) + len(m.Saves)
+		if err := w.Start(ctx, m); err != nil {
+			b.Fatal(err)
+		}
+		if err := w.Save(ctx, connector.Ready); err != nil {
+			b.Fatal(err)
+		}
+		for got := 0; got < want; {
+			o := w.Poll()
+			if len(o.Failed) > 0 {
+				b.Fatalf("failures: %+v", o.Failed)
+			}
+			got += len(o.Done)
+			if _, err := s.Update([]*connector.Output{o}); err != nil {
+				b.Fatal(err)
+			}
+			if got < want {
+				runtime.Gosched()
+			}
+		}
+	}
+	var stored []hashing.BlockHash
+	if load {
+		stored = hashesFor()
+		for i, h := range stored {
+			keys[i] = ns.Key(0, h)
+		}
+		if err := st.Put(ctx, keys, regions, res); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var storeT, workerT time.Duration
+	i := 0
+	for b.Loop() {
+		i++
+		var hs []hashing.BlockHash
+		if !load {
+			hs = hashesFor()
+			for k, h := range hs {
+				keys[k] = ns.Key(0, h)
+			}
+		}
+		t0 := time.Now()
+		if load {
+			err = st.Get(ctx, keys, regions, res)
+		} else {
+			err = st.Put(ctx, keys, regions, res)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if load {
+			r := &connector.Request{ID: connector.RequestID(fmt.Sprint(i)), Prompt: len(toks), Hashes: stored}
+			m, err := s.Match(r, 0)
+			if err != nil || m.Tokens != nblocks*16 {
+				b.Fatalf("Match = %+v, %v", m, err)
+			}
+			if err := s.Allocated(r, blk, m.Tokens); err != nil {
+				b.Fatal(err)
+			}
+			drive()
+			if _, err := s.Finish(r, blk); err != nil {
+				b.Fatal(err)
+			}
+		} else {
+			// Fresh keys for the worker too: it must copy every block.
+			r := &connector.Request{ID: connector.RequestID(fmt.Sprint(i)), Prompt: len(toks), Hashes: hashesFor()}
+			if err := s.Scheduled(r, blk, len(toks)); err != nil {
+				b.Fatal(err)
+			}
+			t1 = time.Now() // hashing the fresh tokens is not the worker's cost
+			drive()
+			if _, err := s.Finish(r, blk); err != nil {
+				b.Fatal(err)
+			}
+		}
+		storeT += t1.Sub(t0)
+		workerT += time.Since(t1)
+	}
+	bytes := float64(b.N) * nblocks * float64(size)
+	b.ReportMetric(bytes/storeT.Seconds()/1e9, "store-GB/s")
+	b.ReportMetric(bytes/workerT.Seconds()/1e9, "worker-GB/s")
+	b.ReportMetric(storeT.Seconds()/workerT.Seconds(), "worker/store")
 }

@@ -15,6 +15,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +24,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,8 +57,10 @@ type Options struct {
 	ColdStart      bool // run the cold-start scenario
 	WeightUpdateAt int  // rotate the weights after this many requests end (0: never)
 
+	Repeat   int // runs of each configuration; the table shows the median-duration run
 	JSON     bool
 	Progress bool
+	tty      bool // progress goes to a terminal: redraw one line
 
 	wrapStore func(store.Store) store.Store // tests: wraps the ON runs' store
 	shared    store.Store                   // an open Mooncake client every ON run shares
@@ -73,6 +77,7 @@ func defaultOptions() Options {
 		Par:       runtime.NumCPU(),
 		Instances: 1,
 		Store:     "memstore",
+		Repeat:    1,
 		Progress:  true,
 	}
 }
@@ -104,9 +109,13 @@ func main() {
 	fs.BoolVar(&o.ColdStart, "cold-start", o.ColdStart, "also run the cold-start scenario: a new instance serves a workload another one already ran")
 	fs.IntVar(&o.WeightUpdateAt, "weight-update-at", o.WeightUpdateAt, "rotate to new weights after this many requests end (0: never)")
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
+	fs.IntVar(&o.Repeat, "repeat", o.Repeat, "run each configuration this many times, OFF and ON interleaved; the table shows each one's median-duration run")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the results as JSON")
 	fs.BoolVar(&o.Progress, "progress", o.Progress, "print a progress line while running")
 	fs.Parse(os.Args[1:])
+	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		o.tty = true
+	}
 	if err := Main(context.Background(), o, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "miniengine:", err)
 		os.Exit(1)
@@ -125,6 +134,7 @@ func (o *Options) Validate() error {
 		{"output", w.Output, 1}, {"turns", w.Turns, 1}, {"layers", o.Model.Layers, 1}, {"dim", o.Model.Dim, 1},
 		{"heads", o.Model.Heads, 1}, {"block", o.Block, 1}, {"batch", o.Batch, 1}, {"par", o.Par, 1},
 		{"instances", o.Instances, 1}, {"blocks", o.Blocks, 0}, {"pressure-blocks", o.PressureBlocks, 0},
+		{"repeat", o.Repeat, 1},
 	} {
 		if f.v < f.min {
 			return fmt.Errorf("-%s = %d, want >= %d", f.name, f.v, f.min)
@@ -288,6 +298,7 @@ type Run struct {
 	BlocksLoaded int64   `json:"blocks_loaded"`
 	BlocksSaved  int64   `json:"blocks_saved"`
 	Failures     int64   `json:"transfer_failures"`
+	ConnectorMs  float64 `json:"connector_ms"` // lookups and transfers, summed over goroutines
 	stats        Stats
 }
 
@@ -301,8 +312,16 @@ func newRun(name string, on bool, blocks int, st Stats) Run {
 		TTFTms:       ms(st.TTFT), TPOTms: ms(st.TPOT), LaterTTFTms: ms(st.LaterTTFT),
 		LocalHitRate: st.HitRate(st.LocalTokens), ExtHitRate: st.HitRate(st.ExternalTokens),
 		Computed: st.ComputedTokens, BlocksLoaded: st.ConnLoads, BlocksSaved: st.ConnSaves, Failures: st.ConnFailures,
-		stats: st,
+		ConnectorMs: float64(st.ConnNanos) / 1e6,
+		stats:       st,
 	}
+}
+
+// median returns the run of median duration.
+func median(rs []Run) Run {
+	s := slices.Clone(rs)
+	slices.SortFunc(s, func(a, b Run) int { return cmp.Compare(a.Seconds, b.Seconds) })
+	return s[len(s)/2]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -381,31 +400,47 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 		{"eviction pressure, connector off", false, o.PressureBlocks},
 		{"eviction pressure, connector on", true, o.PressureBlocks},
 	}
-	var runs []Run
-	for _, j := range jobs {
-		progress := func(done, total int) {}
-		if o.Progress {
-			progress = func(done, total int) {
-				if done == total || done%max(1, total/10) == 0 {
-					fmt.Fprintf(errw, "\r%-36s %3d/%d requests", j.name, done, total)
-				}
-				if done == total {
-					fmt.Fprintln(errw)
+	all := make([][]Run, len(jobs))
+	for rep := 0; rep < o.Repeat; rep++ {
+		for ji, j := range jobs {
+			name := j.name
+			if o.Repeat > 1 {
+				name = fmt.Sprintf("%s (%d/%d)", j.name, rep+1, o.Repeat)
+			}
+			progress := func(done, total int) {}
+			if o.Progress {
+				progress = func(done, total int) {
+					if o.tty {
+						fmt.Fprintf(errw, "\r%-44s %3d/%d requests", name, done, total)
+					}
+					if done == total {
+						if !o.tty {
+							fmt.Fprintf(errw, "%-44s %3d/%d requests", name, done, total)
+						}
+						fmt.Fprintln(errw)
+					}
 				}
 			}
+			st, err := runOnce(ctx, o, j.on, j.blocks, progress)
+			if err != nil {
+				return fmt.Errorf("%s: %w", j.name, err)
+			}
+			all[ji] = append(all[ji], newRun(j.name, j.on, j.blocks, st))
 		}
-		st, err := runOnce(ctx, o, j.on, j.blocks, progress)
-		if err != nil {
-			return fmt.Errorf("%s: %w", j.name, err)
-		}
-		runs = append(runs, newRun(j.name, j.on, j.blocks, st))
+	}
+	runs := make([]Run, len(jobs))
+	for ji, rs := range all {
+		runs[ji] = median(rs)
 	}
 	identical := true
 	var diff []string
-	for i := 0; i+1 < len(runs); i += 2 {
-		if k, ok := sameOutputs(runs[i].stats, runs[i+1].stats); !ok {
-			identical = false
-			diff = append(diff, fmt.Sprintf("%s: session %d turn %d differs", runs[i+1].Name, k.Session, k.Turn))
+	for ji := range all {
+		for _, r := range all[ji] {
+			// Every run, ON or OFF, repeated or not, against the first OFF run.
+			if k, ok := sameOutputs(all[0][0].stats, r.stats); !ok {
+				identical = false
+				diff = append(diff, fmt.Sprintf("%s: session %d turn %d differs", r.Name, k.Session, k.Turn))
+			}
 		}
 	}
 	var cold *Run
@@ -525,4 +560,5 @@ func printTable(out io.Writer, o Options, runs []Run) {
 	row("tokens computed", func(r Run) float64 { return float64(r.Computed) }, "%9.0f", true)
 	row("blocks loaded", func(r Run) float64 { return float64(r.BlocksLoaded) }, "%9.0f", false)
 	row("blocks saved", func(r Run) float64 { return float64(r.BlocksSaved) }, "%9.0f", false)
+	row("connector time (ms)", func(r Run) float64 { return r.ConnectorMs }, "%9.1f", false)
 }

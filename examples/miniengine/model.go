@@ -110,6 +110,14 @@ func (c *KV) slot(blocks []connector.BlockID, layer, kv, p int) []float32 {
 	return c.mem[off : off+l.Dim]
 }
 
+// rows returns K (kv = 0) or V (kv = 1) of layer layer for every position
+// of the request's i-th block: BlockSize rows of Dim floats.
+func (c *KV) rows(blocks []connector.BlockID, layer, kv, i int) []float32 {
+	l := c.l
+	off := ((int(blocks[i])*l.Layers+layer)*2 + kv) * l.BlockSize * l.Dim
+	return c.mem[off : off+l.BlockSize*l.Dim]
+}
+
 // Forward computes positions [from, to) of a sequence of tokens whose KV
 // lives in blocks, writing their K and V, and returns the greedy next token
 // after position to-1. Positions before from must already be in the cache.
@@ -155,15 +163,19 @@ func (m *Model) Forward(kv *KV, blocks []connector.BlockID, toks []hashing.Token
 			clear(out)
 			qi := q[i*d : (i+1)*d]
 			scale := float32(1 / math.Sqrt(float64(hd)))
-			for t := 0; t <= p; t++ {
-				k := kv.slot(blocks, li, 0, t)
-				for hh := 0; hh < H; hh++ {
-					qh, kh := qi[hh*hd:(hh+1)*hd], k[hh*hd:(hh+1)*hd]
-					var s float32
-					for j := range qh {
-						s += qh[j] * kh[j]
+			bs := kv.l.BlockSize
+			for t0 := 0; t0 <= p; t0 += bs {
+				kb := kv.rows(blocks, li, 0, t0/bs)
+				for u := 0; u < bs && t0+u <= p; u++ {
+					k := kb[u*d : (u+1)*d]
+					for hh := 0; hh < H; hh++ {
+						qh, kh := qi[hh*hd:(hh+1)*hd], k[hh*hd:(hh+1)*hd]
+						var s float32
+						for j := range qh {
+							s += qh[j] * kh[j]
+						}
+						scores[hh*(p+1)+t0+u] = s * scale
 					}
-					scores[hh*(p+1)+t] = s * scale
 				}
 			}
 			for hh := 0; hh < H; hh++ {
@@ -182,13 +194,16 @@ func (m *Model) Forward(kv *KV, blocks []connector.BlockID, toks []hashing.Token
 					sc[t] /= sum
 				}
 			}
-			for t := 0; t <= p; t++ {
-				v := kv.slot(blocks, li, 1, t)
-				for hh := 0; hh < H; hh++ {
-					a := scores[hh*(p+1)+t]
-					oh, vh := out[hh*hd:(hh+1)*hd], v[hh*hd:(hh+1)*hd]
-					for j := range oh {
-						oh[j] += a * vh[j]
+			for t0 := 0; t0 <= p; t0 += bs {
+				vb := kv.rows(blocks, li, 1, t0/bs)
+				for u := 0; u < bs && t0+u <= p; u++ {
+					v := vb[u*d : (u+1)*d]
+					for hh := 0; hh < H; hh++ {
+						a := scores[hh*(p+1)+t0+u]
+						oh, vh := out[hh*hd:(hh+1)*hd], v[hh*hd:(hh+1)*hd]
+						for j := range oh {
+							oh[j] += a * vh[j]
+						}
 					}
 				}
 			}

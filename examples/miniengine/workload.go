@@ -68,6 +68,7 @@ type Stats struct {
 	ConnLoads         int64 // blocks loaded by the connector
 	ConnSaves         int64 // blocks saved
 	ConnFailures      int64 // blocks whose transfer failed
+	ConnNanos         int64 // time the connector spent in lookups and transfers
 	outputs           map[turnKey][]hashing.Token
 	prompts           map[turnKey][]hashing.Token
 	gens              map[turnKey]uint64 // the weights generation a turn was submitted under
@@ -185,6 +186,7 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 		st.ConnLoads += wk.Loads
 		st.ConnSaves += wk.Saves
 		st.ConnFailures += wk.LoadFailures + s.SaveFailures
+		st.ConnNanos += s.LookupNanos + wk.TransferNanos
 	}
 	return st, nil
 }
