@@ -157,3 +157,27 @@ func mustPanic(t *testing.T, what string, f func()) {
 	}()
 	f()
 }
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(`{"kv_connector": "StoreConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"lookup": "sync"}}`))
+	f.Add([]byte(`{"kv_connector": "x", "kv_load_failure_policy": "fail", "kv_rank": 1}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := connector.ParseConfig(data)
+		if err != nil {
+			if !errors.Is(err, connector.ErrConfig) {
+				t.Fatalf("ParseConfig error %v does not wrap ErrConfig", err)
+			}
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("ParseConfig accepted a config that Validate rejects: %v", err)
+		}
+		for k := range c.Extra {
+			// Accessors never panic, whatever the JSON held.
+			c.ExtraInt(k, 0)
+			c.ExtraBool(k, false)
+			c.ExtraString(k, "")
+			c.ExtraDuration(k, 0)
+		}
+	})
+}
