@@ -2,9 +2,11 @@ package storeconn
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
 )
 
 // Name is the name the connector registers under, for kv_connector.
@@ -20,6 +22,27 @@ type options struct {
 	saveRetries    int           // "save_retries": out-of-space retries of a block
 	retryDelay     int           // "retry_steps": steps between retries
 	pollInterval   time.Duration // "event_poll": how often a worker polls a ready event
+}
+
+// open checks what both halves need: the options, a store, and a valid
+// identity, whose namespace it returns with the logger to use.
+func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, *slog.Logger, error) {
+	opt, err := parseOptions(cfg)
+	if err != nil {
+		return opt, hashing.Namespace{}, nil, err
+	}
+	if env.Store == nil {
+		return opt, hashing.Namespace{}, nil, fmt.Errorf("%w: %s needs Env.Store (an open store.Store)", connector.ErrConfig, Name)
+	}
+	ns, err := env.Identity.Namespace()
+	if err != nil {
+		return opt, ns, nil, fmt.Errorf("storeconn: identity: %w", err)
+	}
+	log := env.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return opt, ns, log, nil
 }
 
 func parseOptions(cfg connector.Config) (options, error) {

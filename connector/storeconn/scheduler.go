@@ -114,20 +114,9 @@ type retry struct {
 }
 
 func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) {
-	opt, err := parseOptions(cfg)
+	opt, ns, log, err := open(cfg, env)
 	if err != nil {
 		return nil, err
-	}
-	if env.Store == nil {
-		return nil, fmt.Errorf("%w: %s needs Env.Store (an open store.Store)", connector.ErrConfig, Name)
-	}
-	ns, err := env.Identity.Namespace()
-	if err != nil {
-		return nil, fmt.Errorf("storeconn: identity: %w", err)
-	}
-	log := env.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Scheduler{
 		cfg:       cfg,

@@ -77,24 +77,13 @@ type job struct {
 }
 
 func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
-	opt, err := parseOptions(cfg)
+	opt, ns, log, err := open(cfg, env)
 	if err != nil {
 		return nil, err
-	}
-	if env.Store == nil {
-		return nil, fmt.Errorf("%w: %s needs Env.Store (an open store.Store)", connector.ErrConfig, Name)
-	}
-	ns, err := env.Identity.Namespace()
-	if err != nil {
-		return nil, fmt.Errorf("storeconn: identity: %w", err)
 	}
 	tp := env.Identity.Layout.TPSize
 	if env.Rank < 0 || env.Rank >= tp {
 		return nil, fmt.Errorf("%w: Env.Rank = %d, want [0, %d) for TP size %d", connector.ErrConfig, env.Rank, tp, tp)
-	}
-	log := env.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
 	}
 	w := &Worker{
 		cfg:      cfg,
