@@ -51,14 +51,19 @@ func lookup(name string) (Driver, error) {
 	return d, nil
 }
 
-// OpenScheduler opens the scheduler half of the connector cfg.Connector
-// names. cfg is validated first.
-func OpenScheduler(cfg Config, env Env) (Scheduler, error) {
+// driverFor validates cfg and returns the driver it names.
+func driverFor(cfg *Config) (Driver, error) {
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d, err := lookup(cfg.Connector)
+	return lookup(cfg.Connector)
+}
+
+// OpenScheduler opens the scheduler half of the connector cfg.Connector
+// names. cfg is validated first.
+func OpenScheduler(cfg Config, env Env) (Scheduler, error) {
+	d, err := driverFor(&cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -68,11 +73,7 @@ func OpenScheduler(cfg Config, env Env) (Scheduler, error) {
 // OpenWorker opens the worker half of the connector cfg.Connector names.
 // cfg is validated first.
 func OpenWorker(cfg Config, env Env) (Worker, error) {
-	cfg.EnsureDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	d, err := lookup(cfg.Connector)
+	d, err := driverFor(&cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -49,82 +49,105 @@ func (c *fakeCopier) CopyToHost(copies []connector.DeviceCopy) error   { return 
 func (c *fakeCopier) CopyToDevice(copies []connector.DeviceCopy) error { return c.copy(copies) }
 func (c *fakeCopier) Synchronize(context.Context) error                { return nil }
 
+// deviceRig is a scheduler half and one worker whose KV memory (8 blocks of
+// 2×2×64 bytes, in order) is "device" memory reachable only through a fake
+// copier, saved and loaded over memstore.
+type deviceRig struct {
+	*rig
+	w   connector.Worker
+	cp  *fakeCopier
+	mem *rdma.HostMemory
+	dev rdma.Region
+	kv  connector.KVCache
+}
+
+func newDeviceRig(t *testing.T, order connector.Order) *deviceRig {
+	t.Helper()
+	st := newMem(t)
+	cp := &fakeCopier{}
+	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
+	env := connector.Env{Identity: identity(1, 1), Store: st, Copier: cp}
+	s, err := connector.OpenScheduler(cfg, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := connector.OpenWorker(cfg, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := connector.KVCache{Layers: 2, Blocks: 8, KV: 2, BlockBytes: 64, Order: order}
+	mem, err := rdma.AllocHost(kv.Blocks * kv.BlockSize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.Close()
+		s.Close()
+		mem.Free()
+	})
+	dev := mem.Region()
+	dev.Loc = rdma.Device(0)
+	kv.Regions = []rdma.Region{dev}
+	if err := w.Register(kv); err != nil {
+		t.Fatal(err)
+	}
+	return &deviceRig{rig: &rig{t: t, st: st, s: s, ws: []connector.Worker{w}}, w: w, cp: cp, mem: mem, dev: dev, kv: kv}
+}
+
+// saveFour saves the first four blocks of a 4-block prompt and waits until
+// the request's blocks are released.
+func (d *deviceRig) saveFour() {
+	d.t.Helper()
+	req := request("a", 4*bs+1)
+	if err := d.s.Scheduled(req, blocks(5), req.Prompt); err != nil {
+		d.t.Fatal(err)
+	}
+	d.step(connector.Ready)
+	if keep, _ := d.s.Finish(req, nil); keep {
+		d.until("release", func(p *connector.Progress) bool { return len(p.Released) == 1 })
+	}
+}
+
+// loadFour matches and starts the load of the same prompt.
+func (d *deviceRig) loadFour() {
+	d.t.Helper()
+	req := request("b", 4*bs+1)
+	m, err := d.s.Match(req, 0)
+	if err != nil || m.Tokens != 4*bs {
+		d.t.Fatalf("Match = %+v, %v; want %d tokens", m, err, 4*bs)
+	}
+	if err := d.s.Allocated(req, blocks(5), m.Tokens); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
 // TestDeviceStaging: KV in device memory moves through a registered host
 // staging buffer, with one batch of device copies per store call, and comes
 // back byte for byte.
 func TestDeviceStaging(t *testing.T) {
 	for _, order := range []connector.Order{connector.BlockMajor, connector.LayerMajor} {
 		t.Run(order.String(), func(t *testing.T) {
-			st := newMem(t)
-			id := identity(1, 1)
-			cp := &fakeCopier{}
-			cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
-			env := connector.Env{Identity: id, Store: st, Copier: cp}
-			s, err := connector.OpenScheduler(cfg, env)
-			if err != nil {
-				t.Fatal(err)
+			d := newDeviceRig(t, order)
+			for i := range d.mem.Bytes() {
+				d.mem.Bytes()[i] = byte(i * 7)
 			}
-			defer s.Close()
-			w, err := connector.OpenWorker(cfg, env)
-			if err != nil {
-				t.Fatal(err)
+			d.saveFour()
+			if d.cp.batches != 1 {
+				t.Errorf("saving 4 blocks took %d copy batches, want 1", d.cp.batches)
 			}
-			defer w.Close()
-			kv := connector.KVCache{Layers: 2, Blocks: 8, KV: 2, BlockBytes: 64, Order: order}
-			mem, err := rdma.AllocHost(kv.Blocks * kv.BlockSize())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer mem.Free()
-			dev := mem.Region()
-			dev.Loc = rdma.Device(0)
-			kv.Regions = []rdma.Region{dev}
-			if err := w.Register(kv); err != nil {
-				t.Fatal(err)
-			}
-			for i := range mem.Bytes() {
-				mem.Bytes()[i] = byte(i * 7)
-			}
-			want := slices.Clone(mem.Bytes()[:4*kv.BlockSize()]) // blocks 0-3 in any order
-			r := &rig{t: t, st: st, s: s, ws: []connector.Worker{w}}
-			req := request("a", 4*bs+1)
-			if err := s.Scheduled(req, blocks(5), req.Prompt); err != nil {
-				t.Fatal(err)
-			}
-			r.step(connector.Ready)
-			if keep, _ := s.Finish(req, nil); keep {
-				r.until("release", func(p *connector.Progress) bool { return len(p.Released) == 1 })
-			}
-			if cp.batches != 1 {
-				t.Errorf("saving 4 blocks took %d copy batches, want 1", cp.batches)
-			}
-			clear(mem.Bytes())
-			req2 := request("b", 4*bs+1)
-			m, err := s.Match(req2, 0)
-			if err != nil || m.Tokens != 4*bs {
-				t.Fatalf("Match = %+v, %v", m, err)
-			}
-			if err := s.Allocated(req2, blocks(5), m.Tokens); err != nil {
-				t.Fatal(err)
-			}
-			r.until("load", func(p *connector.Progress) bool { return len(p.Loaded) == 1 })
-			got := mem.Bytes()[:4*kv.BlockSize()]
-			if order == connector.LayerMajor {
-				// Layer-major blocks 0-3 are spread over the region: compare
-				// each span.
-				for b := range 4 {
-					for _, sp := range kv.Spans(nil, connector.BlockID(b)) {
-						off := int(sp.Addr - dev.Addr)
-						if !slices.Equal(mem.Bytes()[off:off+sp.Len], wantAt(off, sp.Len)) {
-							t.Fatalf("block %d span at %d differs after the round trip", b, off)
-						}
+			clear(d.mem.Bytes())
+			d.loadFour()
+			d.until("load", func(p *connector.Progress) bool { return len(p.Loaded) == 1 })
+			for b := range 4 {
+				for _, sp := range d.kv.Spans(nil, connector.BlockID(b)) {
+					off := int(sp.Addr - d.dev.Addr)
+					if !slices.Equal(d.mem.Bytes()[off:off+sp.Len], wantAt(off, sp.Len)) {
+						t.Fatalf("block %d, bytes at %d differ after a round trip through device staging", b, off)
 					}
 				}
-			} else if !slices.Equal(got, want) {
-				t.Fatalf("blocks differ after a round trip through device staging")
 			}
-			if st := w.(connector.StatsReporter).Stats(); st.StagedBytes != int64(8*kv.BlockSize()) {
-				t.Errorf("StagedBytes = %d, want %d", st.StagedBytes, 8*kv.BlockSize())
+			if st := d.w.(connector.StatsReporter).Stats(); st.StagedBytes != int64(8*d.kv.BlockSize()) {
+				t.Errorf("StagedBytes = %d, want %d", st.StagedBytes, 8*d.kv.BlockSize())
 			}
 		})
 	}
@@ -155,39 +178,14 @@ func TestDeviceNeedsCopier(t *testing.T) {
 // TestDeviceCopyFailureFailsBlocks: a failed device copy fails the
 // batch's blocks instead of reporting them loaded.
 func TestDeviceCopyFailureFailsBlocks(t *testing.T) {
-	st := newMem(t)
-	id := identity(1, 1)
-	cp := &fakeCopier{}
-	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
-	env := connector.Env{Identity: id, Store: st, Copier: cp}
-	s, _ := connector.OpenScheduler(cfg, env)
-	defer s.Close()
-	w, _ := connector.OpenWorker(cfg, env)
-	defer w.Close()
-	kv := connector.KVCache{Layers: 2, Blocks: 8, KV: 2, BlockBytes: 64, Order: connector.BlockMajor}
-	mem, _ := rdma.AllocHost(kv.Blocks * kv.BlockSize())
-	defer mem.Free()
-	dev := mem.Region()
-	dev.Loc = rdma.Device(0)
-	kv.Regions = []rdma.Region{dev}
-	if err := w.Register(kv); err != nil {
-		t.Fatal(err)
-	}
-	r := &rig{t: t, st: st, s: s, ws: []connector.Worker{w}}
-	req := request("a", 4*bs+1)
-	s.Scheduled(req, blocks(5), req.Prompt)
-	r.step(connector.Ready)
-	if keep, _ := s.Finish(req, nil); keep {
-		r.until("release", func(p *connector.Progress) bool { return len(p.Released) == 1 })
-	}
-	cp.fail = errors.New("device lost")
-	req2 := request("b", 4*bs+1)
-	m, _ := s.Match(req2, 0)
-	if err := s.Allocated(req2, blocks(5), m.Tokens); err != nil || m.Tokens == 0 {
-		t.Fatalf("Allocated(%d): %v", m.Tokens, err)
-	}
+	d := newDeviceRig(t, connector.BlockMajor)
+	d.saveFour()
+	d.cp.mu.Lock()
+	d.cp.fail = errors.New("device lost")
+	d.cp.mu.Unlock()
+	d.loadFour()
 	var fails []connector.LoadFailure
-	r.until("load failure", func(p *connector.Progress) bool {
+	d.until("load failure", func(p *connector.Progress) bool {
 		if len(p.Loaded) > 0 {
 			t.Fatalf("load reported done although the device copy failed")
 		}
