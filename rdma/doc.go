@@ -28,6 +28,28 @@
 // fills or checks it; [Region.Bytes] does the same for any host region.
 // Neither slice may be used after the memory is freed.
 //
+// # Transfer engines
+//
+// An [Engine] moves bytes between memory registered with it and the
+// memory its peers registered with theirs, in batches of [Request]s, with
+// a [Result] per request ([Completed], [Failed], [Timeout], [Canceled]).
+// [Loopback] engines are peers through a [Fabric] in one process (every
+// test uses them); package rdma/mooncake binds Mooncake Transfer Engine
+// across processes and hosts.
+//
+//	f := rdma.NewFabric()
+//	prod, _ := f.NewEngine("prefill", nil)
+//	cons, _ := f.NewEngine("decode", nil)
+//	...register memory on both...
+//	seg, _ := cons.Open(ctx, prod.Segment())
+//	b, _ := cons.NewBatch(n)
+//	err = b.Submit(reqs) // local mistakes: an error, nothing submitted
+//	err = b.Wait(ctx)    // remote mistakes: Failed results, nothing touched
+//	r := b.Result(0)
+//	err = b.Release()
+//
+// [RegionSet] is the bookkeeping of registered memory engines share.
+//
 // # Platforms
 //
 // AllocHost maps anonymous memory with syscall.Mmap on Unix systems (Linux,
@@ -41,5 +63,7 @@
 // the first call unmaps. The bytes themselves are not synchronised by this
 // package: callers that read and write the same bytes from several goroutines
 // (or from native code) order those accesses themselves, and must not free a
-// mapping while anything still uses it.
+// mapping while anything still uses it. Engines and batches are safe for
+// concurrent use; a Loopback owns a few goroutines (LoopbackOptions.Workers)
+// and joins them in Close.
 package rdma

@@ -1,0 +1,173 @@
+package p2p
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
+)
+
+// Name is the name the connector registers under, for kv_connector.
+const Name = "P2PConnector"
+
+func init() { connector.Register(Name, driver{}) }
+
+// driver is the registry's entry. connector.Env has no transfer engine
+// yet, so the halves cannot be opened by name alone: use New.
+type driver struct{}
+
+func (driver) OpenScheduler(cfg connector.Config, env connector.Env) (connector.Scheduler, error) {
+	return nil, errNeedsEngine
+}
+
+func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Worker, error) {
+	return nil, errNeedsEngine
+}
+
+var errNeedsEngine = fmt.Errorf("%w: %s moves blocks with an rdma.Engine, which connector.Env does not carry: open it with p2p.New", connector.ErrConfig, Name)
+
+// options are the connector's settings, from kv_connector_extra_config.
+type options struct {
+	keepTimeout time.Duration // "keep_timeout": how long a producer keeps an offer's blocks
+	slots       int           // "mailbox_slots": offers a producer worker can hold at once
+	openTimeout time.Duration // "open_timeout": bound on opening a producer's segment
+}
+
+func parseOptions(cfg connector.Config) (options, error) {
+	var o options
+	var err error
+	if o.keepTimeout, err = cfg.ExtraDuration("keep_timeout", 120*time.Second); err != nil {
+		return o, err
+	}
+	if o.keepTimeout <= 0 {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.keep_timeout = %v, want > 0", connector.ErrConfig, o.keepTimeout)
+	}
+	if o.openTimeout, err = cfg.ExtraDuration("open_timeout", 10*time.Second); err != nil {
+		return o, err
+	}
+	if o.openTimeout <= 0 {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.open_timeout = %v, want > 0", connector.ErrConfig, o.openTimeout)
+	}
+	if o.slots, err = cfg.ExtraInt("mailbox_slots", 1024); err != nil {
+		return o, err
+	}
+	if o.slots < 1 || o.slots > 1<<20 {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.mailbox_slots = %d, want 1 to %d", connector.ErrConfig, o.slots, 1<<20)
+	}
+	return o, nil
+}
+
+// New opens the two halves of the P2P connector for one engine instance:
+// the scheduler half and one worker half per transfer engine, engines[i]
+// serving tensor-parallel rank i (there must be env.Identity.Layout.TPSize
+// of them). The halves are linked in process: each worker hands the
+// scheduler half its memory when it registers, and the scheduler half
+// hands the workers the producers' addresses of the loads it plans. The
+// connector does not close the engines.
+//
+// A producer (kv_producer, or kv_both) offers the full blocks of each
+// request that ends ([Scheduler.Finish] keeps them) and returns their
+// transfer parameters ([Scheduler.TransferParams]); a consumer
+// (kv_consumer, or kv_both) takes parameters for a request
+// ([Scheduler.SetParams]) before its first Match.
+func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Scheduler, []*Worker, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	opt, err := parseOptions(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	ns, err := env.Identity.Namespace()
+	if err != nil {
+		return nil, nil, fmt.Errorf("p2p: identity: %w", err)
+	}
+	tp := env.Identity.Layout.TPSize
+	if len(engines) != tp {
+		return nil, nil, fmt.Errorf("%w: p2p.New: %d engines for tp_size %d: want one per rank", connector.ErrConfig, len(engines), tp)
+	}
+	for i, e := range engines {
+		if e == nil {
+			return nil, nil, fmt.Errorf("%w: p2p.New: engine %d is nil", connector.ErrConfig, i)
+		}
+	}
+	log := env.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b := &board{ranks: make([]*Rank, tp), loads: make(map[uint64]*loadPlan)}
+	s := newScheduler(cfg, opt, env.Identity, ns, log, b)
+	ws := make([]*Worker, tp)
+	for i, e := range engines {
+		ws[i] = newWorker(cfg, opt, i, e, log, b)
+	}
+	return s, ws, nil
+}
+
+// board links the halves of one New: the workers' memory for the
+// scheduler half, and the remote side of each planned load for the
+// workers. In a connector whose workers are other processes, the same
+// values would travel in the handshake and in the Metadata.
+type board struct {
+	mu    sync.Mutex
+	ranks []*Rank              // per rank, once its worker registered
+	loads map[uint64]*loadPlan // by load transfer ID, from Allocated until the load ends
+}
+
+// loadPlan is the producer's side of one load.
+type loadPlan struct {
+	params Params              // the producer's parameters
+	remote []connector.BlockID // the producer's blocks, in the order of the transfer's blocks
+	notify bool                // no blocks to read: only tell the producer
+}
+
+func (b *board) setRank(rank int, r Rank) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ranks[rank] = &r
+}
+
+// handshake returns every rank's memory, or false while one is missing.
+func (b *board) handshake() ([]Rank, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]Rank, len(b.ranks))
+	for i, r := range b.ranks {
+		if r == nil {
+			return nil, false
+		}
+		out[i] = *r
+	}
+	return out, true
+}
+
+func (b *board) plan(id uint64, p *loadPlan) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.loads[id] = p
+}
+
+func (b *board) load(id uint64) *loadPlan {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.loads[id]
+}
+
+func (b *board) drop(id uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.loads, id)
+}
+
+// Mailbox words: 0 is empty (or revoked); an armed slot holds the offer
+// shifted left by one; a consumed one the same with the low bit set.
+func armed(offer uint64) uint64    { return offer << 1 }
+func consumed(offer uint64) uint64 { return offer<<1 | 1 }
+
+// namespaceOf returns the namespace string parameters carry.
+func namespaceOf(ns hashing.Namespace) string { return ns.String() }

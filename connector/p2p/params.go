@@ -1,0 +1,198 @@
+package p2p
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+)
+
+// Errors of the package.
+var (
+	// ErrParams: transfer parameters that do not decode or do not fit
+	// this connector (block size, ranks, layout).
+	ErrParams = errors.New("p2p: invalid transfer parameters")
+	// ErrIdentity: transfer parameters from a producer whose namespace
+	// (tenant, model, weights, generation, KV format or layout) differs
+	// from the consumer's: its KV would be wrong here.
+	ErrIdentity = errors.New("p2p: transfer parameters of another identity")
+	// ErrNoHandshake: the scheduler half has not yet learnt every
+	// worker's memory (the workers' Register, or SetHandshake).
+	ErrNoHandshake = errors.New("p2p: workers not registered")
+)
+
+// paramsVersion is the version of the Params encoding.
+const paramsVersion = 1
+
+// Params are the transfer parameters a producer returns when a request
+// ends, for the consumer that continues it: where the request's blocks are
+// and how to tell the producer it is done with them. They play the part of
+// vLLM's kv_transfer_params; [EncodeParams] gives their JSON form.
+type Params struct {
+	Version int `json:"v"`
+	// Namespace is the producer's namespace (hashing.Namespace.String):
+	// a consumer of another namespace refuses the parameters.
+	Namespace string `json:"namespace"`
+	// Engine is the producer's engine id (kv_transfer_config engine_id),
+	// for logs.
+	Engine string `json:"engine,omitempty"`
+	// Offer identifies the offer; the consumer writes it back into the
+	// producer's mailbox slot Slot when it is done.
+	Offer uint64 `json:"offer"`
+	Slot  int    `json:"slot"`
+	// BlockSize is the number of tokens per block.
+	BlockSize int `json:"block_size"`
+	// Blocks are the producer's blocks holding the request's first
+	// len(Blocks) blocks of tokens, whose hashes are Hashes.
+	Blocks []connector.BlockID `json:"blocks"`
+	Hashes []hashing.BlockHash `json:"hashes"`
+	// Ranks describe each tensor-parallel rank's memory, in rank order.
+	Ranks []Rank `json:"ranks"`
+}
+
+// Rank is one producer worker's memory: its transfer engine segment, the
+// base address of each KV region in the producer's process, its KV
+// layout, and its mailbox. It is what the worker's Handshake returns.
+type Rank struct {
+	Segment    string   `json:"segment"`
+	Regions    []uint64 `json:"regions"`
+	Mailbox    uint64   `json:"mailbox"`
+	Slots      int      `json:"slots"`
+	Layers     int      `json:"layers"`
+	Blocks     int      `json:"blocks"`
+	KV         int      `json:"kv"`
+	BlockBytes int      `json:"block_bytes"`
+	Order      string   `json:"order"`
+}
+
+// EncodeParams returns the JSON form of p.
+func EncodeParams(p Params) ([]byte, error) {
+	if err := p.validate(); err != nil {
+		return nil, err
+	}
+	return json.Marshal(p)
+}
+
+// DecodeParams decodes and checks parameters from EncodeParams. It never
+// panics; every error wraps [ErrParams] and names the field.
+func DecodeParams(data []byte) (Params, error) {
+	var p Params
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return Params{}, fmt.Errorf("%w: %v", ErrParams, err)
+	}
+	if dec.More() {
+		return Params{}, fmt.Errorf("%w: trailing data after the JSON object", ErrParams)
+	}
+	if err := p.validate(); err != nil {
+		return Params{}, err
+	}
+	return p, nil
+}
+
+func (p Params) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrParams, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case p.Version != paramsVersion:
+		return bad("v = %d, want %d", p.Version, paramsVersion)
+	case p.Namespace == "":
+		return bad("namespace is empty")
+	case p.Offer == 0 || p.Offer >= 1<<62:
+		return bad("offer = %d, want 1 to 2^62-1", p.Offer)
+	case p.BlockSize <= 0:
+		return bad("block_size = %d, want > 0", p.BlockSize)
+	case len(p.Blocks) == 0:
+		return bad("blocks is empty")
+	case len(p.Hashes) != len(p.Blocks):
+		return bad("%d hashes for %d blocks", len(p.Hashes), len(p.Blocks))
+	case len(p.Ranks) == 0:
+		return bad("ranks is empty")
+	}
+	for i, r := range p.Ranks {
+		if err := r.validate(); err != nil {
+			return fmt.Errorf("%w: ranks[%d]: %w", ErrParams, i, err)
+		}
+		if p.Slot < 0 || p.Slot >= r.Slots {
+			return bad("slot = %d, rank %d has %d slots", p.Slot, i, r.Slots)
+		}
+		for j, b := range p.Blocks {
+			if b < 0 || int(b) >= r.Blocks {
+				return bad("blocks[%d] = %d, rank %d has %d blocks", j, b, i, r.Blocks)
+			}
+		}
+	}
+	return nil
+}
+
+func (r Rank) validate() error {
+	switch {
+	case r.Segment == "":
+		return errors.New("segment is empty")
+	case r.Mailbox == 0 || r.Mailbox%8 != 0:
+		return fmt.Errorf("mailbox = %#x, want a non-zero 8-aligned address", r.Mailbox)
+	case r.Slots <= 0:
+		return fmt.Errorf("slots = %d, want > 0", r.Slots)
+	case r.Order != connector.BlockMajor.String() && r.Order != connector.LayerMajor.String():
+		return fmt.Errorf("order = %q, want %q or %q", r.Order, connector.BlockMajor, connector.LayerMajor)
+	}
+	kv, err := r.cache()
+	if err != nil {
+		return err
+	}
+	return kv.Validate()
+}
+
+// cache returns the producer's KV layout as a KVCache whose regions have
+// the producer's addresses (meaningful only in the producer's process).
+func (r Rank) cache() (connector.KVCache, error) {
+	kv := connector.KVCache{Layers: r.Layers, Blocks: r.Blocks, KV: r.KV, BlockBytes: r.BlockBytes, Order: connector.BlockMajor}
+	if r.Order == connector.LayerMajor.String() {
+		kv.Order = connector.LayerMajor
+	}
+	if r.Layers <= 0 || r.Blocks <= 0 || r.KV <= 0 || r.BlockBytes <= 0 || len(r.Regions) == 0 {
+		return kv, fmt.Errorf("layout %d layers x %d blocks x %d x %d bytes in %d regions", r.Layers, r.Blocks, r.KV, r.BlockBytes, len(r.Regions))
+	}
+	total := int64(r.Layers) * int64(r.KV) * int64(r.Blocks) * int64(r.BlockBytes)
+	if total > 1<<50 {
+		return kv, fmt.Errorf("layout of %d bytes", total)
+	}
+	per := total / int64(len(r.Regions))
+	for _, a := range r.Regions {
+		if a == 0 || a+uint64(per) < a {
+			return kv, fmt.Errorf("region address %#x", a)
+		}
+		kv.Regions = append(kv.Regions, regionAt(uintptr(a), int(per)))
+	}
+	return kv, nil
+}
+
+// encodeRank returns the JSON form of a worker's memory.
+func encodeRank(r Rank) ([]byte, error) {
+	if err := r.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrParams, err)
+	}
+	return json.Marshal(r)
+}
+
+// decodeRank decodes a worker's memory from its Handshake.
+func decodeRank(data []byte) (Rank, error) {
+	var r Rank
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return Rank{}, fmt.Errorf("%w: handshake: %v", ErrParams, err)
+	}
+	if dec.More() {
+		return Rank{}, fmt.Errorf("%w: handshake: trailing data", ErrParams)
+	}
+	if err := r.validate(); err != nil {
+		return Rank{}, fmt.Errorf("%w: handshake: %w", ErrParams, err)
+	}
+	return r, nil
+}

@@ -1,0 +1,514 @@
+package p2p
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+)
+
+// Scheduler is the scheduler half of the P2P connector. It implements
+// connector.Scheduler, connector.Rotator and connector.StatsReporter.
+//
+// As a producer it offers, when a request ends, the full blocks the
+// request computed: Finish keeps them and the offer's parameters wait in
+// TransferParams for the engine to hand to the consumer; the blocks are
+// released once every worker reports that the consumer is done with them,
+// or that the offer expired (kv_connector_extra_config.keep_timeout).
+//
+// As a consumer it takes a request's parameters (SetParams) and matches
+// the longest run of the producer's blocks whose hashes are the request's
+// own, never the last prompt token; the workers read those blocks straight
+// into the blocks the engine allocated, and a block that fails to arrive
+// is a failed block (Progress.Failed, with the load failure policy).
+type Scheduler struct {
+	cfg     connector.Config
+	opt     options
+	log     *slog.Logger
+	id      hashing.Identity
+	ns      hashing.Namespace
+	bs      int
+	workers int
+	board   *board
+
+	reqs      map[connector.RequestID]*request
+	transfers map[uint64]*transfer
+	slots     []bool // producer mailbox slots in use
+	nextID    uint64
+	bufs      [2]connector.Metadata
+	meta      *connector.Metadata
+	progress  connector.Progress
+	released  []connector.RequestID
+	stats     connector.Stats
+	closed    bool
+}
+
+var (
+	_ connector.Scheduler     = (*Scheduler)(nil)
+	_ connector.Rotator       = (*Scheduler)(nil)
+	_ connector.StatsReporter = (*Scheduler)(nil)
+)
+
+// request is the scheduler half's state of one request.
+type request struct {
+	id connector.RequestID
+	// Consumer side.
+	params   *Params
+	from     int    // blocks the engine had locally at the last Match
+	match    int    // end of the blocks the last Match offered
+	load     uint64 // the planned load, 0 for none
+	notified bool   // the producer is (or will be) told
+	// Producer side.
+	blocks  []connector.BlockID // the request's blocks holding computed full blocks
+	hashes  []hashing.BlockHash // their hashes
+	encoded []byte              // the offer's parameters, once offered
+	// Both.
+	inflight int  // transfers that touch its blocks
+	finished bool // Finish was called while transfers ran
+}
+
+type kind uint8
+
+const (
+	kindLoad   kind = iota + 1 // consumer: read blocks from the producer
+	kindNotify                 // consumer: only tell the producer it may free
+	kindOffer                  // producer: keep blocks for a consumer
+)
+
+// transfer is a planned or running transfer.
+type transfer struct {
+	req     *request
+	kind    kind
+	first   int
+	n       int
+	slot    int    // offers
+	reports []bool // per rank: reported Done
+	left    int
+	failAt  int // loads: lowest failed block index over all ranks, -1 if none
+}
+
+func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns hashing.Namespace, log *slog.Logger, b *board) *Scheduler {
+	s := &Scheduler{
+		cfg:       cfg,
+		opt:       opt,
+		log:       log,
+		id:        id,
+		ns:        ns,
+		bs:        id.Layout.BlockSize,
+		workers:   id.Layout.TPSize,
+		board:     b,
+		reqs:      make(map[connector.RequestID]*request),
+		transfers: make(map[uint64]*transfer),
+		slots:     make([]bool, opt.slots),
+	}
+	s.meta = &s.bufs[0]
+	s.meta.Generation = id.Generation
+	return s
+}
+
+// SetHandshake gives the scheduler half the memory of the worker of rank
+// rank, as the worker's Handshake returned it: for a worker in another
+// process. Workers from New hand it over themselves when they register.
+func (s *Scheduler) SetHandshake(rank int, data []byte) error {
+	if rank < 0 || rank >= s.workers {
+		return fmt.Errorf("p2p: SetHandshake: rank %d, want [0, %d)", rank, s.workers)
+	}
+	r, err := decodeRank(data)
+	if err != nil {
+		return fmt.Errorf("p2p: SetHandshake(rank %d): %w", rank, err)
+	}
+	s.board.setRank(rank, r)
+	return nil
+}
+
+// SetParams gives a consumer the transfer parameters of request id, which
+// the producer's TransferParams returned, before the request's first
+// Match. Parameters of another namespace are refused with an error
+// wrapping [ErrIdentity]; malformed ones or ones that do not fit this
+// connector (block size, number of ranks) with [ErrParams]. A refused
+// request simply matches nothing.
+func (s *Scheduler) SetParams(id connector.RequestID, data []byte) error {
+	if s.closed {
+		return connector.ErrClosed
+	}
+	if !s.cfg.Role.CanLoad() {
+		return fmt.Errorf("%w: SetParams(%q): role %s does not load", connector.ErrConfig, id, s.cfg.Role)
+	}
+	p, err := DecodeParams(data)
+	if err != nil {
+		return fmt.Errorf("p2p: SetParams(%q): %w", id, err)
+	}
+	if want := namespaceOf(s.ns); p.Namespace != want {
+		return fmt.Errorf("p2p: SetParams(%q): %w: producer namespace %q, consumer %q", id, ErrIdentity, p.Namespace, want)
+	}
+	if p.BlockSize != s.bs {
+		return fmt.Errorf("p2p: SetParams(%q): %w: block_size = %d, the consumer's is %d", id, ErrParams, p.BlockSize, s.bs)
+	}
+	if len(p.Ranks) != s.workers {
+		return fmt.Errorf("p2p: SetParams(%q): %w: %d ranks, the consumer has %d", id, ErrParams, len(p.Ranks), s.workers)
+	}
+	q := s.reqs[id]
+	if q == nil {
+		q = &request{id: id}
+		s.reqs[id] = q
+	}
+	if q.load != 0 || q.finished {
+		return fmt.Errorf("p2p: SetParams(%q): the request is already loading or finished", id)
+	}
+	q.params = &p
+	q.notified = false
+	return nil
+}
+
+// TransferParams returns the encoded transfer parameters of a request that
+// Finish kept for an offer (see [EncodeParams]), until the request is
+// released: what the engine returns with the request, for the consumer's
+// SetParams.
+func (s *Scheduler) TransferParams(id connector.RequestID) ([]byte, error) {
+	q := s.reqs[id]
+	if q == nil || q.encoded == nil {
+		return nil, fmt.Errorf("%w: TransferParams(%q): no offer (not a producer, no full block computed, workers not registered, or already released)", connector.ErrUnknownRequest, id)
+	}
+	return slices.Clone(q.encoded), nil
+}
+
+// Match implements connector.Scheduler: without parameters, nothing;
+// with them, the run of the producer's blocks that are the request's own
+// blocks, from the engine's local hit on, never the last prompt token.
+func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, error) {
+	if s.closed {
+		return connector.Match{}, connector.ErrClosed
+	}
+	if computed < 0 || computed%s.bs != 0 {
+		return connector.Match{}, fmt.Errorf("p2p: Match(%q): computed = %d, want a multiple of the block size %d", r.ID, computed, s.bs)
+	}
+	q := s.reqs[r.ID]
+	if q == nil {
+		q = &request{id: r.ID}
+		s.reqs[r.ID] = q
+	} else if q.finished {
+		return connector.Match{}, fmt.Errorf("p2p: Match(%q): request finished and not yet released", r.ID)
+	}
+	q.from, q.match = computed/s.bs, 0
+	p := q.params
+	if !s.cfg.Role.CanLoad() || p == nil || p.Namespace != namespaceOf(s.ns) || q.load != 0 {
+		return connector.Match{}, nil
+	}
+	n := 0
+	for n < len(p.Hashes) && n < len(r.Hashes) && p.Hashes[n] == r.Hashes[n] {
+		n++
+	}
+	limit := 0
+	if r.Prompt > 0 {
+		limit = (r.Prompt - 1) / s.bs
+	}
+	limit = min(limit, n)
+	if q.from >= limit {
+		return connector.Match{}, nil
+	}
+	q.match = limit
+	return connector.Match{Tokens: (limit - q.from) * s.bs}, nil
+}
+
+// Allocated implements connector.Scheduler: it plans the load of the
+// matched blocks into blocks, or, when the engine loads none, a notice to
+// the producer that it may free them.
+func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, external int) error {
+	if s.closed {
+		return connector.ErrClosed
+	}
+	q := s.reqs[r.ID]
+	if q == nil {
+		return fmt.Errorf("%w: Allocated(%q) before Match", connector.ErrUnknownRequest, r.ID)
+	}
+	if external == 0 {
+		s.notify(q)
+		return nil
+	}
+	if external < 0 || external%s.bs != 0 {
+		return fmt.Errorf("p2p: Allocated(%q): external = %d, want a multiple of the block size %d", r.ID, external, s.bs)
+	}
+	n := external / s.bs
+	if q.params == nil || q.from+n > q.match {
+		return fmt.Errorf("p2p: Allocated(%q): external = %d tokens exceeds the last match", r.ID, external)
+	}
+	if q.from+n > len(blocks) || q.from+n > len(r.Hashes) {
+		return fmt.Errorf("%w: Allocated(%q): %d blocks and %d hashes do not cover %d tokens", connector.ErrInvalidBlock, r.ID, len(blocks), len(r.Hashes), (q.from+n)*s.bs)
+	}
+	if q.load != 0 {
+		return fmt.Errorf("p2p: Allocated(%q): a load is already planned", r.ID)
+	}
+	s.nextID++
+	t := connector.Transfer{
+		ID:     s.nextID,
+		Req:    r.ID,
+		First:  q.from,
+		Blocks: slices.Clone(blocks[q.from : q.from+n]),
+		Hashes: slices.Clone(r.Hashes[q.from : q.from+n]),
+	}
+	s.meta.Loads = append(s.meta.Loads, t)
+	s.board.plan(t.ID, &loadPlan{params: *q.params, remote: slices.Clone(q.params.Blocks[q.from : q.from+n])})
+	s.track(q, t.ID, kindLoad, q.from, n, 0)
+	q.load = t.ID
+	q.notified = true
+	s.stats.HitBlocks += int64(n)
+	s.stats.HitTokens += int64(external)
+	return nil
+}
+
+// notify plans a notice to the producer of q's parameters that it may
+// free its blocks, unless one is planned or a load will tell it.
+func (s *Scheduler) notify(q *request) {
+	if q.params == nil || q.notified || q.load != 0 {
+		return
+	}
+	q.notified = true
+	s.nextID++
+	s.meta.Loads = append(s.meta.Loads, connector.Transfer{ID: s.nextID, Req: q.id})
+	s.board.plan(s.nextID, &loadPlan{params: *q.params, notify: true})
+	s.track(q, s.nextID, kindNotify, 0, 0, 0)
+}
+
+// track records a planned transfer.
+func (s *Scheduler) track(q *request, id uint64, k kind, first, n, slot int) {
+	s.transfers[id] = &transfer{req: q, kind: k, first: first, n: n, slot: slot, reports: make([]bool, s.workers), left: s.workers, failAt: -1}
+	if k != kindNotify {
+		q.inflight++
+	}
+}
+
+// Scheduled implements connector.Scheduler. A producer records the
+// request's computed full blocks, to offer them when it ends.
+func (s *Scheduler) Scheduled(r *connector.Request, blocks []connector.BlockID, computed int) error {
+	if s.closed {
+		return connector.ErrClosed
+	}
+	q := s.reqs[r.ID]
+	if q == nil {
+		q = &request{id: r.ID}
+		s.reqs[r.ID] = q
+	}
+	if q.finished {
+		return fmt.Errorf("p2p: Scheduled(%q): request finished", r.ID)
+	}
+	if !s.cfg.Role.CanSave() {
+		return nil
+	}
+	full := min(computed/s.bs, len(r.Hashes))
+	if full < 0 || full > len(blocks) {
+		return fmt.Errorf("%w: Scheduled(%q): %d blocks do not hold %d computed tokens", connector.ErrInvalidBlock, r.ID, len(blocks), computed)
+	}
+	q.blocks = append(q.blocks[:0], blocks[:full]...)
+	q.hashes = append(q.hashes[:0], r.Hashes[:full]...)
+	return nil
+}
+
+// Plan implements connector.Scheduler.
+func (s *Scheduler) Plan() *connector.Metadata {
+	s.meta.Step++
+	m := s.meta
+	next := &s.bufs[0]
+	if m == next {
+		next = &s.bufs[1]
+	}
+	next.Reset()
+	next.Step, next.Generation = m.Step, m.Generation
+	s.meta = next
+	return m
+}
+
+// Update implements connector.Scheduler.
+func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error) {
+	if s.closed {
+		return nil, connector.ErrClosed
+	}
+	s.progress.Loaded = s.progress.Loaded[:0]
+	s.progress.Failed = s.progress.Failed[:0]
+	s.progress.Released = s.progress.Released[:0]
+	// Validate everything first, so that a bad Output changes nothing.
+	for _, o := range outs {
+		if o.Rank < 0 || o.Rank >= s.workers {
+			return nil, fmt.Errorf("p2p: Update: Output.Rank = %d, want [0, %d)", o.Rank, s.workers)
+		}
+		for _, f := range o.Failed {
+			x := s.transfers[f.Transfer]
+			if x == nil {
+				return nil, fmt.Errorf("p2p: Update: rank %d reports a failure of unknown transfer %d", o.Rank, f.Transfer)
+			}
+			if f.Index < 0 || f.Index >= max(x.n, 1) {
+				return nil, fmt.Errorf("p2p: Update: rank %d reports block %d of transfer %d, which has %d", o.Rank, f.Index, f.Transfer, x.n)
+			}
+		}
+		for _, id := range o.Done {
+			x := s.transfers[id]
+			if x == nil {
+				return nil, fmt.Errorf("p2p: Update: rank %d reports unknown transfer %d done", o.Rank, id)
+			}
+			if x.reports[o.Rank] {
+				return nil, fmt.Errorf("p2p: Update: rank %d reports transfer %d done twice", o.Rank, id)
+			}
+		}
+	}
+	for _, o := range outs {
+		for _, f := range o.Failed {
+			x := s.transfers[f.Transfer]
+			if x.kind == kindLoad && (x.failAt < 0 || f.Index < x.failAt) {
+				x.failAt = f.Index
+			}
+		}
+		for _, id := range o.Done {
+			x := s.transfers[id]
+			x.reports[o.Rank] = true
+			x.left--
+			if x.left == 0 {
+				delete(s.transfers, id)
+				s.finishTransfer(id, x)
+			}
+		}
+	}
+	s.progress.Released = append(s.progress.Released, s.released...)
+	s.released = s.released[:0]
+	return &s.progress, nil
+}
+
+// finishTransfer acts on a transfer every worker reported.
+func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
+	q := x.req
+	switch x.kind {
+	case kindNotify:
+		s.board.drop(id)
+		return
+	case kindLoad:
+		s.board.drop(id)
+		q.load = 0
+		if x.failAt >= 0 {
+			s.stats.LoadFailures += int64(x.n - x.failAt)
+			s.progress.Failed = append(s.progress.Failed, connector.LoadFailure{
+				Req:   q.id,
+				Valid: (x.first + x.failAt) * s.bs,
+				Fail:  s.cfg.LoadFailurePolicy == connector.PolicyFail,
+			})
+		} else {
+			s.progress.Loaded = append(s.progress.Loaded, q.id)
+		}
+	case kindOffer:
+		s.slots[x.slot] = false
+		q.encoded = nil
+	}
+	q.inflight--
+	if q.finished && q.inflight == 0 {
+		delete(s.reqs, q.id)
+		s.released = append(s.released, q.id)
+	}
+}
+
+// Finish implements connector.Scheduler. A producer offers the request's
+// computed full blocks (keep is then true until the consumer is done or
+// the offer expires); a consumer that loaded nothing tells the producer
+// it may free its blocks.
+func (s *Scheduler) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+	if s.closed {
+		return false, connector.ErrClosed
+	}
+	q := s.reqs[r.ID]
+	if q == nil {
+		return false, nil
+	}
+	if q.finished {
+		return false, fmt.Errorf("p2p: Finish(%q) called twice", r.ID)
+	}
+	s.notify(q)
+	if s.cfg.Role.CanSave() && len(q.blocks) > 0 {
+		if err := s.offer(q, blocks); err != nil {
+			s.log.Warn("p2p: no offer", "request", r.ID, "err", err)
+		}
+	}
+	if q.inflight == 0 {
+		delete(s.reqs, r.ID)
+		return false, nil
+	}
+	q.finished = true
+	return true, nil
+}
+
+// offer plans the offer of q's computed blocks.
+func (s *Scheduler) offer(q *request, blocks []connector.BlockID) error {
+	n := len(q.blocks)
+	if len(blocks) < n {
+		return fmt.Errorf("%w: Finish(%q): %d blocks, %d were computed", connector.ErrInvalidBlock, q.id, len(blocks), n)
+	}
+	ranks, ok := s.board.handshake()
+	if !ok {
+		return ErrNoHandshake
+	}
+	// The offer's ID names its mailbox slot (ID mod slots): skip IDs whose
+	// slot is in use.
+	slot := -1
+	for range len(s.slots) {
+		s.nextID++
+		if i := int(s.nextID % uint64(len(s.slots))); !s.slots[i] {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		s.stats.SaveSkipped += int64(n)
+		return fmt.Errorf("all %d mailbox slots hold offers (kv_connector_extra_config.mailbox_slots)", len(s.slots))
+	}
+	id := s.nextID
+	p := Params{
+		Version:   paramsVersion,
+		Namespace: namespaceOf(s.ns),
+		Engine:    s.cfg.EngineID,
+		Offer:     id,
+		Slot:      slot,
+		BlockSize: s.bs,
+		Blocks:    slices.Clone(blocks[:n]),
+		Hashes:    slices.Clone(q.hashes),
+		Ranks:     ranks,
+	}
+	enc, err := EncodeParams(p)
+	if err != nil {
+		return err
+	}
+	s.slots[slot] = true
+	q.encoded = enc
+	s.meta.Saves = append(s.meta.Saves, connector.Transfer{ID: id, Req: q.id, Blocks: p.Blocks, Hashes: p.Hashes})
+	s.track(q, id, kindOffer, 0, n, slot)
+	s.stats.Saves += int64(n)
+	return nil
+}
+
+// Rotate implements connector.Rotator: parameters of an older generation
+// are refused from then on, and offers carry the new namespace. Offers
+// already made stand until they are consumed or expire.
+func (s *Scheduler) Rotate(gen uint64) error {
+	if s.closed {
+		return connector.ErrClosed
+	}
+	id := s.id
+	id.Generation = gen
+	ns, err := id.Namespace()
+	if err != nil {
+		return fmt.Errorf("p2p: rotate to generation %d: %w", gen, err)
+	}
+	s.id, s.ns = id, ns
+	s.meta.Generation = gen
+	// Blocks computed under the old weights are not offered.
+	for _, q := range s.reqs {
+		q.blocks, q.hashes = q.blocks[:0], q.hashes[:0]
+	}
+	return nil
+}
+
+// Stats implements connector.StatsReporter.
+func (s *Scheduler) Stats() connector.Stats { return s.stats }
+
+// Close implements connector.Scheduler. The scheduler half owns no
+// goroutines.
+func (s *Scheduler) Close() error {
+	s.closed = true
+	return nil
+}

@@ -1,0 +1,501 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/rdma"
+)
+
+// Worker is the worker half of the P2P connector, for one tensor-parallel
+// rank and its transfer engine. It implements connector.Worker and
+// connector.StatsReporter.
+//
+// Register registers the KV memory with the engine, and a mailbox: one
+// 8-byte slot per offer the producer may hold, which consumers write to
+// say they are done. A producer worker arms a slot for each offer in the
+// Metadata's Saves and reports the offer done once the consumer wrote it,
+// or once keep_timeout passed (it then clears the slot first, so that a
+// consumer still reading learns the blocks are no longer its). A consumer
+// worker runs each load of the Metadata's Loads on a goroutine: it reads
+// the producer's blocks into its own with one batch, reads the slot back
+// to check that the offer still stood while it read, and writes the slot.
+type Worker struct {
+	cfg   connector.Config
+	opt   options
+	rank  int
+	eng   rdma.Engine
+	log   *slog.Logger
+	board *board
+	now   func() time.Time
+
+	kv      connector.KVCache
+	self    Rank
+	mailbox *rdma.HostMemory // producer slots
+	scratch *rdma.HostMemory // consumer cells: 16 bytes per running load
+	cells   chan int         // free cells: bounds the loads running at once
+	regs    []rdma.Region    // registered with the engine
+	offers  map[uint64]held  // producer: armed offers
+	out     connector.Output
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	segs   struct {
+		sync.Mutex
+		ids map[string]rdma.SegmentID
+	}
+	mu struct {
+		sync.Mutex
+		done  []loadResult
+		stats connector.Stats
+	}
+	// life serializes the engine-facing calls with Close, which may come
+	// from another goroutine.
+	life   sync.Mutex
+	closed bool
+}
+
+var (
+	_ connector.Worker        = (*Worker)(nil)
+	_ connector.StatsReporter = (*Worker)(nil)
+)
+
+// held is an armed offer.
+type held struct {
+	slot     int
+	deadline time.Time
+}
+
+// loadResult is a finished load.
+type loadResult struct {
+	id       uint64
+	failures []connector.Failure
+}
+
+// maxLoads is the number of loads a worker runs at once.
+const maxLoads = 16
+
+func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, log *slog.Logger, b *board) *Worker {
+	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, log: log, board: b, now: time.Now, offers: make(map[uint64]held)}
+	w.out.Rank = rank
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	w.segs.ids = make(map[string]rdma.SegmentID)
+	return w
+}
+
+// Register implements connector.Worker: it registers kv's regions, a
+// mailbox and a scratch area with the engine, and hands the scheduler half
+// this rank's memory.
+func (w *Worker) Register(kv connector.KVCache) error {
+	w.life.Lock()
+	defer w.life.Unlock()
+	if w.closed {
+		return connector.ErrClosed
+	}
+	if w.regs != nil {
+		return fmt.Errorf("p2p: Register called twice")
+	}
+	if err := kv.Validate(); err != nil {
+		return err
+	}
+	var err error
+	defer func() {
+		if err != nil {
+			w.unregister()
+		}
+	}()
+	for _, r := range kv.Regions {
+		if err = w.eng.Register(r); err != nil {
+			return fmt.Errorf("p2p: register KV memory: %w", err)
+		}
+		w.regs = append(w.regs, r)
+	}
+	if w.mailbox, err = rdma.AllocHost(w.opt.slots * 8); err != nil {
+		return fmt.Errorf("p2p: mailbox: %w", err)
+	}
+	if err = w.eng.Register(w.mailbox.Region()); err != nil {
+		return fmt.Errorf("p2p: register mailbox: %w", err)
+	}
+	w.regs = append(w.regs, w.mailbox.Region())
+	if w.scratch, err = rdma.AllocHost(maxLoads * 16); err != nil {
+		return fmt.Errorf("p2p: scratch: %w", err)
+	}
+	if err = w.eng.Register(w.scratch.Region()); err != nil {
+		return fmt.Errorf("p2p: register scratch: %w", err)
+	}
+	w.regs = append(w.regs, w.scratch.Region())
+	w.cells = make(chan int, maxLoads)
+	for i := range maxLoads {
+		w.cells <- i
+	}
+	w.kv = kv
+	w.self = Rank{
+		Segment: w.eng.Segment(), Mailbox: uint64(w.mailbox.Region().Addr), Slots: w.opt.slots,
+		Layers: kv.Layers, Blocks: kv.Blocks, KV: kv.KV, BlockBytes: kv.BlockBytes, Order: kv.Order.String(),
+	}
+	for _, r := range kv.Regions {
+		w.self.Regions = append(w.self.Regions, uint64(r.Addr))
+	}
+	w.board.setRank(w.rank, w.self)
+	return nil
+}
+
+// unregister withdraws everything Register registered and frees the
+// mailbox and scratch memory. An engine closed first has withdrawn it
+// already.
+func (w *Worker) unregister() error {
+	var errs []error
+	for _, r := range w.regs {
+		if err := w.eng.Unregister(r); err != nil && !errors.Is(err, rdma.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	w.regs = nil
+	for _, m := range []*rdma.HostMemory{w.mailbox, w.scratch} {
+		if m != nil {
+			if err := m.Free(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	w.mailbox, w.scratch = nil, nil
+	return errors.Join(errs...)
+}
+
+// Handshake returns this rank's memory (segment, region addresses, layout,
+// mailbox) for a scheduler half in another process: its SetHandshake.
+func (w *Worker) Handshake() ([]byte, error) {
+	w.life.Lock()
+	defer w.life.Unlock()
+	if w.regs == nil {
+		return nil, connector.ErrNotRegistered
+	}
+	return encodeRank(w.self)
+}
+
+// slot returns mailbox slot i.
+func (w *Worker) slot(i int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[i*8]))
+}
+
+// Start implements connector.Worker: it arms the offers of m's Saves and
+// starts its Loads.
+func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
+	w.life.Lock()
+	defer w.life.Unlock()
+	if w.closed {
+		return connector.ErrClosed
+	}
+	if w.regs == nil {
+		return connector.ErrNotRegistered
+	}
+	plans := make([]*loadPlan, len(m.Loads))
+	for i := range m.Loads {
+		t := &m.Loads[i]
+		if plans[i] = w.board.load(t.ID); plans[i] == nil {
+			return fmt.Errorf("%w: load %d of request %q was not planned by this connector's scheduler half", connector.ErrBadMetadata, t.ID, t.Req)
+		}
+		if err := w.checkBlocks(t); err != nil {
+			return err
+		}
+		if !plans[i].notify && len(plans[i].remote) != len(t.Blocks) {
+			return fmt.Errorf("%w: load %d has %d blocks, its plan %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), len(plans[i].remote))
+		}
+	}
+	for i := range m.Saves {
+		if err := w.checkBlocks(&m.Saves[i]); err != nil {
+			return err
+		}
+	}
+	deadline := w.now().Add(w.opt.keepTimeout)
+	for _, t := range m.Saves {
+		slot := int(t.ID % uint64(w.opt.slots))
+		w.slot(slot).Store(armed(t.ID))
+		w.offers[t.ID] = held{slot: slot, deadline: deadline}
+	}
+	for i, t := range m.Loads {
+		blocks := append([]connector.BlockID(nil), t.Blocks...)
+		plan := plans[i]
+		w.wg.Go(func() { w.load(t.ID, blocks, plan) })
+	}
+	return nil
+}
+
+func (w *Worker) checkBlocks(t *connector.Transfer) error {
+	for _, b := range t.Blocks {
+		if err := w.kv.CheckBlock(b); err != nil {
+			return fmt.Errorf("p2p: transfer %d of request %q: %w", t.ID, t.Req, err)
+		}
+	}
+	return nil
+}
+
+// Save implements connector.Worker. Consumers read the blocks a producer
+// offers, so there is nothing to push.
+func (w *Worker) Save(ctx context.Context, ready connector.Event) error {
+	w.life.Lock()
+	defer w.life.Unlock()
+	if w.closed {
+		return connector.ErrClosed
+	}
+	if w.regs == nil {
+		return connector.ErrNotRegistered
+	}
+	return nil
+}
+
+// Poll implements connector.Worker: offers the consumer is done with, or
+// that expired (their slot cleared first), and finished loads.
+func (w *Worker) Poll() *connector.Output {
+	w.life.Lock()
+	defer w.life.Unlock()
+	w.out.Reset()
+	if w.regs == nil {
+		return &w.out
+	}
+	now := w.now()
+	for id, h := range w.offers {
+		s := w.slot(h.slot)
+		switch {
+		case s.Load() == consumed(id):
+		case now.After(h.deadline):
+			// Clear the slot before the engine may reuse the blocks: a
+			// consumer that reads it afterwards drops what it read.
+			s.Store(0)
+			w.mu.Lock()
+			w.mu.stats.SaveFailures += 1
+			w.mu.Unlock()
+		default:
+			continue
+		}
+		delete(w.offers, id)
+		w.out.Done = append(w.out.Done, id)
+	}
+	w.mu.Lock()
+	for _, r := range w.mu.done {
+		w.out.Done = append(w.out.Done, r.id)
+		w.out.Failed = append(w.out.Failed, r.failures...)
+	}
+	w.mu.done = w.mu.done[:0]
+	w.mu.Unlock()
+	return &w.out
+}
+
+// load runs one load on its own goroutine and queues its result.
+func (w *Worker) load(id uint64, blocks []connector.BlockID, plan *loadPlan) {
+	var cell int
+	select {
+	case cell = <-w.cells:
+	case <-w.ctx.Done():
+		w.finish(loadResult{id: id, failures: failRange(nil, id, 0, len(blocks), connector.ReasonCanceled)})
+		return
+	}
+	defer func() { w.cells <- cell }()
+	start := time.Now()
+	failures, bytes := w.read(id, blocks, plan, cell)
+	w.mu.Lock()
+	w.mu.stats.TransferNanos += time.Since(start).Nanoseconds()
+	if !plan.notify {
+		w.mu.stats.Loads += int64(len(blocks))
+		w.mu.stats.LoadBytes += bytes
+		w.mu.stats.LoadFailures += int64(len(failures))
+	}
+	w.mu.Unlock()
+	w.finish(loadResult{id: id, failures: failures})
+}
+
+func (w *Worker) finish(r loadResult) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.mu.done = append(w.mu.done, r)
+}
+
+// failRange appends failures of blocks [from, to) of transfer id.
+func failRange(dst []connector.Failure, id uint64, from, to int, r connector.Reason) []connector.Failure {
+	for i := from; i < to; i++ {
+		dst = append(dst, connector.Failure{Transfer: id, Index: i, Reason: r})
+	}
+	return dst
+}
+
+// read moves a load's blocks, checks the offer still stood, and tells the
+// producer. It returns the failed blocks and the bytes that arrived.
+func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cell int) ([]connector.Failure, int64) {
+	p := &plan.params
+	peer := p.Ranks[w.rank]
+	n := len(blocks)
+	seg, err := w.segment(peer.Segment)
+	if err != nil {
+		w.log.Warn("p2p: open producer segment", "segment", peer.Segment, "err", err)
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+	}
+	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*8)
+	cellIn := rdma.Region{Addr: w.scratch.Region().Addr + uintptr(cell*16), Len: 8, Loc: rdma.Host}
+	cellOut := rdma.Region{Addr: cellIn.Addr + 8, Len: 8, Loc: rdma.Host}
+	// Whatever happens to the blocks, the producer may free them now.
+	defer func() {
+		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16+8])) = consumed(p.Offer)
+		if r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox}}); err != nil || r[0].Status != rdma.Completed {
+			w.log.Warn("p2p: tell the producer", "segment", peer.Segment, "offer", p.Offer, "err", err)
+		}
+	}()
+	if plan.notify {
+		return nil, 0
+	}
+	reqs, owner, err := w.requests(seg, peer, blocks, plan.remote)
+	if err != nil {
+		w.log.Warn("p2p: load", "offer", p.Offer, "err", err)
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+	}
+	results, err := w.transfer(reqs)
+	if err != nil {
+		w.log.Warn("p2p: load", "offer", p.Offer, "err", err)
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+	}
+	failAt := n
+	var bytes int64
+	for i, r := range results {
+		bytes += r.Bytes
+		if r.Status != rdma.Completed {
+			failAt = min(failAt, owner[i])
+		}
+	}
+	// The offer must still stand now that the reads are over: a producer
+	// that gave up on it clears its slot before it reuses the blocks.
+	check, err := w.transfer([]rdma.Request{{Op: rdma.Read, Local: cellIn, Segment: seg, Remote: mailbox}})
+	if err != nil || check[0].Status != rdma.Completed {
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+	}
+	if v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16])); v != armed(p.Offer) {
+		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0
+	}
+	if failAt < n {
+		return failRange(nil, id, failAt, n, connector.ReasonIO), bytes
+	}
+	return nil, bytes
+}
+
+// requests builds the reads of blocks from the producer's remote blocks,
+// and for each read the index of its block.
+func (w *Worker) requests(seg rdma.SegmentID, peer Rank, blocks, remote []connector.BlockID) ([]rdma.Request, []int, error) {
+	rkv, err := peer.cache()
+	if err != nil {
+		return nil, nil, err
+	}
+	if rkv.Layers != w.kv.Layers || rkv.KV != w.kv.KV || rkv.BlockBytes != w.kv.BlockBytes {
+		return nil, nil, fmt.Errorf("producer layout %d layers x %d x %d bytes, consumer %d x %d x %d",
+			rkv.Layers, rkv.KV, rkv.BlockBytes, w.kv.Layers, w.kv.KV, w.kv.BlockBytes)
+	}
+	whole := w.kv.Order == connector.BlockMajor && rkv.Order == connector.BlockMajor
+	var reqs []rdma.Request
+	var owner []int
+	var lp, rp []rdma.Region
+	for i, b := range blocks {
+		lp = pieces(lp[:0], w.kv, b, whole)
+		rp = pieces(rp[:0], rkv, remote[i], whole)
+		for j := range lp {
+			reqs = append(reqs, rdma.Request{Op: rdma.Read, Local: lp[j], Segment: seg, Remote: rp[j].Addr})
+			owner = append(owner, i)
+		}
+	}
+	return reqs, owner, nil
+}
+
+// pieces appends block b's memory to dst: one span when whole (block-major
+// memory), else its Layers×KV parts of BlockBytes in store order.
+func pieces(dst []rdma.Region, kv connector.KVCache, b connector.BlockID, whole bool) []rdma.Region {
+	spans := kv.Spans(nil, b)
+	if whole {
+		return append(dst, spans...)
+	}
+	for _, sp := range spans {
+		for off := 0; off < sp.Len; off += kv.BlockBytes {
+			dst = append(dst, rdma.Region{Addr: sp.Addr + uintptr(off), Len: kv.BlockBytes, Loc: sp.Loc})
+		}
+	}
+	return dst
+}
+
+// regionAt is a region of a producer's memory, by address and length (its
+// location does not matter to a remote read).
+func regionAt(addr uintptr, n int) rdma.Region {
+	return rdma.Region{Addr: addr, Len: n, Loc: rdma.Host}
+}
+
+// transfer runs reqs in one batch to their end and returns their results.
+// It waits for the requests even when the worker closes: they write into
+// the worker's memory.
+func (w *Worker) transfer(reqs []rdma.Request) ([]rdma.Result, error) {
+	b, err := w.eng.NewBatch(len(reqs))
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Submit(reqs); err != nil {
+		if rerr := b.Release(); rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		return nil, err
+	}
+	if err := b.Wait(context.Background()); err != nil {
+		return nil, err
+	}
+	out := make([]rdma.Result, b.Len())
+	for i := range out {
+		out[i] = b.Result(i)
+	}
+	return out, b.Release()
+}
+
+// segment returns the engine's handle of the producer segment name,
+// opening it once.
+func (w *Worker) segment(name string) (rdma.SegmentID, error) {
+	w.segs.Lock()
+	defer w.segs.Unlock()
+	if id, ok := w.segs.ids[name]; ok {
+		return id, nil
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, w.opt.openTimeout)
+	defer cancel()
+	id, err := w.eng.Open(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	w.segs.ids[name] = id
+	return id, nil
+}
+
+// Stats implements connector.StatsReporter.
+func (w *Worker) Stats() connector.Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mu.stats
+}
+
+// Close implements connector.Worker: it waits for running loads, clears
+// the slots of offers still armed, and withdraws its memory from the
+// engine. It is idempotent.
+func (w *Worker) Close() error {
+	w.life.Lock()
+	defer w.life.Unlock()
+	if w.closed {
+		return nil
+	}
+	w.closed = true
+	w.cancel()
+	w.wg.Wait()
+	if w.mailbox != nil {
+		for _, h := range w.offers {
+			w.slot(h.slot).Store(0)
+		}
+	}
+	clear(w.offers)
+	return w.unregister()
+}

@@ -1,0 +1,10 @@
+//go:build !linux
+
+package mooncake
+
+// The binding runs on Linux only; elsewhere Open fails with errUnsupported
+// and nothing below is reached.
+
+func load(string) (*api, error) { return nil, errUnsupported }
+
+func checkMapped(uintptr, int) error { return errUnsupported }
