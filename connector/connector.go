@@ -33,6 +33,23 @@ type Request struct {
 	// Hashes are the block hashes of the request's full blocks so far, in
 	// order: Hashes[i] covers tokens [i*B, (i+1)*B) for block size B.
 	Hashes []hashing.BlockHash
+
+	// TransferParams are the opaque transfer parameters the request
+	// arrived with (vLLM's kv_transfer_params): what the instance that ran
+	// its prefill returned, from its connector's [TransferParamsSource].
+	// Connectors that do not use them ignore them.
+	TransferParams []byte
+}
+
+// TransferParamsSource is an optional interface of a Scheduler whose
+// requests continue on another instance (disaggregated prefill and
+// decode). After Finish kept a request's blocks, TransferParams returns the
+// parameters the engine hands on with the request, for the instance that
+// continues it (its Request.TransferParams); they are valid until the
+// request is released. Fallback: nothing is handed over, and the other
+// instance computes the prompt itself.
+type TransferParamsSource interface {
+	TransferParams(id RequestID) ([]byte, error)
 }
 
 // Match is the scheduler half's answer to "how many further tokens does the

@@ -24,6 +24,11 @@ type Request struct {
 	// tables once, so that decoding does not grow them. It does not end
 	// the request: the engine does, with [Result].Finished.
 	MaxTokens int
+	// TransferParams are the transfer parameters the request arrived with
+	// (from the connector of the instance that ran its prefill), handed to
+	// the connector as connector.Request.TransferParams. The scheduler
+	// copies them.
+	TransferParams []byte
 }
 
 // State is where a request is in its lifecycle:

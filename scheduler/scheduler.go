@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
@@ -208,7 +209,7 @@ func (s *Scheduler) Add(req Request) error {
 	}
 	r.chain = chain
 	s.scratch = chain.Append(s.scratch[:0], req.Prompt...)
-	r.creq = connector.Request{ID: req.ID, Prompt: len(r.tokens), Hashes: chain.Hashes()}
+	r.creq = connector.Request{ID: req.ID, Prompt: len(r.tokens), Hashes: chain.Hashes(), TransferParams: slices.Clone(req.TransferParams)}
 	r.m = Metrics{Added: s.step}
 	s.reqs[req.ID] = r
 	s.waiting = append(s.waiting, r) // the newest: last in arrival order

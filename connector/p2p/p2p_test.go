@@ -455,3 +455,30 @@ func FuzzDecodeParams(f *testing.F) {
 		}
 	})
 }
+
+// TestParamsOnRequest: parameters that arrive in Request.TransferParams
+// work as SetParams does, and parameters of another identity there match
+// nothing, without failing the request.
+func TestParamsOnRequest(t *testing.T) {
+	base := opts(1, 1, 4, connector.BlockMajor)
+	p, c := pair(t, base, base)
+	tokens := prompt(7, 6*4)
+	params := p.prefill("r", tokens)
+	r := c.newReq("r", tokens)
+	r.conn.TransferParams = params
+	m, err := c.sched.Match(&r.conn, 0)
+	if err != nil || m.Tokens != 5*4 {
+		t.Fatalf("Match with Request.TransferParams = %+v, %v; want 20 tokens", m, err)
+	}
+
+	other := base
+	other.tenant = "tenant1"
+	p2, c2 := pair(t, base, other)
+	params2 := p2.prefill("s", tokens)
+	r2 := c2.newReq("s", tokens)
+	r2.conn.TransferParams = params2
+	m, err = c2.sched.Match(&r2.conn, 0)
+	if err != nil || m.Tokens != 0 {
+		t.Errorf("Match with another tenant's Request.TransferParams = %+v, %v; want 0 tokens and no error", m, err)
+	}
+}

@@ -55,11 +55,12 @@ var (
 type request struct {
 	id connector.RequestID
 	// Consumer side.
-	params   *Params
-	from     int    // blocks the engine had locally at the last Match
-	match    int    // end of the blocks the last Match offered
-	load     uint64 // the planned load, 0 for none
-	notified bool   // the producer is (or will be) told
+	params     *Params
+	paramsSeen bool   // Request.TransferParams were taken (or refused)
+	from       int    // blocks the engine had locally at the last Match
+	match      int    // end of the blocks the last Match offered
+	load       uint64 // the planned load, 0 for none
+	notified   bool   // the producer is (or will be) told
 	// Producer side.
 	blocks  []connector.BlockID // the request's blocks holding computed full blocks
 	hashes  []hashing.BlockHash // their hashes
@@ -192,6 +193,15 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		return connector.Match{}, fmt.Errorf("p2p: Match(%q): request finished and not yet released", r.ID)
 	}
 	q.from, q.match = computed/s.bs, 0
+	if q.params == nil && !q.paramsSeen && len(r.TransferParams) > 0 {
+		// Parameters that came with the request: take them once. Refused
+		// ones (another identity, another shape) match nothing, and the
+		// engine computes the prompt itself.
+		q.paramsSeen = true
+		if err := s.SetParams(r.ID, r.TransferParams); err != nil {
+			s.log.Warn("p2p: transfer parameters refused", "request", r.ID, "err", err)
+		}
+	}
 	p := q.params
 	if !s.cfg.Role.CanLoad() || p == nil || p.Namespace != namespaceOf(s.ns) || q.load != 0 {
 		return connector.Match{}, nil

@@ -25,6 +25,12 @@ type EngineConfig struct {
 	// connector over this store, with Connector as its config.
 	Store     store.Store
 	Connector connector.Config
+
+	// Conn and Worker, when not nil, are the two halves of a connector
+	// opened by the caller (the p2p connector of -pd, say); the engine
+	// registers its KV memory with Worker and closes both.
+	Conn   connector.Scheduler
+	Worker connector.Worker
 }
 
 // Engine is a single-worker inference engine: the scheduler package plans
@@ -54,12 +60,11 @@ type live struct {
 
 // finished is a request's outcome.
 type finished struct {
-	ID      connector.RequestID
-	Out     []hashing.Token
-	Err     error
-	TTFT    time.Duration
-	Total   time.Duration
-	Metrics scheduler.Metrics
+	ID                 connector.RequestID
+	Out                []hashing.Token
+	Err                error
+	Added, First, Done time.Time // First is zero when no token came
+	Metrics            scheduler.Metrics
 }
 
 // NewEngine allocates KV memory and opens the scheduler and, when
@@ -71,6 +76,13 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, mem: mem, kv: NewKV(l, mem.Region()), reqs: make(map[connector.RequestID]*live)}
+	e.conn, e.worker = cfg.Conn, cfg.Worker
+	if e.worker != nil {
+		if err := e.worker.Register(l.Cache(mem.Region())); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
 	if cfg.Store != nil {
 		env := connector.Env{Identity: cfg.Identity, Store: cfg.Store}
 		if e.conn, err = connector.OpenScheduler(cfg.Connector, env); err != nil {
@@ -99,9 +111,10 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	return e, nil
 }
 
-// Submit queues a request; its outcome goes to done when it ends.
-func (e *Engine) Submit(id connector.RequestID, prompt []hashing.Token, maxTokens int, done chan<- finished) error {
-	if err := e.sched.Add(scheduler.Request{ID: id, Prompt: prompt, MaxTokens: maxTokens}); err != nil {
+// Submit queues a request, with the transfer parameters it arrived with
+// (nil for none); its outcome goes to done when it ends.
+func (e *Engine) Submit(id connector.RequestID, prompt []hashing.Token, maxTokens int, params []byte, done chan<- finished) error {
+	if err := e.sched.Add(scheduler.Request{ID: id, Prompt: prompt, MaxTokens: maxTokens, TransferParams: params}); err != nil {
 		return err
 	}
 	e.reqs[id] = &live{maxTokens: maxTokens, added: time.Now(), done: done}
@@ -154,11 +167,7 @@ func (e *Engine) Step(ctx context.Context) error {
 			continue
 		}
 		delete(e.reqs, en.ID)
-		f := finished{ID: en.ID, Out: r.out, Err: en.Err, Total: now.Sub(r.added), Metrics: en.Metrics}
-		if !r.first.IsZero() {
-			f.TTFT = r.first.Sub(r.added)
-		}
-		r.done <- f
+		r.done <- finished{ID: en.ID, Out: r.out, Err: en.Err, Added: r.added, First: r.first, Done: now, Metrics: en.Metrics}
 	}
 	return nil
 }
@@ -170,6 +179,20 @@ func (e *Engine) Rotate(gen uint64, m *Model) error {
 	e.cfg.Model = m
 	e.cfg.Identity.Generation = gen
 	return e.sched.Invalidate(gen)
+}
+
+// TransferParams returns what the connector hands on with request id, for
+// the instance that continues it; nil when it hands nothing.
+func (e *Engine) TransferParams(id connector.RequestID) []byte {
+	src, ok := e.conn.(connector.TransferParamsSource)
+	if !ok {
+		return nil
+	}
+	p, err := src.TransferParams(id)
+	if err != nil {
+		return nil // a prompt shorter than a block, say: the next instance computes it
+	}
+	return p
 }
 
 // ConnStats returns the connector's counters (both halves), if on.

@@ -29,8 +29,10 @@ import (
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/p2p"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
 	"github.com/kvconnect/kvconnect/store/mooncake"
@@ -55,6 +57,7 @@ type Options struct {
 
 	Instances      int  // engines sharing one store (ON runs)
 	ColdStart      bool // run the cold-start scenario
+	PD             bool // run disaggregated prefill and decode over the p2p connector
 	WeightUpdateAt int  // rotate the weights after this many requests end (0: never)
 
 	Repeat   int // runs of each configuration; the table shows the median-duration run
@@ -107,6 +110,7 @@ func main() {
 	fs.StringVar(&o.MooncakeConfig, "mooncake-config", o.MooncakeConfig, "Mooncake client config file (default: $MOONCAKE_CONFIG_PATH, else $MOONCAKE_MASTER); the library comes from $MOONCAKE_STORE_LIBRARY")
 	fs.IntVar(&o.Instances, "instances", o.Instances, "engine instances sharing one store in the ON runs; sessions alternate between them turn by turn")
 	fs.BoolVar(&o.ColdStart, "cold-start", o.ColdStart, "also run the cold-start scenario: a new instance serves a workload another one already ran")
+	fs.BoolVar(&o.PD, "pd", o.PD, "also run disaggregated prefill/decode: a prefill instance hands every request's KV to a decode instance over the loopback transfer engine (p2p connector)")
 	fs.IntVar(&o.WeightUpdateAt, "weight-update-at", o.WeightUpdateAt, "rotate to new weights after this many requests end (0: never)")
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
 	fs.IntVar(&o.Repeat, "repeat", o.Repeat, "run each configuration this many times, OFF and ON interleaved; the table shows each one's median-duration run")
@@ -299,6 +303,7 @@ type Run struct {
 	BlocksSaved  int64   `json:"blocks_saved"`
 	Failures     int64   `json:"transfer_failures"`
 	ConnectorMs  float64 `json:"connector_ms"` // lookups and transfers, summed over goroutines
+	LoadBytes    int64   `json:"bytes_loaded"`
 	stats        Stats
 }
 
@@ -312,8 +317,8 @@ func newRun(name string, on bool, blocks int, st Stats) Run {
 		TTFTms:       ms(st.TTFT), TPOTms: ms(st.TPOT), LaterTTFTms: ms(st.LaterTTFT),
 		LocalHitRate: st.HitRate(st.LocalTokens), ExtHitRate: st.HitRate(st.ExternalTokens),
 		Computed: st.ComputedTokens, BlocksLoaded: st.ConnLoads, BlocksSaved: st.ConnSaves, Failures: st.ConnFailures,
-		ConnectorMs: float64(st.ConnNanos) / 1e6,
-		stats:       st,
+		ConnectorMs: float64(st.ConnNanos) / 1e6, LoadBytes: st.ConnLoadBytes,
+		stats: st,
 	}
 }
 
@@ -443,6 +448,18 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 			}
 		}
 	}
+	var pd *Run
+	if o.PD {
+		r, err := runPD(ctx, o)
+		if err != nil {
+			return fmt.Errorf("prefill/decode: %w", err)
+		}
+		if k, ok := sameOutputs(all[0][0].stats, r.stats); !ok {
+			identical = false
+			diff = append(diff, fmt.Sprintf("prefill/decode: session %d turn %d differs", k.Session, k.Turn))
+		}
+		pd = &r
+	}
 	var cold *Run
 	if o.ColdStart {
 		r, err := coldStart(ctx, o)
@@ -458,13 +475,24 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 			Options   Options `json:"options"`
 			Runs      []Run   `json:"runs"`
 			ColdStart *Run    `json:"cold_start,omitempty"`
+			PD        *Run    `json:"prefill_decode,omitempty"`
 			Identical bool    `json:"outputs_identical"`
-		}{o, runs, cold, identical})
+		}{o, runs, cold, pd, identical})
 	}
 	printTable(out, o, runs)
 	if cold != nil {
 		fmt.Fprintf(out, "\ncold start: a new instance, empty KV pool, store warm: TTFT %.1f ms, external hit rate %.0f%%, %d blocks loaded\n",
 			cold.TTFTms, 100*cold.ExtHitRate, cold.BlocksLoaded)
+	}
+	if pd != nil {
+		off := runs[0]
+		fmt.Fprintf(out, "\nprefill/decode over the p2p connector (loopback transfer engine), beside one instance without a connector:\n")
+		fmt.Fprintf(out, "%-26s | %9s %9s\n", "", "single", "P/D")
+		fmt.Fprintf(out, "%-26s | %9.2f %9.2f\n", "duration (s)", off.Seconds, pd.Seconds)
+		fmt.Fprintf(out, "%-26s | %9.1f %9.1f\n", "mean TTFT (ms)", off.TTFTms, pd.TTFTms)
+		fmt.Fprintf(out, "%-26s | %9.2f %9.2f\n", "mean TPOT (ms)", off.TPOTms, pd.TPOTms)
+		fmt.Fprintf(out, "%-26s | %9s %9.1f\n", "KV transferred (MiB)", "-", float64(pd.LoadBytes)/(1<<20))
+		fmt.Fprintf(out, "%-26s | %9s %9d\n", "blocks transferred", "-", pd.BlocksLoaded)
 	}
 	if identical {
 		fmt.Fprintln(out, "\noutputs identical: yes (every generated token, connector on vs off)")
@@ -507,6 +535,55 @@ func coldStart(ctx context.Context, o Options) (Run, error) {
 		return Run{}, err
 	}
 	return newRun("cold start", true, o.Blocks, s), nil
+}
+
+// runPD runs the workload on a prefill instance and a decode instance in
+// one process: each turn's prompt is prefilled on the first, which keeps
+// the blocks and returns transfer parameters; the second reads the blocks
+// straight into its own over the loopback transfer engine, computes the
+// last prompt token and generates the turn's tokens.
+func runPD(ctx context.Context, o Options) (Run, error) {
+	fabric := rdma.NewFabric()
+	var closers []func() error
+	defer func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}()
+	open := func(name string, role connector.Role) (*Engine, error) {
+		te, err := fabric.NewEngine(name, nil)
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, te.Close)
+		env := connector.Env{Identity: o.identity(0)}
+		s, ws, err := p2p.New(connector.Config{Connector: p2p.Name, Role: role}, env, te)
+		if err != nil {
+			return nil, err
+		}
+		e, err := NewEngine(EngineConfig{Model: o.model(0), Identity: o.identity(0), Blocks: o.Blocks, MaxBatchedTokens: o.Batch, Par: o.Par,
+			Conn: s, Worker: ws[0]})
+		if err != nil {
+			s.Close()
+			ws[0].Close()
+			return nil, err
+		}
+		closers = append(closers, e.Close)
+		return e, nil
+	}
+	prefill, err := open("prefill", connector.RoleProducer)
+	if err != nil {
+		return Run{}, err
+	}
+	decode, err := open("decode", connector.RoleConsumer)
+	if err != nil {
+		return Run{}, err
+	}
+	st, err := run(ctx, []*Engine{decode}, o.Workload, func(int, int) int { return 0 }, hooks{prefill: prefill}, nil)
+	if err != nil {
+		return Run{}, err
+	}
+	return newRun("prefill/decode", true, o.Blocks, st), nil
 }
 
 func printTable(out io.Writer, o Options, runs []Run) {

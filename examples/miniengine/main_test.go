@@ -213,7 +213,7 @@ func fresh(t *testing.T, o Options, prompt []hashing.Token) []hashing.Token {
 	}
 	defer e.Close()
 	done := make(chan finished, 1)
-	if err := e.Submit("fresh", prompt, o.Workload.Output, done); err != nil {
+	if err := e.Submit("fresh", prompt, o.Workload.Output, nil, done); err != nil {
 		t.Fatal(err)
 	}
 	for e.Busy() {
@@ -253,5 +253,24 @@ func TestCorruptionChangesOutputs(t *testing.T) {
 	}
 	if _, same := sameOutputs(off, on); same {
 		t.Errorf("outputs identical although every loaded block was corrupted")
+	}
+}
+
+// TestPrefillDecode: a prefill instance hands every request's KV to a
+// decode instance over the loopback transfer engine; the decode instance
+// loads it and generates exactly what one instance does.
+func TestPrefillDecode(t *testing.T) {
+	o := small(t)
+	off := mustRun(t, o, false, o.Blocks)
+	r, err := runPD(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSame(t, "prefill/decode", off, r.stats)
+	if r.BlocksLoaded == 0 || r.LoadBytes == 0 {
+		t.Errorf("prefill/decode: %d blocks, %d bytes transferred; want the prompts' blocks", r.BlocksLoaded, r.LoadBytes)
+	}
+	if r.Failed != 0 {
+		t.Errorf("prefill/decode: %d requests failed", r.Failed)
 	}
 }

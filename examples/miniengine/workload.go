@@ -66,6 +66,7 @@ type Stats struct {
 	LaterTTFT         time.Duration // mean TTFT of turns after the first
 	Steps             int
 	ConnLoads         int64 // blocks loaded by the connector
+	ConnLoadBytes     int64 // bytes loaded
 	ConnSaves         int64 // blocks saved
 	ConnFailures      int64 // blocks whose transfer failed
 	ConnNanos         int64 // time the connector spent in lookups and transfers
@@ -85,10 +86,16 @@ func (s Stats) HitRate(tokens int) float64 {
 // router says which engine serves a turn.
 type router func(session, turn int) int
 
-// hooks let a scenario act between steps: it is called after every request
-// that ends, with the number ended so far.
+// hooks let a scenario act between steps.
 type hooks struct {
+	// onEnd is called after every request that ends, with the number
+	// ended so far.
 	onEnd func(ended int) error
+	// prefill, when set, runs each turn's prefill first (generating one
+	// token), and hands the request on to the routed engine with the
+	// transfer parameters prefill's connector returns: disaggregated
+	// prefill and decode. TTFT counts from the prefill's submission.
+	prefill *Engine
 }
 
 // run drives the workload through the engines until every turn ended, and
@@ -98,10 +105,16 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 	sys := w.system(vocab)
 	history := make([][]hashing.Token, w.Sessions)
 	done := make(chan finished, w.Sessions*w.Turns)
+	prefilled := make(chan finished, w.Sessions*w.Turns)
 	turnOf := map[connector.RequestID]turnKey{}
+	added := map[turnKey]time.Time{}
 	st := Stats{outputs: map[turnKey][]hashing.Token{}, prompts: map[turnKey][]hashing.Token{}, gens: map[turnKey]uint64{}}
 	var ttft, tpot, later time.Duration
 	var nlater, ntpot int
+	all := engines
+	if h.prefill != nil {
+		all = append([]*Engine{h.prefill}, engines...)
+	}
 	submit := func(s, turn int) error {
 		prompt := append(append(append([]hashing.Token(nil), sys...), history[s]...), w.userTokens(s, turn, vocab)...)
 		history[s] = prompt[len(sys):]
@@ -112,7 +125,11 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 		e := engines[route(s, turn)]
 		st.prompts[k] = prompt
 		st.gens[k] = e.cfg.Identity.Generation
-		return e.Submit(id, prompt, w.Output, done)
+		added[k] = time.Now()
+		if h.prefill != nil {
+			return h.prefill.Submit(id, prompt, 1, nil, prefilled)
+		}
+		return e.Submit(id, prompt, w.Output, nil, done)
 	}
 	start := time.Now()
 	for s := 0; s < w.Sessions; s++ {
@@ -123,7 +140,7 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 	total := w.Sessions * w.Turns
 	ended := 0
 	for ended < total {
-		for _, e := range engines {
+		for _, e := range all {
 			if !e.Busy() {
 				continue
 			}
@@ -131,6 +148,17 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 				return st, err
 			}
 			st.Steps++
+		}
+		for len(prefilled) > 0 {
+			f := <-prefilled
+			k := turnOf[f.ID]
+			if f.Err != nil {
+				return st, fmt.Errorf("prefill of session %d turn %d: %w", k.Session, k.Turn, f.Err)
+			}
+			params := h.prefill.TransferParams(f.ID)
+			if err := engines[route(k.Session, k.Turn)].Submit(f.ID, st.prompts[k], w.Output, params, done); err != nil {
+				return st, err
+			}
 		}
 		for len(done) > 0 {
 			f := <-done
@@ -146,13 +174,16 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 			st.LocalTokens += f.Metrics.LocalTokens
 			st.ExternalTokens += f.Metrics.ExternalTokens
 			st.ComputedTokens += f.Metrics.ComputedTokens
-			ttft += f.TTFT
-			if k.Turn > 0 {
-				later += f.TTFT
-				nlater++
+			if !f.First.IsZero() {
+				d := f.First.Sub(added[k])
+				ttft += d
+				if k.Turn > 0 {
+					later += d
+					nlater++
+				}
 			}
 			if len(f.Out) > 1 {
-				tpot += (f.Total - f.TTFT) / time.Duration(len(f.Out)-1)
+				tpot += f.Done.Sub(f.First) / time.Duration(len(f.Out)-1)
 				ntpot++
 			}
 			history[k.Session] = append(history[k.Session], f.Out...)
@@ -181,9 +212,10 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 	if nlater > 0 {
 		st.LaterTTFT = later / time.Duration(nlater)
 	}
-	for _, e := range engines {
+	for _, e := range all {
 		s, wk := e.ConnStats()
 		st.ConnLoads += wk.Loads
+		st.ConnLoadBytes += wk.LoadBytes
 		st.ConnSaves += wk.Saves
 		st.ConnFailures += wk.LoadFailures + s.SaveFailures
 		st.ConnNanos += s.LookupNanos + wk.TransferNanos
