@@ -2,6 +2,7 @@ package connectortest_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -9,7 +10,9 @@ import (
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/connector/connectortest"
+	"github.com/kvconnect/kvconnect/connector/p2p"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
+	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
 )
@@ -105,6 +108,62 @@ type ignoresRotation struct{ connector.Scheduler }
 
 func (ignoresRotation) Rotate(uint64) error { return nil }
 
+// openP2P opens the producer and consumer halves of the p2p connector on one
+// loopback fabric, with the named breakage wrapped around the consumer.
+func openP2P(t *testing.T, broken string) (prod, cons connectortest.OpenFunc) {
+	f := rdma.NewFabric()
+	n := 0
+	role := func(r connector.Role) connectortest.OpenFunc {
+		return func(env connector.Env) (connectortest.Pair, error) {
+			var engines []rdma.Engine
+			for rank := range env.Identity.Layout.TPSize {
+				n++
+				e, err := f.NewEngine(fmt.Sprintf("%s-%d-%d", r, n, rank), nil)
+				if err != nil {
+					return connectortest.Pair{}, err
+				}
+				t.Cleanup(func() { e.Close() })
+				engines = append(engines, e)
+			}
+			// A short keep_timeout: a broken consumer that never reads leaves
+			// offers that only the timeout releases.
+			cfg := connector.Config{Connector: p2p.Name, Role: r, Extra: map[string]any{"keep_timeout": "1s"}}
+			s, ws, err := p2p.New(cfg, env, engines...)
+			if err != nil {
+				return connectortest.Pair{}, err
+			}
+			p := connectortest.Pair{Scheduler: s}
+			if r == connector.RoleConsumer && broken == "p2p-last-token" {
+				p.Scheduler = lastTokenP2P{s, env.Identity.Layout.BlockSize}
+			}
+			for _, w := range ws {
+				var cw connector.Worker = w
+				if r == connector.RoleConsumer && broken == "p2p-early-load" {
+					cw = &earlyLoad{Worker: w}
+				}
+				p.Workers = append(p.Workers, cw)
+			}
+			return p, nil
+		}
+	}
+	return role(connector.RoleProducer), role(connector.RoleConsumer)
+}
+
+// lastTokenP2P matches the block holding the last prompt token too, when
+// the producer offered it.
+type lastTokenP2P struct {
+	*p2p.Scheduler
+	bs int
+}
+
+func (s lastTokenP2P) Match(r *connector.Request, computed int) (connector.Match, error) {
+	m, err := s.Scheduler.Match(r, computed)
+	if err == nil && m.Tokens > 0 && r.Prompt%s.bs == 0 && computed+m.Tokens == r.Prompt-s.bs {
+		m.Tokens += s.bs
+	}
+	return m, err
+}
+
 // TestStoreConnector runs the harness on the reference connector: it must
 // pass.
 func TestStoreConnector(t *testing.T) {
@@ -117,6 +176,11 @@ func TestBrokenTarget(t *testing.T) {
 	broken := os.Getenv(brokenEnv)
 	if broken == "" {
 		t.Skip("run by TestHarnessCatchesBrokenConnectors in a child process")
+	}
+	if strings.HasPrefix(broken, "p2p-") {
+		prod, cons := openP2P(t, broken)
+		connectortest.Run(t, prod, connectortest.Options{NewStore: newStore, OpenConsumer: cons})
+		return
 	}
 	connectortest.Run(t, open(broken), connectortest.Options{NewStore: newStore})
 }
@@ -132,6 +196,8 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"last-token", "covers the last prompt token"},
 		{"ignores-rotation", "Plan().Generation"},
 		{"drops-failed", "bytes differ from the KV saved for its key"},
+		{"p2p-early-load", "never written (still poisoned)"},
+		{"p2p-last-token", "covers the last prompt token"},
 	}
 	for _, c := range cases {
 		t.Run(c.broken, func(t *testing.T) {

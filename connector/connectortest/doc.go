@@ -19,6 +19,13 @@
 //
 // Store faults come from store/storetest's Faulty wrapper.
 //
+// A connector for disaggregated prefill and decode (one that hands a
+// request's KV from a producer instance to a consumer instance, such as
+// connector/p2p) sets Options.OpenConsumer: Run then drives two model
+// engines, prefilling on the producer and handing each request on with the
+// transfer parameters of the producer's connector.TransferParamsSource, and
+// checks the consumer's loads the same way.
+//
 // # Concurrency
 //
 // Run drives one engine per tenant from the test's goroutine; the connector

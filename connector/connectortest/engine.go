@@ -67,6 +67,7 @@ func (e *event) Query() (bool, error) { return e.fired.Load(), nil }
 // connector loads can be checked byte for byte.
 type engine struct {
 	t       tb
+	label   string // names its requests; "t<tenant>" unless set
 	tenant  int
 	id      hashing.Identity
 	ns      hashing.Namespace
@@ -82,6 +83,15 @@ type engine struct {
 	nextReq int
 	outs    []*connector.Output
 	stats   engineStats
+	// offers are the prompts this engine finished whose blocks its
+	// connector keeps for another instance, with the transfer parameters
+	// (connector.TransferParamsSource) to hand on.
+	offers []offer
+}
+
+type offer struct {
+	prompt []hashing.Token
+	params []byte
 }
 
 type engineStats struct {
@@ -254,7 +264,10 @@ func (e *engine) dropCache() {
 
 // add queues a new request with the given prompt that generates decode
 // tokens after it.
-func (e *engine) add(prompt []hashing.Token, decode int) {
+func (e *engine) add(prompt []hashing.Token, decode int) { e.addWith(prompt, decode, nil) }
+
+// addWith queues a request that arrived with transfer parameters.
+func (e *engine) addWith(prompt []hashing.Token, decode int, params []byte) {
 	e.t.Helper()
 	e.nextReq++
 	chain, err := hashing.NewChain(e.id.Layout.BlockSize)
@@ -262,8 +275,13 @@ func (e *engine) add(prompt []hashing.Token, decode int) {
 		e.t.Fatalf("NewChain: %v", err)
 	}
 	r := &freq{tokens: slices.Clone(prompt), chain: chain, decode: decode, gen: e.id.Generation}
-	r.conn.ID = connector.RequestID(fmt.Sprintf("t%d-r%d", e.tenant, e.nextReq))
+	label := e.label
+	if label == "" {
+		label = fmt.Sprintf("t%d", e.tenant)
+	}
+	r.conn.ID = connector.RequestID(fmt.Sprintf("%s-r%d", label, e.nextReq))
 	r.conn.Prompt = len(prompt)
+	r.conn.TransferParams = params
 	chain.Append(nil, prompt...)
 	r.conn.Hashes = chain.Hashes()
 	e.reqs = append(e.reqs, r)
@@ -527,6 +545,11 @@ func (e *engine) finish(r *freq) {
 	r.phase = done
 	if keep {
 		e.kept[r.conn.ID] = r
+		if src, ok := e.pair.Scheduler.(connector.TransferParamsSource); ok && !r.failed && r.computed == len(r.tokens) {
+			if p, err := src.TransferParams(r.conn.ID); err == nil {
+				e.offers = append(e.offers, offer{prompt: slices.Clone(r.tokens[:r.conn.Prompt]), params: p})
+			}
+		}
 		return
 	}
 	e.freeBlocks(r)
@@ -570,7 +593,9 @@ func (e *engine) preempt(r *freq) {
 	if r.matched {
 		e.finish(r)
 	}
-	e.add(prompt, decode)
+	// Again from scratch, with the parameters it arrived with: a connector
+	// must cope with parameters whose offer has since been withdrawn.
+	e.addWith(prompt, decode, r.conn.TransferParams)
 }
 
 // rotate moves to the next weights generation.

@@ -43,6 +43,14 @@ type Options struct {
 	// NoRotation skips generation rotation, for a connector whose scheduler
 	// half does not implement connector.Rotator.
 	NoRotation bool
+
+	// OpenConsumer, when set, makes Run check a connector for disaggregated
+	// prefill and decode instead of one that shares KV through a store:
+	// open opens the producer's pair (the prefill instance) and
+	// OpenConsumer the consumer's (the decode instance). The producer's
+	// scheduler half must implement connector.TransferParamsSource; the
+	// consumer receives its parameters in Request.TransferParams.
+	OpenConsumer OpenFunc
 }
 
 // Run checks that a connector keeps the promises of package connector,
@@ -64,6 +72,10 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 	if opts.NewStore == nil {
 		t.Fatal("connectortest: Options.NewStore is nil")
 	}
+	if opts.OpenConsumer != nil {
+		runDisaggregated(t, open, opts)
+		return
+	}
 	t.Run("SharedPrefix", func(t *testing.T) {
 		for _, order := range []connector.Order{connector.BlockMajor, connector.LayerMajor} {
 			for _, tp := range [][2]int{{1, 1}, {2, 1}, {2, 2}} {
@@ -76,6 +88,153 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 	t.Run("StateMachine", func(t *testing.T) {
 		rapid.Check(t, func(t *rapid.T) { stateMachine(t, open, opts) })
 	})
+}
+
+// runDisaggregated checks a producer/consumer pair of connectors:
+//
+//   - Handoff: a prompt prefilled by the producer is matched by the
+//     consumer from the parameters the producer hands on, loaded byte for
+//     byte in every shard, never its last token; the producer's kept blocks
+//     are released.
+//   - StateMachine: a rapid state machine of prefills, handoffs (in any
+//     order, or never until the end), consumer requests with and without
+//     parameters sharing prefixes, preemption and local eviction on the
+//     consumer, with the checks of the store state machine.
+func runDisaggregated(t *testing.T, open OpenFunc, opts Options) {
+	t.Run("Handoff", func(t *testing.T) {
+		for _, order := range []connector.Order{connector.BlockMajor, connector.LayerMajor} {
+			for _, tp := range [][2]int{{1, 1}, {2, 1}, {2, 2}} {
+				t.Run(fmt.Sprintf("%v/tp%d-repl%d", order, tp[0], tp[1]), func(t *testing.T) {
+					handoff(t, open, opts, order, tp[0], tp[1])
+				})
+			}
+		}
+	})
+	t.Run("StateMachine", func(t *testing.T) {
+		rapid.Check(t, func(t *rapid.T) { disaggregatedMachine(t, open, opts) })
+	})
+}
+
+// openPD opens the producer and consumer engines of one test case.
+func openPD(t tb, open OpenFunc, opts Options, order connector.Order, tp, repl, bs, blocks int) (prod, cons *engine, closeAll func()) {
+	t.Helper()
+	st, err := opts.NewStore()
+	if err != nil {
+		t.Fatalf("NewStore: %v", err)
+	}
+	prod = openEngine(t, open, st, 0, order, tp, repl, bs, blocks)
+	prod.label = "p"
+	cons = openEngine(t, opts.OpenConsumer, st, 0, order, tp, repl, bs, blocks)
+	cons.label = "c"
+	if _, ok := prod.pair.Scheduler.(connector.TransferParamsSource); !ok {
+		t.Fatalf("the producer's scheduler half does not implement connector.TransferParamsSource")
+	}
+	return prod, cons, func() {
+		for _, e := range []*engine{cons, prod} {
+			if err := e.close(); err != nil {
+				t.Logf("close: %v", err)
+			}
+		}
+		st.Close()
+	}
+}
+
+// drainPD steps both engines, handing every offer on, until nothing runs
+// and nothing is kept.
+func drainPD(t tb, ctx context.Context, prod, cons *engine, decode int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for prod.busy() || cons.busy() || len(prod.offers) > 0 {
+		for _, o := range prod.offers {
+			cons.addWith(o.prompt, decode, o.params)
+		}
+		prod.offers = prod.offers[:0]
+		for _, e := range []*engine{prod, cons} {
+			e.step(ctx, 0)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20s: producer %s; consumer %s", prod.describe(), cons.describe())
+		}
+		runtime.Gosched()
+	}
+}
+
+func handoff(t *testing.T, open OpenFunc, opts Options, order connector.Order, tp, repl int) {
+	const bs = 4
+	prod, cons, closeAll := openPD(t, open, opts, order, tp, repl, bs, 64)
+	defer closeAll()
+	ctx := context.Background()
+	prompt := make([]hashing.Token, 6*bs)
+	for i := range prompt {
+		prompt[i] = hashing.Token(2000 + i)
+	}
+	prod.add(prompt, 0)
+	drainPD(t, ctx, prod, cons, 2)
+	if got := cons.stats.externalHits; got != 5 {
+		t.Errorf("the consumer loaded %d blocks of a 6-block prompt the producer prefilled, want 5 (all but the block with the last prompt token)", got)
+	}
+	if cons.stats.loads == 0 {
+		t.Errorf("no load finished on the consumer")
+	}
+}
+
+// disaggregatedMachine is one rapid test case of a producer and a consumer.
+func disaggregatedMachine(t *rapid.T, open OpenFunc, opts Options) {
+	order := rapid.SampledFrom([]connector.Order{connector.BlockMajor, connector.LayerMajor}).Draw(t, "order")
+	shape := rapid.SampledFrom([][2]int{{1, 1}, {2, 1}, {2, 2}}).Draw(t, "tp")
+	bs := rapid.SampledFrom([]int{1, 2, 4}).Draw(t, "blockSize")
+	blocks := rapid.IntRange(40, 96).Draw(t, "blocks")
+	prod, cons, closeAll := openPD(t, open, opts, order, shape[0], shape[1], bs, blocks)
+	defer closeAll()
+	ctx := context.Background()
+	docs := make([][]hashing.Token, 2)
+	for i := range docs {
+		docs[i] = rapid.SliceOfN(rapid.Uint32Range(0, 50000), 4, 24).Draw(t, fmt.Sprintf("doc%d", i))
+	}
+	prompt := func(t *rapid.T) []hashing.Token {
+		doc := docs[rapid.IntRange(0, len(docs)-1).Draw(t, "doc")]
+		cut := rapid.IntRange(len(doc)/2, len(doc)).Draw(t, "cut")
+		suffix := rapid.SliceOfN(rapid.Uint32Range(0, 50000), 0, 8).Draw(t, "suffix")
+		return append(slices.Clone(doc[:cut]), suffix...)
+	}
+	t.Repeat(map[string]func(*rapid.T){
+		"prefill": func(t *rapid.T) {
+			if len(prod.reqs) >= 6 {
+				t.Skip("enough requests")
+			}
+			prod.add(prompt(t), 0)
+		},
+		"handoff": func(t *rapid.T) {
+			if len(prod.offers) == 0 || len(cons.reqs) >= 6 {
+				t.Skip("nothing to hand on")
+			}
+			i := rapid.IntRange(0, len(prod.offers)-1).Draw(t, "offer")
+			o := prod.offers[i]
+			prod.offers = slices.Delete(prod.offers, i, i+1)
+			cons.addWith(o.prompt, rapid.IntRange(0, 4).Draw(t, "decode"), o.params)
+		},
+		"addLocal": func(t *rapid.T) {
+			if len(cons.reqs) >= 6 {
+				t.Skip("enough requests")
+			}
+			cons.add(prompt(t), rapid.IntRange(0, 4).Draw(t, "decode"))
+		},
+		"step": func(t *rapid.T) {
+			chunk := rapid.SampledFrom([]int{0, 1, 3, 8}).Draw(t, "chunk")
+			for range rapid.IntRange(1, 4).Draw(t, "steps") {
+				prod.step(ctx, chunk)
+				cons.step(ctx, chunk)
+			}
+		},
+		"preempt": func(t *rapid.T) {
+			if len(cons.reqs) == 0 {
+				t.Skip("no request")
+			}
+			cons.preempt(cons.reqs[rapid.IntRange(0, len(cons.reqs)-1).Draw(t, "req")])
+		},
+		"dropLocal": func(t *rapid.T) { cons.dropCache() },
+	})
+	drainPD(t, ctx, prod, cons, 1)
 }
 
 // identity returns a valid test identity of the given tenant and shape.

@@ -267,9 +267,9 @@ func (w *Worker) Poll() *connector.Output {
 		switch {
 		case s.Load() == consumed(id):
 		case now.After(h.deadline):
-			// Clear the slot before the engine may reuse the blocks: a
-			// consumer that reads it afterwards drops what it read.
-			s.Store(0)
+			// Close the slot before the engine may reuse the blocks: a
+			// consumer that checks it afterwards drops what it read.
+			s.Store(consumed(id))
 			w.mu.Lock()
 			w.mu.stats.SaveFailures += 1
 			w.mu.Unlock()
@@ -340,13 +340,28 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*8)
 	cellIn := rdma.Region{Addr: w.scratch.Region().Addr + uintptr(cell*16), Len: 8, Loc: rdma.Host}
 	cellOut := rdma.Region{Addr: cellIn.Addr + 8, Len: 8, Loc: rdma.Host}
-	// Whatever happens to the blocks, the producer may free them now.
+	// Whatever happens to the blocks, the producer may free them now; but
+	// once the offer is known to be gone, its slot may already carry a
+	// newer offer, which a notice of this one must not overwrite.
+	gone := false
 	defer func() {
+		if gone {
+			return
+		}
 		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16+8])) = consumed(p.Offer)
 		if r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox}}); err != nil || r[0].Status != rdma.Completed {
 			w.log.Warn("p2p: tell the producer", "segment", peer.Segment, "offer", p.Offer, "err", err)
 		}
 	}()
+	// The producer's worker arms the offer's slot when it starts the step
+	// after the offer was made, which may come after this consumer got
+	// the parameters: wait for it, so that the slot check after the reads
+	// and the notice both mean this offer.
+	if err := w.awaitArmed(seg, mailbox, cellIn, cell, p.Offer); err != nil {
+		w.log.Warn("p2p: offer not armed", "segment", peer.Segment, "offer", p.Offer, "err", err)
+		gone = errors.Is(err, errWithdrawn)
+		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0
+	}
 	if plan.notify {
 		return nil, 0
 	}
@@ -375,12 +390,52 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 		return failRange(nil, id, 0, n, connector.ReasonIO), 0
 	}
 	if v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16])); v != armed(p.Offer) {
+		gone = true
 		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0
 	}
 	if failAt < n {
 		return failRange(nil, id, failAt, n, connector.ReasonIO), bytes
 	}
 	return nil, bytes
+}
+
+// errWithdrawn: the producer gave the offer up before the consumer read it.
+var errWithdrawn = errors.New("offer withdrawn")
+
+// awaitArmed reads the offer's slot until the producer armed it, for up
+// to open_timeout. A slot holds, in turn, the values of the offers that use
+// it: armed(offer), then consumed(offer) (the consumer is done, or the
+// producer withdrew the offer). A value of an older offer, or 0, means this
+// one is not armed yet; this offer's consumed value, or a newer offer's,
+// means it is gone.
+func (w *Worker) awaitArmed(seg rdma.SegmentID, mailbox uintptr, cellIn rdma.Region, cell int, offer uint64) error {
+	deadline := time.Now().Add(w.opt.openTimeout)
+	wait := 20 * time.Microsecond
+	for {
+		r, err := w.transfer([]rdma.Request{{Op: rdma.Read, Local: cellIn, Segment: seg, Remote: mailbox}})
+		if err != nil {
+			return err
+		}
+		if r[0].Status != rdma.Completed {
+			return fmt.Errorf("reading the slot: %v", r[0].Status)
+		}
+		v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16]))
+		switch {
+		case v == armed(offer):
+			return nil
+		case v>>1 >= offer:
+			return fmt.Errorf("%w: offer %d (slot holds %#x)", errWithdrawn, offer, v)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("offer %d not armed after %v", offer, w.opt.openTimeout)
+		}
+		select {
+		case <-w.ctx.Done():
+			return w.ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Millisecond)
+	}
 }
 
 // requests builds the reads of blocks from the producer's remote blocks,
@@ -492,8 +547,8 @@ func (w *Worker) Close() error {
 	w.cancel()
 	w.wg.Wait()
 	if w.mailbox != nil {
-		for _, h := range w.offers {
-			w.slot(h.slot).Store(0)
+		for id, h := range w.offers {
+			w.slot(h.slot).Store(consumed(id))
 		}
 	}
 	clear(w.offers)
