@@ -121,8 +121,10 @@ func (e *Engine) Submit(id connector.RequestID, prompt []hashing.Token, maxToken
 	return nil
 }
 
-// Busy reports whether requests remain.
-func (e *Engine) Busy() bool { return len(e.reqs) > 0 }
+// Busy reports whether requests remain, or blocks that the connector still
+// keeps for a transfer: the engine must go on stepping to release them (a
+// step with nothing to compute still polls the workers).
+func (e *Engine) Busy() bool { return len(e.reqs) > 0 || e.sched.Stats().Held > 0 }
 
 // Step runs one engine step: plan, start loads, compute, save, report.
 func (e *Engine) Step(ctx context.Context) error {
