@@ -6,10 +6,11 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvconnect/kvconnect/internal/fakelib"
 )
 
 // TestMooncakeStore runs the report with -store mooncake over the fake
@@ -17,19 +18,10 @@ import (
 // from its C source: the mini-engine's ON runs go through the purego
 // binding of Mooncake's C API. The fake exists only in tests.
 func TestMooncakeStore(t *testing.T) {
-	cc, err := exec.LookPath("gcc")
-	if err != nil {
-		if os.Getenv("MOONCAKE_FAKE_REQUIRE") == "1" {
-			t.Fatalf("MOONCAKE_FAKE_REQUIRE=1 but gcc is absent: %v", err)
-		}
-		t.Skipf("gcc not found, cannot build the fake Mooncake library: %v", err)
-	}
+	fake := fakelib.Build("libmooncake_store.so", []string{filepath.Join("..", "..", "store", "mooncake", "testdata", "fake_store.c")}, "-lpthread")
+	t.Cleanup(func() { fake.Remove() })
+	lib := fake.Need(t, "MOONCAKE_FAKE_REQUIRE")
 	dir := t.TempDir()
-	lib := filepath.Join(dir, "libmooncake_store.so")
-	src := filepath.Join("..", "..", "store", "mooncake", "testdata", "fake_store.c")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-O2", "-o", lib, src, "-lpthread").CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
 	cfgPath := filepath.Join(dir, "mooncake.json")
 	cfg := `{"local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE",
 		"master_server_address": "127.0.0.1:50051", "global_segment_size": "256MB", "protocol": "tcp"}`

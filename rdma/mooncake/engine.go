@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvconnect/kvconnect/internal/mapped"
 	"github.com/kvconnect/kvconnect/rdma"
 )
 
@@ -228,7 +229,7 @@ func (e *Engine) Register(r rdma.Region) error {
 		loc = r.Loc.String()
 	}
 	if r.Len > 0 && r.Addr != 0 && r.Loc.IsHost() {
-		if err := checkMapped(r.Addr, r.Len); err != nil {
+		if err := mapped.Check(r.Addr, r.Len); err != nil {
 			return fmt.Errorf("mooncake: register: %w: %w", rdma.ErrInvalidRegion, err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -31,8 +32,8 @@ func TestLayoutMatchesC(t *testing.T) {
 }
 
 func TestOpenUnavailable(t *testing.T) {
-	fake := needFake(t)
-	notTE, err := gcc(fakeDir, "libnotte.so", "-x", "c", "/dev/null")
+	lib := needFake(t)
+	notTE, err := gcc(t.TempDir(), "libnotte.so", "-x", "c", "/dev/null")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func TestOpenUnavailable(t *testing.T) {
 	}{
 		{"missing file", Config{Library: "/nonexistent/libtransfer_engine.so", Hostname: "127.0.0.1"}, "BUILD_SHARED_LIBS=ON"},
 		{"not a transfer engine", Config{Library: notTE, Hostname: "127.0.0.1"}, "not a Mooncake Transfer Engine C library"},
-		{"create fails", Config{Library: fake, Hostname: "127.0.0.1", Metadata: "fake:fail"}, "createTransferEngine"},
+		{"create fails", Config{Library: lib, Hostname: "127.0.0.1", Metadata: "fake:fail"}, "createTransferEngine"},
 	} {
 		_, err := Open(ctx, tc.cfg)
 		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
@@ -55,7 +56,7 @@ func TestOpenUnavailable(t *testing.T) {
 	if _, err := Open(ctx, Config{Hostname: "127.0.0.1"}); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), EnvLibrary) {
 		t.Errorf("Open with %s set to a missing file = %v, want ErrUnavailable naming the variable", EnvLibrary, err)
 	}
-	t.Setenv(EnvLibrary, fakeDir)
+	t.Setenv(EnvLibrary, filepath.Dir(lib))
 	e, err := Open(ctx, Config{Hostname: "127.0.0.1"})
 	if err != nil {
 		t.Fatalf("Open with %s set to the fake's folder = %v", EnvLibrary, err)
@@ -65,10 +66,10 @@ func TestOpenUnavailable(t *testing.T) {
 	}
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := Open(canceled, Config{Library: fake, Hostname: "127.0.0.1"}); !errors.Is(err, context.Canceled) {
+	if _, err := Open(canceled, Config{Library: lib, Hostname: "127.0.0.1"}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Open(canceled) = %v, want context.Canceled", err)
 	}
-	if _, err := Open(ctx, Config{Library: fake}); err == nil || !strings.Contains(err.Error(), "Hostname") {
+	if _, err := Open(ctx, Config{Library: lib}); err == nil || !strings.Contains(err.Error(), "Hostname") {
 		t.Errorf("Open without a hostname = %v, want an error naming Hostname", err)
 	}
 }

@@ -6,5 +6,3 @@ package mooncake
 // and nothing below is reached.
 
 func load(string) (*api, error) { return nil, errUnsupported }
-
-func checkMapped(uintptr, int) error { return errUnsupported }

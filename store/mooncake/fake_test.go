@@ -6,35 +6,23 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/kvconnect/kvconnect/internal/dl"
+	"github.com/kvconnect/kvconnect/internal/fakelib"
 	"github.com/kvconnect/kvconnect/rdma"
 )
 
-// The fake libmooncake_store.so (testdata/fake_store.c), built once by
-// TestMain with gcc into a temporary folder. Only tests load it.
-var (
-	fakeDir  string // folder of the build outputs
-	fakeLib  string // path of the fake library; "" when not built
-	fakeSkip string // why it was not built (gcc absent)
-	fakeErr  error  // why the build failed (gcc present)
-)
+// fake is the fake library (testdata), built once by TestMain with gcc.
+// Only tests load it.
+var fake *fakelib.Lib
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kvconnect-mooncake-fake-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "mooncake tests:", err)
-		os.Exit(1)
-	}
-	fakeDir = dir
-	fakeLib, fakeSkip, fakeErr = buildFake(dir)
+	fake = fakelib.Build("libmooncake_store.so", []string{"testdata/fake_store.c"}, "-lpthread")
 	code := m.Run()
-	if err := os.RemoveAll(dir); err != nil {
+	if err := fake.Remove(); err != nil {
 		fmt.Fprintln(os.Stderr, "mooncake tests:", err)
 	}
 	os.Exit(code)
@@ -42,24 +30,7 @@ func TestMain(m *testing.M) {
 
 // gcc compiles a shared library from C sources into dir/name.
 func gcc(dir, name string, args ...string) (string, error) {
-	cc, err := exec.LookPath("gcc")
-	if err != nil {
-		return "", err
-	}
-	out := filepath.Join(dir, name)
-	cmd := exec.Command(cc, append([]string{"-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", out}, args...)...)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("gcc %s: %w\n%s", name, err, b)
-	}
-	return out, nil
-}
-
-func buildFake(dir string) (lib, skip string, err error) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		return "", "gcc not found on PATH: " + err.Error(), nil
-	}
-	lib, err = gcc(dir, "libmooncake_store.so", "testdata/fake_store.c", "-lpthread")
-	return lib, "", err
+	return fakelib.Compile(dir, name, args...)
 }
 
 // needFake returns the path of the fake library, or ends the test: a skip
@@ -67,15 +38,7 @@ func buildFake(dir string) (lib, skip string, err error) {
 // when the build failed.
 func needFake(t testing.TB) string {
 	t.Helper()
-	switch {
-	case fakeErr != nil:
-		t.Fatalf("building the fake libmooncake_store.so: %v", fakeErr)
-	case fakeLib == "" && os.Getenv("MOONCAKE_FAKE_REQUIRE") == "1":
-		t.Fatalf("MOONCAKE_FAKE_REQUIRE=1 but the fake library cannot be built: %s", fakeSkip)
-	case fakeLib == "":
-		t.Skipf("fake libmooncake_store.so not built (%s); set MOONCAKE_FAKE_REQUIRE=1 to fail instead", fakeSkip)
-	}
-	return fakeLib
+	return fake.Need(t, "MOONCAKE_FAKE_REQUIRE")
 }
 
 // fakeConfig is a valid config for the fake library.

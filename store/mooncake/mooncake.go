@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvconnect/kvconnect/internal/mapped"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -570,7 +571,7 @@ func (s *Store) Register(r rdma.Region) error {
 			return fmt.Errorf("%w: mooncake: register [%#x, +%d) on %s: device memory needs Config.DeviceMemory (a library built with accelerator support)",
 				store.ErrInvalidRegion, r.Addr, r.Len, r.Loc)
 		}
-	} else if err := checkMapped(r.Addr, r.Len); err != nil {
+	} else if err := mapped.Check(r.Addr, r.Len); err != nil {
 		return fmt.Errorf("%w: mooncake: register: %w", store.ErrInvalidRegion, err)
 	}
 	s.mu.Lock()

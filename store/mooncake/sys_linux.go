@@ -73,29 +73,3 @@ func unblockSignals() error {
 	}
 	return nil
 }
-
-// checkMapped reports an error unless every page of [addr, addr+n) is
-// mapped in this process, so that native code is never handed an address
-// it would fault on.
-func checkMapped(addr uintptr, n int) error {
-	page := uintptr(syscall.Getpagesize())
-	start := addr &^ (page - 1)
-	end := addr + uintptr(n)
-	if end < addr {
-		return fmt.Errorf("[%#x, +%d) wraps around", addr, n)
-	}
-	var vec [4096]byte
-	for start < end {
-		pages := (end - start + page - 1) / page
-		pages = min(pages, uintptr(len(vec)))
-		_, _, e := syscall.Syscall(syscall.SYS_MINCORE, start, pages*page, uintptr(unsafe.Pointer(&vec[0])))
-		if e != 0 {
-			if e == syscall.ENOMEM {
-				return fmt.Errorf("[%#x, +%d) is not mapped memory", addr, n)
-			}
-			return fmt.Errorf("mincore [%#x, +%d): %w", addr, n, e)
-		}
-		start += pages * page
-	}
-	return nil
-}

@@ -14,5 +14,3 @@ func unmapMem([]byte) {}
 func onNativeThread(fn func()) { fn() }
 
 func unblockSignals() error { return errUnsupported }
-
-func checkMapped(uintptr, int) error { return errUnsupported }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package mooncake
+package mapped
 
 import (
 	"fmt"
@@ -8,10 +8,9 @@ import (
 	"unsafe"
 )
 
-// checkMapped reports an error unless every page of [addr, addr+n) is
-// mapped in this process, so that native code is never handed an address
-// it would fault on.
-func checkMapped(addr uintptr, n int) error {
+// Check reports an error unless every page of [addr, addr+n) is mapped in
+// this process (mincore succeeds on it).
+func Check(addr uintptr, n int) error {
 	page := uintptr(syscall.Getpagesize())
 	start := addr &^ (page - 1)
 	end := addr + uintptr(n)
