@@ -34,7 +34,7 @@ type Scheduler struct {
 	board   *board
 
 	reqs      map[connector.RequestID]*request
-	transfers map[uint64]*transfer
+	transfers *connector.Tally[*transfer]
 	slots     []bool // producer mailbox slots in use
 	nextID    uint64
 	bufs      [2]connector.Metadata
@@ -80,14 +80,12 @@ const (
 
 // transfer is a planned or running transfer.
 type transfer struct {
-	req     *request
-	kind    kind
-	first   int
-	n       int
-	slot    int    // offers
-	reports []bool // per rank: reported Done
-	left    int
-	failAt  int // loads: lowest failed block index over all ranks, -1 if none
+	req    *request
+	kind   kind
+	first  int
+	n      int
+	slot   int // offers
+	failAt int // loads: lowest failed block index over all ranks, -1 if none
 }
 
 func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns hashing.Namespace, log *slog.Logger, b *board) *Scheduler {
@@ -101,7 +99,7 @@ func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns has
 		workers:   id.Layout.TPSize,
 		board:     b,
 		reqs:      make(map[connector.RequestID]*request),
-		transfers: make(map[uint64]*transfer),
+		transfers: connector.NewTally[*transfer](id.Layout.TPSize),
 		slots:     make([]bool, opt.slots),
 	}
 	s.meta = &s.bufs[0]
@@ -283,7 +281,7 @@ func (s *Scheduler) notify(q *request) {
 
 // track records a planned transfer.
 func (s *Scheduler) track(q *request, id uint64, k kind, first, n, slot int) {
-	s.transfers[id] = &transfer{req: q, kind: k, first: first, n: n, slot: slot, reports: make([]bool, s.workers), left: s.workers, failAt: -1}
+	s.transfers.Add(id, n, &transfer{req: q, kind: k, first: first, n: n, slot: slot, failAt: -1})
 	if k != kindNotify {
 		q.inflight++
 	}
@@ -337,46 +335,14 @@ func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error
 	s.progress.Loaded = s.progress.Loaded[:0]
 	s.progress.Failed = s.progress.Failed[:0]
 	s.progress.Released = s.progress.Released[:0]
-	// Validate everything first, so that a bad Output changes nothing.
-	for _, o := range outs {
-		if o.Rank < 0 || o.Rank >= s.workers {
-			return nil, fmt.Errorf("p2p: Update: Output.Rank = %d, want [0, %d)", o.Rank, s.workers)
-		}
-		for _, f := range o.Failed {
-			x := s.transfers[f.Transfer]
-			if x == nil {
-				return nil, fmt.Errorf("p2p: Update: rank %d reports a failure of unknown transfer %d", o.Rank, f.Transfer)
-			}
-			if f.Index < 0 || f.Index >= max(x.n, 1) {
-				return nil, fmt.Errorf("p2p: Update: rank %d reports block %d of transfer %d, which has %d", o.Rank, f.Index, f.Transfer, x.n)
-			}
-		}
-		for _, id := range o.Done {
-			x := s.transfers[id]
-			if x == nil {
-				return nil, fmt.Errorf("p2p: Update: rank %d reports unknown transfer %d done", o.Rank, id)
-			}
-			if x.reports[o.Rank] {
-				return nil, fmt.Errorf("p2p: Update: rank %d reports transfer %d done twice", o.Rank, id)
-			}
+	// A bad Output is an error that changes nothing.
+	failed := func(x *transfer, f connector.Failure) {
+		if x.kind == kindLoad && (x.failAt < 0 || f.Index < x.failAt) {
+			x.failAt = f.Index
 		}
 	}
-	for _, o := range outs {
-		for _, f := range o.Failed {
-			x := s.transfers[f.Transfer]
-			if x.kind == kindLoad && (x.failAt < 0 || f.Index < x.failAt) {
-				x.failAt = f.Index
-			}
-		}
-		for _, id := range o.Done {
-			x := s.transfers[id]
-			x.reports[o.Rank] = true
-			x.left--
-			if x.left == 0 {
-				delete(s.transfers, id)
-				s.finishTransfer(id, x)
-			}
-		}
+	if err := s.transfers.Apply("p2p: Update", outs, failed, s.finishTransfer); err != nil {
+		return nil, err
 	}
 	s.progress.Released = append(s.progress.Released, s.released...)
 	s.released = s.released[:0]

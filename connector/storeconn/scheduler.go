@@ -17,18 +17,17 @@ import (
 // connector.Scheduler, connector.Rotator, connector.EventSource and
 // connector.StatsReporter.
 type Scheduler struct {
-	cfg     connector.Config
-	opt     options
-	st      store.Store
-	log     *slog.Logger
-	id      hashing.Identity
-	ns      hashing.Namespace
-	bs      int // tokens per block
-	shards  int // distinct KV shards (TP size / replication)
-	workers int // workers that report each transfer (TP size)
+	cfg    connector.Config
+	opt    options
+	st     store.Store
+	log    *slog.Logger
+	id     hashing.Identity
+	ns     hashing.Namespace
+	bs     int // tokens per block
+	shards int // distinct KV shards (TP size / replication)
 
 	reqs        map[connector.RequestID]*request
-	transfers   map[uint64]*transfer
+	transfers   *connector.Tally[*transfer]
 	saving      map[hashing.BlockHash]int // blocks with a save in flight, this generation
 	retries     []retry                   // out-of-space saves to plan again
 	nextID      uint64
@@ -96,8 +95,6 @@ type transfer struct {
 	first   int
 	blocks  []connector.BlockID
 	hashes  []hashing.BlockHash
-	reports []bool // per worker rank: reported Done
-	left    int    // workers yet to report
 	failAt  int    // lowest failed block index over all workers, -1 if none
 	noSpace []bool // per block: a worker reported no space (saves)
 	failed  []bool // per block: failed for another reason (saves)
@@ -127,9 +124,8 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 		ns:        ns,
 		bs:        env.Identity.Layout.BlockSize,
 		shards:    ns.Shards(),
-		workers:   env.Identity.Layout.TPSize,
 		reqs:      make(map[connector.RequestID]*request),
-		transfers: make(map[uint64]*transfer),
+		transfers: connector.NewTally[*transfer](env.Identity.Layout.TPSize),
 		saving:    make(map[hashing.BlockHash]int),
 	}
 	s.meta = &s.bufs[0]
@@ -351,16 +347,14 @@ func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, 
 // track records a planned transfer.
 func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries int) {
 	x := &transfer{
-		req:     q,
-		load:    load,
-		gen:     s.meta.Generation,
-		first:   t.First,
-		blocks:  t.Blocks,
-		hashes:  t.Hashes,
-		reports: make([]bool, s.workers),
-		left:    s.workers,
-		failAt:  -1,
-		tries:   tries,
+		req:    q,
+		load:   load,
+		gen:    s.meta.Generation,
+		first:  t.First,
+		blocks: t.Blocks,
+		hashes: t.Hashes,
+		failAt: -1,
+		tries:  tries,
 	}
 	if !load {
 		x.noSpace = make([]bool, len(t.Blocks))
@@ -369,7 +363,7 @@ func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries in
 			s.saving[h]++
 		}
 	}
-	s.transfers[t.ID] = x
+	s.transfers.Add(t.ID, len(t.Blocks), x)
 	q.inflight++
 }
 
@@ -470,56 +464,27 @@ func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error
 	s.progress.Loaded = s.progress.Loaded[:0]
 	s.progress.Failed = s.progress.Failed[:0]
 	s.progress.Released = s.progress.Released[:0]
-	// Validate everything first, so that a bad Output changes nothing.
-	for _, o := range outs {
-		if o.Rank < 0 || o.Rank >= s.workers {
-			return nil, fmt.Errorf("storeconn: Update: Output.Rank = %d, want [0, %d)", o.Rank, s.workers)
-		}
-		for _, f := range o.Failed {
-			x := s.transfers[f.Transfer]
-			if x == nil {
-				return nil, fmt.Errorf("storeconn: Update: rank %d reports a failure of unknown transfer %d", o.Rank, f.Transfer)
-			}
-			if f.Index < 0 || f.Index >= len(x.blocks) {
-				return nil, fmt.Errorf("storeconn: Update: rank %d reports block %d of transfer %d, which has %d", o.Rank, f.Index, f.Transfer, len(x.blocks))
-			}
-		}
-		for _, id := range o.Done {
-			x := s.transfers[id]
-			if x == nil {
-				return nil, fmt.Errorf("storeconn: Update: rank %d reports unknown transfer %d done", o.Rank, id)
-			}
-			if x.reports[o.Rank] {
-				return nil, fmt.Errorf("storeconn: Update: rank %d reports transfer %d done twice", o.Rank, id)
-			}
-		}
-	}
-	for _, o := range outs {
-		for _, f := range o.Failed {
-			x := s.transfers[f.Transfer]
-			if x.load {
-				if x.failAt < 0 || f.Index < x.failAt {
-					x.failAt = f.Index
-				}
-			} else if f.Reason == connector.ReasonNoSpace {
-				x.noSpace[f.Index] = true
-			} else {
-				x.failed[f.Index] = true
-			}
-		}
-		for _, id := range o.Done {
-			x := s.transfers[id]
-			x.reports[o.Rank] = true
-			x.left--
-			if x.left == 0 {
-				delete(s.transfers, id)
-				s.finishTransfer(x)
-			}
-		}
+	// A bad Output is an error that changes nothing.
+	if err := s.transfers.Apply("storeconn: Update", outs, s.failBlock, func(_ uint64, x *transfer) { s.finishTransfer(x) }); err != nil {
+		return nil, err
 	}
 	s.progress.Released = append(s.progress.Released, s.released...)
 	s.released = s.released[:0]
 	return &s.progress, nil
+}
+
+// failBlock records a block of x that a worker reported failed.
+func (s *Scheduler) failBlock(x *transfer, f connector.Failure) {
+	switch {
+	case x.load:
+		if x.failAt < 0 || f.Index < x.failAt {
+			x.failAt = f.Index
+		}
+	case f.Reason == connector.ReasonNoSpace:
+		x.noSpace[f.Index] = true
+	default:
+		x.failed[f.Index] = true
+	}
 }
 
 // finishTransfer acts on a transfer that every worker reported.
@@ -636,8 +601,8 @@ func (s *Scheduler) Rotate(gen uint64) error {
 	// Saves planned this step but not yet shipped belong to the old
 	// weights: drop them.
 	for _, t := range s.meta.Saves {
-		if x := s.transfers[t.ID]; x != nil {
-			delete(s.transfers, t.ID)
+		if x, ok := s.transfers.Get(t.ID); ok {
+			s.transfers.Drop(t.ID)
 			x.req.inflight--
 			s.stats.StaleDiscarded += int64(len(t.Blocks))
 			s.maybeRelease(x.req)
