@@ -103,8 +103,9 @@ type Config struct {
 	// PresenceOnly makes Exists report presence only, with Result.N 0,
 	// in one native call per batch. Off, Exists also asks the size of each
 	// key found, one more call (a request to the master) per key, as
-	// store.Store's contract asks.
-	PresenceOnly bool `json:"-"`
+	// store.Store's contract asks. Connector lookups need presence only:
+	// set it for them. JSON presence_only (read by this package only).
+	PresenceOnly bool `json:"presence_only,omitempty"`
 	// Logger receives the client's life-cycle events; nil discards them.
 	Logger *slog.Logger `json:"-"`
 }
@@ -128,7 +129,8 @@ func LoadConfig(path string) (Config, error) {
 // 1 GiB when absent and are numbers of bytes or strings such as "4GB" or
 // "512 MB" (KB, MB, GB, TB or K, M, G, T, powers of 1024, case ignored);
 // protocol defaults to "tcp" and is lower-cased; device_name may be null.
-// replica_num and preferred_segments set the replication of puts. The
+// replica_num and preferred_segments set the replication of puts, and
+// presence_only makes Exists answer presence alone (see Config). The
 // fields mode, enable_offload, enable_ssd_offload, ssd_offload_path,
 // enable_client_http_server and client_http_port are ignored, as are
 // unknown fields. The result has [Config.EnsureDefaults] applied and is
@@ -179,6 +181,11 @@ func ParseConfig(data []byte) (Config, error) {
 			if err := f.dst.UnmarshalJSON(raw); err != nil {
 				return Config{}, fmt.Errorf("mooncake: config: field %s: %w", f.name, err)
 			}
+		}
+	}
+	if raw, ok := fields["presence_only"]; ok {
+		if err := json.Unmarshal(raw, &cfg.PresenceOnly); err != nil {
+			return Config{}, fmt.Errorf("mooncake: config: field presence_only: want true or false, got %s", clip(raw))
 		}
 	}
 	if raw, ok := fields["replica_num"]; ok {

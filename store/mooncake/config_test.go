@@ -103,6 +103,11 @@ func TestParseConfig(t *testing.T) {
 			GlobalSegmentSize: 512 << 20, LocalBufferSize: DefaultLocalBufferSize,
 			ReplicaNum: 2, PreferredSegments: []string{"h:12300"},
 		}},
+		{"presence only", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
+			"presence_only": true}`, Config{
+			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, PresenceOnly: true,
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseConfig([]byte(tc.in))
@@ -138,6 +143,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"size as bool", base(`, "global_segment_size": true`), []string{"global_segment_size", "true"}},
 		{"huge size", base(`, "global_segment_size": "9000TB"`), []string{"global_segment_size", "9000TB"}},
 		{"unknown protocol", base(`, "protocol": "carrier-pigeon"`), []string{"protocol", `"carrier-pigeon"`, "tcp"}},
+		{"presence_only not a bool", base(`, "presence_only": "yes"`), []string{"presence_only", `"yes"`}},
 		{"protocol as number", base(`, "protocol": 6`), []string{"protocol", "6"}},
 		{"hostname with space", `{"local_hostname": "my host", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1"}`, []string{"local_hostname", `"my host"`}},
 		{"tenant", base(`, "tenant_id": "acme"`), []string{"tenant_id", `"acme"`}},
