@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 )
@@ -179,6 +180,9 @@ func (c Config) ExtraBool(key string, def bool) (bool, error) {
 	return def, extraErr(key, v, "a boolean")
 }
 
+// maxSeconds is the longest duration, in seconds, a time.Duration holds.
+const maxSeconds = float64(math.MaxInt64) / float64(time.Second)
+
 // ExtraDuration returns the duration kv_connector_extra_config[key], or def
 // when it is absent. It accepts Go duration strings ("250ms") and numbers of
 // seconds.
@@ -193,11 +197,11 @@ func (c Config) ExtraDuration(key string, def time.Duration) (time.Duration, err
 			return d, nil
 		}
 	case json.Number:
-		if f, err := x.Float64(); err == nil && f >= 0 {
+		if f, err := x.Float64(); err == nil && f >= 0 && f <= maxSeconds {
 			return time.Duration(f * float64(time.Second)), nil
 		}
 	case float64:
-		if x >= 0 {
+		if x >= 0 && x <= maxSeconds {
 			return time.Duration(x * float64(time.Second)), nil
 		}
 	}

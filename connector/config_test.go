@@ -2,6 +2,7 @@ package connector_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -61,7 +62,7 @@ func TestParseConfig(t *testing.T) {
 
 func TestExtraAccessors(t *testing.T) {
 	cfg, err := connector.ParseConfig([]byte(`{"kv_connector": "x", "kv_connector_extra_config": {
-		"n": 12, "ns": "7", "b": true, "bs": "false", "d": "250ms", "dn": 1.5, "s": "hi", "bad": [1]}}`))
+		"n": 12, "ns": "7", "b": true, "bs": "false", "d": "250ms", "dn": 1.5, "s": "hi", "bad": [1], "huge": 1e12}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,10 +91,11 @@ func TestExtraAccessors(t *testing.T) {
 		t.Errorf("ExtraString(s) = %q, %v, want hi", v, err)
 	}
 	for name, call := range map[string]func() error{
-		"int":      func() error { _, err := cfg.ExtraInt("bad", 0); return err },
-		"bool":     func() error { _, err := cfg.ExtraBool("n", false); return err },
-		"duration": func() error { _, err := cfg.ExtraDuration("s", 0); return err },
-		"string":   func() error { _, err := cfg.ExtraString("n", ""); return err },
+		"int":           func() error { _, err := cfg.ExtraInt("bad", 0); return err },
+		"bool":          func() error { _, err := cfg.ExtraBool("n", false); return err },
+		"duration":      func() error { _, err := cfg.ExtraDuration("s", 0); return err },
+		"string":        func() error { _, err := cfg.ExtraString("n", ""); return err },
+		"huge duration": func() error { _, err := cfg.ExtraDuration("huge", 0); return err },
 	} {
 		err := call()
 		if err == nil || !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "kv_connector_extra_config.") {
@@ -111,23 +113,29 @@ func (nopDriver) OpenWorker(connector.Config, connector.Env) (connector.Worker, 
 	return nil, errors.New("nop")
 }
 
+// registryRuns names TestRegistry's drivers apart across -count runs: the
+// registry lives as long as the process.
+var registryRuns int
+
 func TestRegistry(t *testing.T) {
-	connector.Register("registry-test-b", nopDriver{})
-	connector.Register("registry-test-a", nopDriver{})
+	registryRuns++
+	a, b := fmt.Sprintf("registry-test-%d-a", registryRuns), fmt.Sprintf("registry-test-%d-b", registryRuns)
+	connector.Register(b, nopDriver{})
+	connector.Register(a, nopDriver{})
 	names := connector.Drivers()
 	ia, ib := -1, -1
 	for i, n := range names {
 		switch n {
-		case "registry-test-a":
+		case a:
 			ia = i
-		case "registry-test-b":
+		case b:
 			ib = i
 		}
 	}
 	if ia < 0 || ib < 0 || ia > ib {
 		t.Errorf("Drivers() = %v, want both test drivers, sorted", names)
 	}
-	mustPanic(t, "duplicate", func() { connector.Register("registry-test-a", nopDriver{}) })
+	mustPanic(t, "duplicate", func() { connector.Register(a, nopDriver{}) })
 	mustPanic(t, "nil", func() { connector.Register("registry-test-nil", nil) })
 
 	_, err := connector.OpenScheduler(connector.Config{Connector: "nosuch"}, connector.Env{})
@@ -138,13 +146,13 @@ func TestRegistry(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "forgotten import?") {
 		t.Errorf("OpenWorker(nosuch) error = %v", err)
 	}
-	_, err = connector.OpenWorker(connector.Config{Connector: "registry-test-a", Role: "bad"}, connector.Env{})
+	_, err = connector.OpenWorker(connector.Config{Connector: a, Role: "bad"}, connector.Env{})
 	if !errors.Is(err, connector.ErrConfig) {
 		t.Errorf("OpenWorker with a bad role: error = %v, want ErrConfig", err)
 	}
-	_, err = connector.OpenScheduler(connector.Config{Connector: "registry-test-a"}, connector.Env{})
+	_, err = connector.OpenScheduler(connector.Config{Connector: a}, connector.Env{})
 	if err == nil || err.Error() != "nop" {
-		t.Errorf("OpenScheduler(registry-test-a) error = %v, want the driver's", err)
+		t.Errorf("OpenScheduler(%s) error = %v, want the driver's", a, err)
 	}
 }
 

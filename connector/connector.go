@@ -41,6 +41,16 @@ type Request struct {
 	TransferParams []byte
 }
 
+// Preempter is an optional interface of a Scheduler: Preempt ends r as
+// Finish does, for a request the engine preempted and will run again
+// later. A connector whose Finish hands a finished request's KV on to
+// another instance (disaggregated prefill) hands nothing on for a
+// preempted one, and keeps only the blocks that transfers still touch.
+// Fallback: Finish.
+type Preempter interface {
+	Preempt(r *Request, blocks []BlockID) (keep bool, err error)
+}
+
 // TransferParamsSource is an optional interface of a Scheduler whose
 // requests continue on another instance (disaggregated prefill and
 // decode). After Finish kept a request's blocks, TransferParams returns the

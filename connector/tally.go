@@ -68,7 +68,10 @@ func (t *Tally[T]) undo(err error) error {
 // transfer that every worker has now reported, which it stops tracking.
 // prefix begins the errors ("storeconn: Update").
 func (t *Tally[T]) Apply(prefix string, outs []*Output, failed func(T, Failure), done func(uint64, T)) error {
-	for _, o := range outs {
+	for i, o := range outs {
+		if o == nil {
+			return t.undo(fmt.Errorf("%s: outs[%d] is nil", prefix, i))
+		}
 		if o.Rank < 0 || o.Rank >= t.workers {
 			return t.undo(fmt.Errorf("%s: Output.Rank = %d, want [0, %d)", prefix, o.Rank, t.workers))
 		}

@@ -48,6 +48,7 @@ func TestTally(t *testing.T) {
 		{"twice in one output", []*connector.Output{{Rank: 0, Done: []uint64{1, 1}}}, "done twice"},
 		{"twice across outputs", []*connector.Output{{Rank: 1, Done: []uint64{1}}, {Rank: 1, Done: []uint64{1}}}, "done twice"},
 		{"bad after good", []*connector.Output{{Rank: 0, Done: []uint64{1, 2}}, {Rank: 5}}, "Output.Rank = 5"},
+		{"nil output", []*connector.Output{{Rank: 0, Done: []uint64{1}}, nil}, "outs[1] is nil"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tl, a, b := newTally()

@@ -68,9 +68,10 @@
 //
 // # Concurrency
 //
-// Runtime, Device, Stream, Event and the memory types are safe for
-// concurrent use; Close, Free and Unregister must be the last call on their
-// value and are idempotent. The current device is per OS thread in CUDA:
+// The methods of Runtime, Device, Stream, Event and the memory types are
+// safe for concurrent use, except Close, Free and Unregister: those must not
+// overlap another call on their value, must be the last one, and are
+// idempotent. The current device is per OS thread in CUDA:
 // every call that depends on it locks the goroutine to its thread, sets the
 // device and makes the call, so goroutines never see each other's device.
 // Calls block their OS thread while in native code; Wait and Synchronize

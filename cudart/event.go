@@ -8,8 +8,8 @@ import (
 
 // Event is a CUDA event (created with cudaEventDisableTiming: it marks a
 // point in a stream, it does not time). An event that was never recorded
-// counts as complete. It is safe for concurrent use; Close must be the last
-// call.
+// counts as complete. Its methods other than Close are safe for concurrent
+// use; Close must not overlap any other call on it, and must be the last.
 type Event struct {
 	d      *Device
 	handle uintptr

@@ -59,8 +59,8 @@ type Copy = struct {
 
 // Stream is a CUDA stream (created non-blocking: it does not synchronize
 // with the legacy default stream). Work on one stream runs in the order it
-// was issued. A Stream is safe for concurrent use; Close must be the last
-// call.
+// was issued. A Stream's methods other than Close are safe for concurrent
+// use; Close must not overlap any other call on it, and must be the last.
 type Stream struct {
 	d      *Device
 	handle uintptr

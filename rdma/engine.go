@@ -86,7 +86,9 @@ type Batch interface {
 
 	// Submit validates every request of reqs and, if all are valid, starts
 	// them; otherwise it returns an error naming the first bad request and
-	// submits none. Submit does not wait for transfers and does not retain
+	// submits none. A transport that fails after it queued the requests
+	// (rdma/mooncake can) returns an error with the requests in the batch:
+	// Len tells, and they end with a final status like the others. Submit does not wait for transfers and does not retain
 	// reqs. It may be called more than once while the batch has room; more
 	// requests than Cap in all is an error wrapping [ErrBatchFull].
 	Submit(reqs []Request) error

@@ -2,11 +2,14 @@ package rdma
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/kvconnect/kvconnect/internal/mapped"
 )
 
 // Fabric connects the [Loopback] engines of one process: an engine's
@@ -181,6 +184,9 @@ func (e *Loopback) Segment() string { return e.name }
 func (e *Loopback) Register(r Region) error {
 	if r.Loc != Host {
 		return fmt.Errorf("rdma: loopback %q: register %d bytes of %v: %w (loopback engines move host memory only)", e.name, r.Len, r.Loc, ErrUnsupported)
+	}
+	if err := mapped.Check(r.Addr, r.Len); err != nil && !errors.Is(err, mapped.ErrUnsupported) {
+		return fmt.Errorf("rdma: loopback %q: register: %w: %v", e.name, ErrInvalidRegion, err)
 	}
 	e.reg.Lock()
 	defer e.reg.Unlock()

@@ -180,3 +180,15 @@ func (c *anomalyConn) Update(outs []*connector.Output) (*connector.Progress, err
 	p.Released = append(p.Released, c.extra.Released...)
 	return p, nil
 }
+
+// TestHugeMaxTokens: a MaxTokens far beyond the pool reserves no more than
+// the pool can hold (it used to size a slice by it).
+func TestHugeMaxTokens(t *testing.T) {
+	h := newHarness(t, testConfig(8, 4, 64), 0)
+	if err := h.s.Add(Request{ID: "x", Prompt: seq(1, 3), MaxTokens: 1 << 40}); err != nil {
+		t.Fatalf("Add with MaxTokens 1<<40 = %v", err)
+	}
+	if r := h.s.reqs["x"]; cap(r.tokens) > 3+8*4 {
+		t.Errorf("MaxTokens 1<<40 reserved room for %d tokens, want at most the pool's %d", cap(r.tokens), 3+8*4)
+	}
+}

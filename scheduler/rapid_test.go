@@ -152,6 +152,12 @@ func (m *machine) Step(t *rapid.T) {
 			delete(m.excess, id)
 		}
 	}
+	for _, id := range p.Preempted {
+		// Preempted in this step (and maybe admitted again in it, from
+		// the local cache): no longer a rolled-back request.
+		delete(m.rollback, id)
+		delete(m.kept, id)
+	}
 	for _, it := range p.Items {
 		// No over-reservation: a request holds the blocks of the
 		// positions it computed and computes now, no more.

@@ -202,7 +202,10 @@ func (s *Scheduler) Add(req Request) error {
 	r.seq = s.nextSeq
 	s.nextSeq++
 	r.state = Waiting
-	size := len(req.Prompt) + req.MaxTokens
+	// Room for the tokens it may generate, but never more than the pool
+	// holds: a request cannot grow past that (it fails when it outgrows
+	// the pool), so a huge MaxTokens reserves no more.
+	size := len(req.Prompt) + min(req.MaxTokens, s.pool.Len()*s.bs)
 	r.tokens = append(growCap(r.tokens[:0], size), req.Prompt...)
 	if req.MaxTokens > 0 {
 		r.blocks = growCap(r.blocks[:0], s.blocksFor(size))
@@ -515,7 +518,7 @@ func (s *Scheduler) preempt(r *request) {
 	r.m.Preemptions++
 	s.stats.Preemptions++
 	r.state = Preempted
-	keep, err := s.finishConn(r)
+	keep, err := s.finishConn(r, true)
 	if err != nil {
 		s.endDetached(r, Failed, err, keep)
 		return
@@ -528,15 +531,22 @@ func (s *Scheduler) preempt(r *request) {
 	s.requeue(r)
 }
 
-// finishConn calls the connector's Finish for r if it knows r.
-func (s *Scheduler) finishConn(r *request) (keep bool, err error) {
+// finishConn calls the connector's Finish for r if it knows r, or its
+// Preempt (connector.Preempter) when r is preempted and the connector has it.
+func (s *Scheduler) finishConn(r *request, preempted bool) (keep bool, err error) {
 	if !r.known || s.conn == nil {
 		return false, nil
 	}
 	r.known = false
-	keep, err = s.conn.Finish(&r.creq, r.blocks)
+	op := "Finish"
+	if p, ok := s.conn.(connector.Preempter); ok && preempted {
+		op = "Preempt"
+		keep, err = p.Preempt(&r.creq, r.blocks)
+	} else {
+		keep, err = s.conn.Finish(&r.creq, r.blocks)
+	}
 	if err != nil {
-		return false, fmt.Errorf("%w: Finish(%q): %w", ErrConnector, r.id, err)
+		return false, fmt.Errorf("%w: %s(%q): %w", ErrConnector, op, r.id, err)
 	}
 	return keep && s.mut != mutIgnoreKeep, nil
 }
@@ -578,7 +588,7 @@ func (s *Scheduler) end(r *request, state State, err error) {
 	keep := r.held
 	if !r.held {
 		var ferr error
-		keep, ferr = s.finishConn(r)
+		keep, ferr = s.finishConn(r, false)
 		if ferr != nil && err == nil {
 			state, err = Failed, ferr
 		}

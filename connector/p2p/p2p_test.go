@@ -482,3 +482,37 @@ func TestParamsOnRequest(t *testing.T) {
 		t.Errorf("Match with another tenant's Request.TransferParams = %+v, %v; want 0 tokens and no error", m, err)
 	}
 }
+
+// TestPreemptOffersNothing: a producer request that is preempted rather
+// than finished offers no blocks (no consumer would take them), so nothing
+// is kept until keep_timeout.
+func TestPreemptOffersNothing(t *testing.T) {
+	base := opts(1, 1, 4, connector.BlockMajor)
+	p, _ := pair(t, base, base)
+	tokens := prompt(11, 6*4)
+	r := p.newReq("r", tokens)
+	if _, err := p.sched.Match(&r.conn, 0); err != nil {
+		t.Fatal(err)
+	}
+	for range 6 {
+		r.blocks = append(r.blocks, p.alloc())
+	}
+	if err := p.sched.Allocated(&r.conn, r.blocks, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.sched.Scheduled(&r.conn, r.blocks, len(tokens)); err != nil {
+		t.Fatal(err)
+	}
+	p.step(func() {
+		for i := range 6 {
+			p.write(r.blocks[i], r.conn.Hashes[i])
+		}
+	})
+	keep, err := p.sched.Preempt(&r.conn, r.blocks)
+	if err != nil || keep {
+		t.Fatalf("Preempt = %v, %v; want false, nil (nothing in flight, nothing offered)", keep, err)
+	}
+	if _, err := p.sched.TransferParams("r"); err == nil {
+		t.Errorf("TransferParams of a preempted request succeeded, want an error: nothing was offered")
+	}
+}

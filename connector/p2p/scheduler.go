@@ -47,6 +47,7 @@ type Scheduler struct {
 
 var (
 	_ connector.Scheduler     = (*Scheduler)(nil)
+	_ connector.Preempter     = (*Scheduler)(nil)
 	_ connector.Rotator       = (*Scheduler)(nil)
 	_ connector.StatsReporter = (*Scheduler)(nil)
 )
@@ -84,8 +85,9 @@ type transfer struct {
 	kind   kind
 	first  int
 	n      int
-	slot   int // offers
-	failAt int // loads: lowest failed block index over all ranks, -1 if none
+	slot   int    // offers
+	gen    uint64 // the generation it was planned in
+	failAt int    // loads: lowest failed block index over all ranks, -1 if none
 }
 
 func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns hashing.Namespace, log *slog.Logger, b *board) *Scheduler {
@@ -281,7 +283,7 @@ func (s *Scheduler) notify(q *request) {
 
 // track records a planned transfer.
 func (s *Scheduler) track(q *request, id uint64, k kind, first, n, slot int) {
-	s.transfers.Add(id, n, &transfer{req: q, kind: k, first: first, n: n, slot: slot, failAt: -1})
+	s.transfers.Add(id, n, &transfer{req: q, kind: k, first: first, n: n, slot: slot, gen: s.meta.Generation, failAt: -1})
 	if k != kindNotify {
 		q.inflight++
 	}
@@ -359,6 +361,10 @@ func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
 	case kindLoad:
 		s.board.drop(id)
 		q.load = 0
+		if x.gen != s.meta.Generation {
+			// Read under weights that have since been rotated out.
+			x.failAt = 0
+		}
 		if x.failAt >= 0 {
 			s.stats.LoadFailures += int64(x.n - x.failAt)
 			s.progress.Failed = append(s.progress.Failed, connector.LoadFailure{
@@ -385,6 +391,17 @@ func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
 // the offer expires); a consumer that loaded nothing tells the producer
 // it may free its blocks.
 func (s *Scheduler) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+	return s.end(r, blocks, true)
+}
+
+// Preempt implements connector.Preempter: like Finish, but a preempted
+// request's blocks are not offered, since no consumer will continue it.
+func (s *Scheduler) Preempt(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+	return s.end(r, blocks, false)
+}
+
+// end ends r; offer says whether a producer offers its blocks.
+func (s *Scheduler) end(r *connector.Request, blocks []connector.BlockID, offer bool) (bool, error) {
 	if s.closed {
 		return false, connector.ErrClosed
 	}
@@ -396,7 +413,7 @@ func (s *Scheduler) Finish(r *connector.Request, blocks []connector.BlockID) (bo
 		return false, fmt.Errorf("p2p: Finish(%q) called twice", r.ID)
 	}
 	s.notify(q)
-	if s.cfg.Role.CanSave() && len(q.blocks) > 0 {
+	if offer && s.cfg.Role.CanSave() && len(q.blocks) > 0 {
 		if err := s.offer(q, blocks); err != nil {
 			s.log.Warn("p2p: no offer", "request", r.ID, "err", err)
 		}

@@ -492,6 +492,11 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 	q := x.req
 	if x.load {
 		q.load = nil
+		if x.gen != s.meta.Generation {
+			// Loaded under weights that have since been rotated out: none
+			// of it may be used, whatever the workers read.
+			x.failAt = 0
+		}
 		if x.failAt >= 0 {
 			s.stats.LoadFailures += int64(len(x.blocks) - x.failAt)
 			s.progress.Failed = append(s.progress.Failed, connector.LoadFailure{

@@ -408,3 +408,41 @@ func TestCloseIdempotent(t *testing.T) {
 		t.Errorf("Save after Close = %v", err)
 	}
 }
+
+// TestRotationFailsLoadsInFlight: a load planned under generation 0 that
+// ends after Rotate(1) is reported failed, not loaded: its KV comes from
+// the old weights.
+func TestRotationFailsLoadsInFlight(t *testing.T) {
+	st := newMem(t)
+	r := newRig(t, st, identity(1, 1), map[string]any{"lookup": "sync"})
+	r.saveAll(request("a", 4*bs+1))
+	b := request("b", 4*bs+1)
+	m, err := r.s.Match(b, 0)
+	if err != nil || m.Tokens != 4*bs {
+		t.Fatalf("Match = %+v, %v", m, err)
+	}
+	if err := r.s.Allocated(b, blocks(5), m.Tokens); err != nil {
+		t.Fatal(err)
+	}
+	meta := r.s.Plan() // generation 0, with the load
+	if err := r.s.(connector.Rotator).Rotate(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ws[0].Start(context.Background(), meta); err != nil {
+		t.Fatal(err)
+	}
+	var failed []connector.LoadFailure
+	for i := 0; len(failed) == 0; i++ {
+		p := r.poll()
+		if len(p.Loaded) > 0 {
+			t.Fatalf("a load of generation 0 was reported loaded after Rotate(1)")
+		}
+		failed = append(failed, p.Failed...)
+		if i > 1_000_000 {
+			t.Fatal("the load never ended")
+		}
+	}
+	if failed[0].Req != "b" || failed[0].Valid != 0 {
+		t.Errorf("failure = %+v, want request b with 0 valid tokens", failed[0])
+	}
+}

@@ -4,6 +4,7 @@ package dl
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -156,6 +157,9 @@ func TestOpenNothing(t *testing.T) {
 	}
 }
 
+// depRuns counts TestMissingDependency's runs in this process.
+var depRuns int
+
 // TestMissingDependency builds a library that links against another, then
 // removes the other: the error must name the dependency, not the library.
 func TestMissingDependency(t *testing.T) {
@@ -178,27 +182,32 @@ func TestMissingDependency(t *testing.T) {
 			t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	run("-shared", "-fPIC", "-o", "libdltestdep.so.1", "-Wl,-soname,libdltestdep.so.1", "dep.c")
-	run("-shared", "-fPIC", "-o", "libdltesttop.so", "top.c", "-L.", "-l:libdltestdep.so.1", "-Wl,-rpath,$ORIGIN")
+	// Names of their own each run: the dynamic linker reuses a library of
+	// the same soname that an earlier run (go test -count=N) loaded.
+	depRuns++
+	depName := fmt.Sprintf("libdltestdep%d.so.1", depRuns)
+	topName := fmt.Sprintf("libdltesttop%d.so", depRuns)
+	run("-shared", "-fPIC", "-o", depName, "-Wl,-soname,"+depName, "dep.c")
+	run("-shared", "-fPIC", "-o", topName, "top.c", "-L.", "-l:"+depName, "-Wl,-rpath,$ORIGIN")
 
 	// First without the dependency (before anything has loaded it: the
 	// dynamic linker would reuse a loaded one), then with it.
-	dep := filepath.Join(dir, "libdltestdep.so.1")
+	dep := filepath.Join(dir, depName)
 	hidden := filepath.Join(dir, "hidden")
 	if err := os.Rename(dep, hidden); err != nil {
 		t.Fatal(err)
 	}
-	s := Search{Name: "libdltesttop", Var: "DL_TEST_TOP", Names: []string{"libdltesttop.so"}}
+	s := Search{Name: "libdltesttop", Var: "DL_TEST_TOP", Names: []string{topName}}
 	t.Setenv("DL_TEST_TOP", dir)
 	_, err = Open(s)
 	var oe *OpenError
 	if !errors.As(err, &oe) {
 		t.Fatalf("Open without the dependency = %v, want an *OpenError", err)
 	}
-	if got := oe.MissingDependency(); got != "libdltestdep.so.1" {
-		t.Errorf("MissingDependency() = %q, want libdltestdep.so.1", got)
+	if got := oe.MissingDependency(); got != depName {
+		t.Errorf("MissingDependency() = %q, want %s", got, depName)
 	}
-	if !strings.Contains(err.Error(), "missing dependency libdltestdep.so.1") {
+	if !strings.Contains(err.Error(), "missing dependency "+depName) {
 		t.Errorf("Error() = %q, want it to name the missing dependency", err)
 	}
 

@@ -9,7 +9,10 @@ import (
 )
 
 // Check reports an error unless every page of [addr, addr+n) is mapped in
-// this process (mincore succeeds on it).
+// this process (mincore succeeds on it). It does not check the pages'
+// protection: a read-only or PROT_NONE mapping passes. It catches the
+// common mistakes (an address never mapped, memory already unmapped), not
+// every address native code could fault on.
 func Check(addr uintptr, n int) error {
 	page := uintptr(syscall.Getpagesize())
 	start := addr &^ (page - 1)

@@ -118,10 +118,12 @@ func (c Config) Validate() error {
 	switch {
 	case c.Hostname == "":
 		return fmt.Errorf("mooncake: Config.Hostname is empty: set this engine's address as peers reach it")
-	case strings.ContainsAny(c.Hostname, " \t\n/") || strings.Count(c.Hostname, ":") == 1:
+	case strings.ContainsAny(c.Hostname, " \t\n/\x00") || strings.Count(c.Hostname, ":") == 1:
 		return fmt.Errorf("mooncake: Config.Hostname = %q: want an IP address or host name without a port", c.Hostname)
 	case c.Metadata == "":
 		return fmt.Errorf("mooncake: Config.Metadata is empty")
+	case strings.ContainsRune(c.Metadata, 0):
+		return fmt.Errorf("mooncake: Config.Metadata = %q: contains a NUL byte", c.Metadata)
 	case c.CloseTimeout < 0:
 		return fmt.Errorf("mooncake: Config.CloseTimeout = %v, want >= 0", c.CloseTimeout)
 	case c.HostLocation == "" || strings.ContainsRune(c.HostLocation, 0):

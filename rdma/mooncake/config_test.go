@@ -41,6 +41,8 @@ func TestConfigValidate(t *testing.T) {
 		{"bad device", func(c *Config) { c.Protocol = "rdma"; c.Devices = []string{"mlx5_0", `x"y`} }, "Config.Devices[1]"},
 		{"bad matrix", func(c *Config) { c.Protocol = "rdma"; c.NICPriorityMatrix = "{" }, "not valid JSON"},
 		{"negative timeout", func(c *Config) { c.CloseTimeout = -time.Second }, "Config.CloseTimeout = -1s"},
+		{"NUL in hostname", func(c *Config) { c.Hostname = "10.0.0.1\x00evil" }, "Config.Hostname"},
+		{"NUL in metadata", func(c *Config) { c.Metadata = "P2PHANDSHAKE\x00" }, "Config.Metadata"},
 	} {
 		c := Config{Hostname: "10.0.0.1"}
 		tc.edit(&c)

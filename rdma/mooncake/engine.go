@@ -281,11 +281,13 @@ func (e *Engine) Unregister(r rdma.Region) error {
 	}
 	rc := e.api.unregisterLocalMemory(e.handle, r.Addr)
 	e.exit()
+	if rc != 0 {
+		// Mooncake still has it: so does the Go side, and a Register of
+		// overlapping memory is refused here rather than natively.
+		return fmt.Errorf("mooncake: unregister %d bytes at %#x: %w", r.Len, r.Addr, Error{Op: opUnregister, Code: int(rc)})
+	}
 	if err := e.regs.set.Remove(r); err != nil {
 		panic(fmt.Sprintf("mooncake: unregister: found region not removed: %v", err))
-	}
-	if rc != 0 {
-		return fmt.Errorf("mooncake: unregister %d bytes at %#x: %w", r.Len, r.Addr, Error{Op: opUnregister, Code: int(rc)})
 	}
 	return nil
 }
@@ -496,6 +498,13 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	e.mu.closed = true
+	e.mu.Unlock()
+	// A Submit that saw the engine open holds regs' read lock through its
+	// native call: wait for those, so that every request submitted is in
+	// a batch that is settled below, and none reaches Mooncake after.
+	e.regs.Lock()
+	e.regs.Unlock()
+	e.mu.Lock()
 	errs := e.mu.errs
 	batches := make([]*Batch, 0, len(e.mu.batches))
 	for b := range e.mu.batches {

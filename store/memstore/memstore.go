@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvconnect/kvconnect/internal/mapped"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -524,6 +526,9 @@ func (s *Store) removeMatching(ctx context.Context, match func(string) bool) (in
 func (s *Store) Register(r rdma.Region) error {
 	if err := checkShape(r); err != nil {
 		return fmt.Errorf("%w: register %s", store.ErrInvalidRegion, err)
+	}
+	if err := mapped.Check(r.Addr, r.Len); err != nil && !errors.Is(err, mapped.ErrUnsupported) {
+		return fmt.Errorf("%w: register: %v", store.ErrInvalidRegion, err)
 	}
 	if err := s.enter(); err != nil {
 		return err
