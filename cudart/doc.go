@@ -56,8 +56,9 @@
 // the garbage collector may free. Out-parameters are different: a C
 // function that writes a result (cudaMalloc's void**, cudaGetDeviceCount's
 // int*) is given the address of a Go variable, which purego keeps alive for
-// the duration of the call and which the C side does not keep; the
-// descriptor arrays of a batch copy are likewise read only during the call.
+// the duration of the call and which the C side does not keep. The
+// descriptor arrays of a batch copy (addresses, sizes, attributes) live in
+// memory each Stream maps outside the Go heap.
 //
 // # Errors
 //

@@ -10,9 +10,9 @@ import "github.com/kvconnect/kvconnect/internal/dl"
 // variable and keeps it alive until the call returns; nothing keeps it
 // afterwards). A uintptr argument that is a memory address (dst, src, ptr)
 // is memory outside the Go heap: device memory, or host memory from
-// cudaHostAlloc or mmap. The descriptor arrays of the batch copy are Go
-// memory read only during the call; the bytes they point to are never Go
-// memory.
+// cudaHostAlloc or mmap. The descriptor arrays of the batch copy are views
+// of memory the Stream maps outside the Go heap; the bytes they point to
+// are never Go memory either.
 type table struct {
 	// const char *cudaGetErrorName(cudaError_t error);
 	getErrorName func(code int32) string

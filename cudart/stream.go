@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Kind is a copy direction (enum cudaMemcpyKind).
@@ -66,13 +67,46 @@ type Stream struct {
 	handle uintptr
 	closed atomic.Bool
 
-	mu    sync.Mutex // guards the batch scratch below and Close
-	dsts  []uintptr
-	srcs  []uintptr
-	sizes []uintptr
-	attrs memcpyAttributes
-	idx   uintptr // attrsIdxs[0] = 0: attrs[0] applies to every copy
-	fail  uintptr
+	mu      sync.Mutex // guards the batch scratch below and Close
+	scratch []byte     // mapped outside the Go heap: the batch call's arguments
+	attrs   memcpyAttributes
+}
+
+// batchArgs lays the arguments of one cudaMemcpyBatchAsync call out in the
+// stream's scratch memory, which is mapped outside the Go heap so that the
+// runtime never reads Go memory: n destinations, n sources, n sizes, the
+// attribute, its index and the failure index.
+type batchArgs struct {
+	dsts, srcs, sizes []uintptr
+	attrs             *memcpyAttributes
+	idx, fail         *uintptr
+}
+
+func (s *Stream) batchArgs(n int) (batchArgs, error) {
+	word := int(unsafe.Sizeof(uintptr(0)))
+	attrSize := (int(unsafe.Sizeof(memcpyAttributes{})) + word - 1) / word * word // keeps what follows aligned
+	need := 3*n*word + attrSize + 2*word
+	if len(s.scratch) < need {
+		if s.scratch != nil {
+			if err := unmapScratch(s.scratch); err != nil {
+				return batchArgs{}, err
+			}
+			s.scratch = nil
+		}
+		m, err := mapScratch(max(need, 4096))
+		if err != nil {
+			return batchArgs{}, fmt.Errorf("cudart: map %d bytes for a batch of %d copies: %w", need, n, err)
+		}
+		s.scratch = m
+	}
+	w := scratchWords(s.scratch)
+	a := batchArgs{dsts: w[0:n:n], srcs: w[n : 2*n : 2*n], sizes: w[2*n : 3*n : 3*n]}
+	rest := s.scratch[3*n*word:]
+	a.attrs = (*memcpyAttributes)(unsafe.Pointer(unsafe.SliceData(rest)))
+	*a.attrs = s.attrs
+	tail := scratchWords(rest[attrSize:])
+	a.idx, a.fail = &tail[0], &tail[1]
+	return a, nil
 }
 
 // NewStream creates a stream on d (cudaStreamCreateWithFlags,
@@ -213,28 +247,31 @@ func (s *Stream) copyLoop(kind Kind, copies []Copy) error {
 // copyNative issues the batch as one cudaMemcpyBatchAsync call. s.mu is
 // held.
 func (s *Stream) copyNative(form batchForm, copies []Copy, nonEmpty int) error {
-	s.dsts, s.srcs, s.sizes = s.dsts[:0], s.srcs[:0], s.sizes[:0]
+	a, err := s.batchArgs(nonEmpty)
+	if err != nil {
+		return err
+	}
+	k := 0
 	for _, c := range copies {
 		if c.N == 0 {
 			continue
 		}
-		s.dsts = append(s.dsts, c.Dst)
-		s.srcs = append(s.srcs, c.Src)
-		s.sizes = append(s.sizes, uintptr(c.N))
+		a.dsts[k], a.srcs[k], a.sizes[k] = c.Dst, c.Src, uintptr(c.N)
+		k++
 	}
-	s.idx = 0
-	s.fail = ^uintptr(0)
-	err := s.d.onDevice(batchSymbol, func(t *table) int32 {
+	*a.idx = 0 // attrsIdxs[0] = 0: attrs[0] applies to every copy
+	*a.fail = ^uintptr(0)
+	err = s.d.onDevice(batchSymbol, func(t *table) int32 {
 		if form == batchArgs9 {
-			return t.memcpyBatchAsync9(s.dsts, s.srcs, s.sizes, uintptr(nonEmpty), &s.attrs, &s.idx, 1, &s.fail, s.handle)
+			return t.memcpyBatchAsync9(a.dsts, a.srcs, a.sizes, uintptr(nonEmpty), a.attrs, a.idx, 1, a.fail, s.handle)
 		}
-		return t.memcpyBatchAsync8(s.dsts, s.srcs, s.sizes, uintptr(nonEmpty), &s.attrs, &s.idx, 1, s.handle)
+		return t.memcpyBatchAsync8(a.dsts, a.srcs, a.sizes, uintptr(nonEmpty), a.attrs, a.idx, 1, s.handle)
 	})
 	if err == nil {
 		return nil
 	}
-	if form == batchArgs9 && s.fail < uintptr(nonEmpty) {
-		i := originalIndex(copies, int(s.fail))
+	if form == batchArgs9 && *a.fail < uintptr(nonEmpty) {
+		i := originalIndex(copies, int(*a.fail))
 		c := copies[i]
 		return fmt.Errorf("batch of %d copies: copy %d (%d bytes, %#x to %#x): %w", len(copies), i, c.N, c.Src, c.Dst, err)
 	}
@@ -295,7 +332,14 @@ func (s *Stream) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	return s.d.onDevice("cudaStreamDestroy", func(t *table) int32 { return t.streamDestroy(s.handle) })
+	err := s.d.onDevice("cudaStreamDestroy", func(t *table) int32 { return t.streamDestroy(s.handle) })
+	if s.scratch != nil {
+		if uerr := unmapScratch(s.scratch); uerr != nil && err == nil {
+			err = uerr
+		}
+		s.scratch = nil
+	}
+	return err
 }
 
 // readiness maps the answer of a query call: Success is done, NotReady is
