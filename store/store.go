@@ -72,6 +72,30 @@ type Store interface {
 	Close() error
 }
 
+// Vectored is an optional interface of a [Store] whose values can be
+// gathered from, and scattered into, several regions per key in one call,
+// with no staging copy: a connector stores a block and a short trailer
+// after it as one value, although the two live apart in memory.
+//
+// PutV stores under keys[i] the concatenation of the regions src[i], in
+// order, exactly as [Store.Put] would store one region holding those bytes:
+// the same first-writer-wins rule, per-key errors and res[i].N (the total
+// length). GetV copies the value of keys[i] across the regions dst[i] in
+// order, filling each before the next; res[i].N is the value's size. A value
+// longer than the regions together is [ErrBufferTooSmall] and nothing of it
+// is written; a shorter one fills a prefix of the regions and leaves the
+// rest unchanged. An empty region list for a key is [ErrInvalidRegion] for
+// that key. len(src) or len(dst) must equal len(keys) ([CheckBatch]).
+//
+// A value stored with PutV is read back by Get, and a value stored with Put
+// by GetV: the grouping of regions is not part of the value. Callers check
+// for Vectored once, when they open, and fall back to staging the bytes
+// through one region of their own.
+type Vectored interface {
+	PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []Result) error
+	GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []Result) error
+}
+
 // Result is the outcome of one key of a batch call.
 type Result struct {
 	N   int   // bytes stored, read, or the value's size; 0 on error
