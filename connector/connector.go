@@ -267,6 +267,18 @@ type DeviceCopier interface {
 	Synchronize(ctx context.Context) error
 }
 
+// HostPinner is an optional interface of a [DeviceCopier] that can
+// page-lock ("pin") host memory, so device copies from and to it run at
+// full speed and asynchronously; copies from pageable memory are staged by
+// the driver and run at a fraction of the bandwidth. A connector that
+// allocates host staging buffers pins them with PinHost once and unpins
+// them with UnpinHost before it frees them, after every copy into or out of
+// them has completed. A *cudart.Stream is a HostPinner.
+type HostPinner interface {
+	PinHost(addr uintptr, n int) error
+	UnpinHost(addr uintptr) error
+}
+
 // Stats are a connector's counters, from the optional [StatsReporter].
 type Stats struct {
 	Lookups        int64 // exists probes started
@@ -285,6 +297,7 @@ type Stats struct {
 	LookupNanos    int64 // time spent in lookups
 	TransferNanos  int64 // time spent in loads and saves
 	StaleDiscarded int64 // transfers of an old generation dropped
+	Corrupt        int64 // blocks whose loaded bytes failed verification (also in LoadFailures)
 }
 
 // StatsReporter is an optional interface of a Scheduler or Worker.
@@ -297,7 +310,9 @@ type StatsReporter interface {
 // next Plan on no key of an older generation is looked up, loaded or saved,
 // in the scheduler half or in any worker (the Metadata carries the
 // generation). The engine must also drop its own prefix cache and recompute
-// running requests: their KV came from the old weights.
+// running requests: their KV came from the old weights. Generations only
+// move forward: Rotate to a generation that is not greater than the current
+// one returns an error wrapping [ErrGeneration] and changes nothing.
 type Rotator interface {
 	Rotate(generation uint64) error
 }

@@ -17,4 +17,8 @@ var (
 	ErrBadMetadata = errors.New("connector: malformed metadata")
 	// ErrConfig: a Config field is missing or out of range.
 	ErrConfig = errors.New("connector: invalid config")
+	// ErrGeneration: a rotation or a Metadata names a weights generation
+	// that is not newer than one already in force. Generations only move
+	// forward: going back would serve KV of weights that were replaced.
+	ErrGeneration = errors.New("connector: generation not newer")
 )

@@ -36,6 +36,7 @@ const (
 	ReasonNoSpace                    // the store had no room; a save may be retried
 	ReasonStale                      // dropped: its generation was rotated out
 	ReasonCanceled                   // dropped: the worker closed
+	ReasonCorrupt                    // the bytes read failed verification: not what was saved under the key
 )
 
 func (r Reason) String() string {
@@ -50,6 +51,8 @@ func (r Reason) String() string {
 		return "stale"
 	case ReasonCanceled:
 		return "canceled"
+	case ReasonCorrupt:
+		return "corrupt"
 	}
 	return fmt.Sprintf("Reason(%d)", uint8(r))
 }

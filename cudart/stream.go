@@ -70,6 +70,11 @@ type Stream struct {
 	mu      sync.Mutex // guards the batch scratch below and Close
 	scratch []byte     // mapped outside the Go heap: the batch call's arguments
 	attrs   memcpyAttributes
+
+	pins struct {
+		sync.Mutex
+		m map[uintptr]*HostRegistration // PinHost's ranges, by first address
+	}
 }
 
 // batchArgs lays the arguments of one cudaMemcpyBatchAsync call out in the
@@ -322,6 +327,41 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 		return check("cudaStreamSynchronize", s.d.r.t.streamSynchronize(s.handle))
 	}
 	return poll(ctx, s.Query)
+}
+
+// PinHost page-locks n bytes of host memory at addr on the stream's device
+// (cudaHostRegister, portable), so that the stream's copies from and to it
+// run at full speed. The memory must lie outside the Go heap and stay
+// mapped until UnpinHost. It makes a *Stream a connector.HostPinner.
+func (s *Stream) PinHost(addr uintptr, n int) error {
+	s.pins.Lock()
+	defer s.pins.Unlock()
+	if _, ok := s.pins.m[addr]; ok {
+		return fmt.Errorf("cudart: pin host memory at %#x: already pinned", addr)
+	}
+	h, err := s.d.HostRegister(addr, n, HostRegisterPortable)
+	if err != nil {
+		return err
+	}
+	if s.pins.m == nil {
+		s.pins.m = make(map[uintptr]*HostRegistration)
+	}
+	s.pins.m[addr] = h
+	return nil
+}
+
+// UnpinHost undoes PinHost of the range that starts at addr
+// (cudaHostUnregister). Every copy into or out of the range must have
+// completed.
+func (s *Stream) UnpinHost(addr uintptr) error {
+	s.pins.Lock()
+	h, ok := s.pins.m[addr]
+	delete(s.pins.m, addr)
+	s.pins.Unlock()
+	if !ok {
+		return fmt.Errorf("cudart: unpin host memory at %#x: not pinned by this stream", addr)
+	}
+	return h.Unregister()
 }
 
 // Close destroys the stream (cudaStreamDestroy); work already issued still

@@ -416,3 +416,32 @@ func TestCreateFlags(t *testing.T) {
 		t.Errorf("NewStream = %v, want cudaErrorMemoryAllocation", err)
 	}
 }
+
+// TestPinHost: a Stream pins host memory on its own device with
+// cudaHostRegister (portable) and unpins it once; the connector's staging
+// buffers use it through connector.HostPinner.
+func TestPinHost(t *testing.T) {
+	f := newFake(12080, true)
+	_, s := newStream(t, f)
+	if err := s.PinHost(0x7000, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.count("cudaHostRegister"); got != 1 {
+		t.Errorf("PinHost made %d cudaHostRegister calls, want 1", got)
+	}
+	if err := s.PinHost(0x7000, 4096); err == nil || !strings.Contains(err.Error(), "already pinned") {
+		t.Errorf("second PinHost of 0x7000 = %v, want an error saying it is pinned", err)
+	}
+	if err := s.UnpinHost(0x7000); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.count("cudaHostUnregister"); got != 1 {
+		t.Errorf("UnpinHost made %d cudaHostUnregister calls, want 1", got)
+	}
+	if err := s.UnpinHost(0x7000); err == nil || !strings.Contains(err.Error(), "not pinned") {
+		t.Errorf("second UnpinHost = %v, want an error saying it is not pinned", err)
+	}
+	if err := s.PinHost(0, 10); err == nil {
+		t.Errorf("PinHost(0) = nil error")
+	}
+}
