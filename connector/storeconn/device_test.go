@@ -12,11 +12,13 @@ import (
 	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/cudart"
 	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
 )
 
 // The CUDA runtime's types are what a GPU engine hands the connector.
 var (
 	_ connector.DeviceCopier = (*cudart.Stream)(nil)
+	_ connector.HostPinner   = (*cudart.Stream)(nil)
 	_ connector.Event        = (*cudart.Event)(nil)
 	_ connector.Waiter       = (*cudart.Event)(nil)
 )
@@ -63,8 +65,15 @@ type deviceRig struct {
 
 func newDeviceRig(t *testing.T, order connector.Order) *deviceRig {
 	t.Helper()
-	st := newMem(t)
 	cp := &fakeCopier{}
+	d := newDeviceRigOn(t, order, newMem(t), cp)
+	d.cp = cp
+	return d
+}
+
+// newDeviceRigOn is a deviceRig over st with copier cp.
+func newDeviceRigOn(t *testing.T, order connector.Order, st store.Store, cp connector.DeviceCopier) *deviceRig {
+	t.Helper()
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
 	env := connector.Env{Identity: identity(1, 1), Store: st, Copier: cp}
 	s, err := connector.OpenScheduler(cfg, env)
@@ -91,7 +100,7 @@ func newDeviceRig(t *testing.T, order connector.Order) *deviceRig {
 	if err := w.Register(kv); err != nil {
 		t.Fatal(err)
 	}
-	return &deviceRig{rig: &rig{t: t, st: st, s: s, ws: []connector.Worker{w}}, w: w, cp: cp, mem: mem, dev: dev, kv: kv}
+	return &deviceRig{rig: &rig{t: t, st: st, s: s, ws: []connector.Worker{w}}, w: w, mem: mem, dev: dev, kv: kv}
 }
 
 // saveFour saves the first four blocks of a 4-block prompt and waits until

@@ -22,6 +22,7 @@ type options struct {
 	saveRetries    int           // "save_retries": out-of-space retries of a block
 	retryDelay     int           // "retry_steps": steps between retries
 	pollInterval   time.Duration // "event_poll": how often a worker polls a ready event
+	verify         bool          // "verify": "checksum" (the default) or "none"
 }
 
 // open checks what both halves need: the options, a store, and a valid
@@ -57,6 +58,17 @@ func parseOptions(cfg connector.Config) (options, error) {
 		o.syncLookup = true
 	default:
 		return o, fmt.Errorf("%w: kv_connector_extra_config.lookup = %q, want async or sync", connector.ErrConfig, mode)
+	}
+	v, err := cfg.ExtraString("verify", "checksum")
+	if err != nil {
+		return o, err
+	}
+	switch v {
+	case "checksum":
+		o.verify = true
+	case "none":
+	default:
+		return o, fmt.Errorf("%w: kv_connector_extra_config.verify = %q, want checksum or none", connector.ErrConfig, v)
 	}
 	ints := []struct {
 		key      string

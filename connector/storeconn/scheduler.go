@@ -579,13 +579,15 @@ func (s *Scheduler) Finish(r *connector.Request, blocks []connector.BlockID) (bo
 // Rotate implements connector.Rotator: from the next Plan on, every key is
 // bound to generation gen. Lookups of older generations are forgotten, out
 // of space retries of older generations dropped, and no block that any
-// request computed before the rotation is saved.
+// request computed before the rotation is saved. Generations only move
+// forward: gen must be greater than the current one, or Rotate returns an
+// error wrapping [connector.ErrGeneration] and changes nothing.
 func (s *Scheduler) Rotate(gen uint64) error {
 	if s.closed {
 		return connector.ErrClosed
 	}
-	if gen == s.meta.Generation {
-		return nil
+	if gen <= s.meta.Generation {
+		return fmt.Errorf("storeconn: rotate to generation %d: %w than the current generation %d", gen, connector.ErrGeneration, s.meta.Generation)
 	}
 	id := s.id
 	id.Generation = gen

@@ -21,22 +21,31 @@ type Worker struct {
 	cfg      connector.Config
 	opt      options
 	st       store.Store
+	vec      store.Vectored // nil: the store moves one region per key
 	log      *slog.Logger
 	id       hashing.Identity
 	rank     int
 	replicas int // ranks that hold the same KV heads
 	replica  int // this rank's index among them
 
-	kv         connector.KVCache
-	copier     connector.DeviceCopier
-	staged     bool // blocks move through a host staging buffer
-	device     bool // KV memory is device memory: staging copies go through copier
-	registered bool
-	blockSize  int
-	gen        uint64
-	ns         hashing.Namespace
-	genNow     atomic.Uint64 // generation of the latest Start: older jobs are stale
-	saves      []job         // the last Start's saves, waiting for Save
+	kv        connector.KVCache
+	copier    connector.DeviceCopier
+	pinner    connector.HostPinner // nil: staging memory is not pinned
+	mode      path                 // how block bytes move, fixed by Register
+	device    bool                 // KV memory is device memory: staging copies go through copier
+	tl        int                  // trailer bytes after each block in a value: trailerLen, or 0 without verification
+	blockSize int
+	gen       uint64
+	ns        hashing.Namespace
+	genNow    atomic.Uint64 // generation of the latest Start: older jobs are stale
+	saves     []job         // the last Start's saves, waiting for Save
+
+	// life guards Register against Close, which may run on any goroutine.
+	life struct {
+		sync.Mutex
+		registered bool
+		closed     bool
+	}
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -49,12 +58,23 @@ type Worker struct {
 	}
 	mu struct {
 		sync.Mutex
-		out connector.Output // reports since the last Poll
+		out     connector.Output // reports since the last Poll
+		retired []*rdma.HostMemory
 	}
 	polled    connector.Output // handed out by the last Poll
 	closeOnce sync.Once
 	stats     workerStats
+	corrupt   limiter // warn-level log lines about values that failed verification
 }
+
+// path is how a worker moves block bytes between KV memory and the store.
+type path uint8
+
+const (
+	direct  path = iota + 1 // one region per key, straight from and into KV memory
+	vector                  // the block's spans and its trailer, gathered and scattered by the store
+	staging                 // through a host buffer of the worker's, one region per value
+)
 
 var (
 	_ connector.Worker        = (*Worker)(nil)
@@ -64,7 +84,7 @@ var (
 type workerStats struct {
 	loads, loadBytes, loadFailures atomic.Int64
 	saves, saveBytes, saveFailures atomic.Int64
-	staged, nanos, stale           atomic.Int64
+	staged, nanos, stale, corrupt  atomic.Int64
 }
 
 // job is one transfer for the pool; it owns copies of the transfer's slices.
@@ -97,6 +117,11 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 		ns:       ns,
 		copier:   env.Copier,
 	}
+	w.vec, _ = env.Store.(store.Vectored)
+	w.pinner, _ = env.Copier.(connector.HostPinner)
+	if opt.verify {
+		w.tl = trailerLen
+	}
 	w.replica = env.Rank % w.replicas
 	w.genNow.Store(w.gen)
 	w.q.cond = sync.NewCond(&w.q.Mutex)
@@ -109,25 +134,33 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 }
 
 // Register implements connector.Worker. Host KV memory is registered with
-// the store and moves without staging when blocks are contiguous. Device KV
-// memory needs Env.Copier: blocks are staged through registered host
-// memory, since the store reads and writes host memory.
+// the store. Blocks move without staging when the store gathers and
+// scatters values ([store.Vectored]), or when each block is one span and
+// values carry no trailer; otherwise they go through a registered host
+// buffer. Device KV memory needs Env.Copier: blocks are staged through host
+// memory (pinned when the copier is a [connector.HostPinner]), since the
+// store reads and writes host memory.
 func (w *Worker) Register(kv connector.KVCache) error {
-	if w.registered {
+	w.life.Lock()
+	defer w.life.Unlock()
+	if w.life.closed {
+		return connector.ErrClosed
+	}
+	if w.life.registered {
 		return fmt.Errorf("storeconn: Register called twice")
 	}
 	if err := kv.Validate(); err != nil {
 		return err
 	}
-	w.device = !kv.Regions[0].Loc.IsHost()
-	if w.device {
+	device := !kv.Regions[0].Loc.IsHost()
+	if device {
 		if w.copier == nil {
 			return fmt.Errorf("storeconn: KV memory in %v needs Env.Copier (a *cudart.Stream, say) to stage blocks through host memory", kv.Regions[0].Loc)
 		}
-		w.kv, w.blockSize, w.staged, w.registered = kv, kv.BlockSize(), true, true
+		w.kv, w.blockSize, w.device, w.mode = kv, kv.BlockSize(), true, staging
+		w.life.registered = true
 		return nil
 	}
-	w.staged = !kv.Contiguous()
 	for i, r := range kv.Regions {
 		if err := w.st.Register(r); err != nil {
 			for _, done := range kv.Regions[:i] {
@@ -138,20 +171,38 @@ func (w *Worker) Register(kv connector.KVCache) error {
 			return fmt.Errorf("storeconn: register KV region %d: %w", i, err)
 		}
 	}
+	switch {
+	case w.vec != nil:
+		w.mode = vector
+	case kv.Contiguous() && w.tl == 0:
+		w.mode = direct
+	default:
+		w.mode = staging
+	}
 	w.kv = kv
 	w.blockSize = kv.BlockSize()
-	w.registered = true
+	w.life.registered = true
 	return nil
 }
 
 // Start implements connector.Worker. It checks the whole Metadata before it
-// starts anything: a bad block id fails the call and nothing is written.
+// starts anything: a bad block id, or a generation older than one this
+// worker has already seen, fails the call and nothing is written.
 func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if !w.registered {
+	w.life.Lock()
+	registered, closed := w.life.registered, w.life.closed
+	w.life.Unlock()
+	if closed {
+		return connector.ErrClosed
+	}
+	if !registered {
 		return connector.ErrNotRegistered
+	}
+	if m.Generation < w.gen {
+		return fmt.Errorf("storeconn: %w: metadata of step %d is bound to generation %d, but this worker already runs generation %d", connector.ErrGeneration, m.Step, m.Generation, w.gen)
 	}
 	for _, list := range [2][]connector.Transfer{m.Loads, m.Saves} {
 		for i := range list {
@@ -218,9 +269,6 @@ func (w *Worker) Save(ctx context.Context, ready connector.Event) error {
 	if ready == nil {
 		return fmt.Errorf("storeconn: Save: ready event is nil (use connector.Ready for CPU compute)")
 	}
-	if len(w.saves) == 0 {
-		return nil
-	}
 	w.q.Lock()
 	defer w.q.Unlock()
 	if w.q.closed {
@@ -258,7 +306,7 @@ func (w *Worker) report(id uint64, blocks []connector.BlockID, failFrom int, rea
 
 func (w *Worker) loop() {
 	defer w.wg.Done()
-	var sc scratch
+	sc := scratch{w: w}
 	defer sc.free()
 	for {
 		w.q.Lock()
@@ -290,34 +338,99 @@ func (w *Worker) loop() {
 
 // scratch is one pool goroutine's reusable buffers.
 type scratch struct {
-	kb      keyBuf
-	keys    []string
-	regions []rdma.Region
-	res     []store.Result
-	spans   []rdma.Region
-	idx     []int
-	copies  []connector.DeviceCopy
-	fails   []connector.Failure
-	staging *rdma.HostMemory
-	st      store.Store
+	w        *Worker
+	kb       keyBuf
+	keys     []string
+	regions  []rdma.Region   // one region per key (direct, staging)
+	vregs    [][]rdma.Region // the regions of each key (vector), slices of flat
+	flat     []rdma.Region
+	ends     []int
+	res      []store.Result
+	spans    []rdma.Region
+	idx      []int
+	copies   []connector.DeviceCopy
+	fails    []connector.Failure
+	staging  *rdma.HostMemory // registered with the store; pinned when pinned is set
+	pinned   bool
+	trailers *rdma.HostMemory // registered with the store: one trailer slot per key (vector)
 }
 
+// free releases the scratch memory. Every copy into or out of it has
+// completed by then: flush waits for device copies before it returns.
 func (sc *scratch) free() {
-	if sc.staging != nil {
-		_ = sc.st.Unregister(sc.staging.Region()) // the store may be closed by now
-		_ = sc.staging.Free()
-		sc.staging = nil
+	sc.freeStaging()
+	if sc.trailers != nil {
+		_ = sc.w.st.Unregister(sc.trailers.Region()) // the store may be closed by now
+		_ = sc.trailers.Free()
+		sc.trailers = nil
 	}
 }
 
-// stage returns a registered host region of n bytes for gathering blocks.
+func (sc *scratch) freeStaging() {
+	m := sc.staging
+	if m == nil {
+		return
+	}
+	sc.staging = nil
+	_ = sc.w.st.Unregister(m.Region()) // the store may be closed by now
+	if sc.pinned {
+		sc.pinned = false
+		if err := sc.w.pinner.UnpinHost(m.Region().Addr); err != nil {
+			// The device may still map it: keep the memory, never unmap it.
+			sc.w.retire(m, "unpin staging memory", err)
+			return
+		}
+	}
+	_ = m.Free()
+}
+
+// retire keeps memory that a device may still touch out of every use for
+// the worker's lifetime: it is never reused, unregistered or unmapped.
+func (w *Worker) retire(m *rdma.HostMemory, what string, err error) {
+	w.log.Warn("storeconn: "+what+" failed; the buffer is retired, never reused or unmapped", "bytes", m.Len(), "err", err)
+	w.mu.Lock()
+	w.mu.retired = append(w.mu.retired, m)
+	w.mu.Unlock()
+}
+
+// stage returns a registered host region of at least n bytes for the
+// values of one batch.
 func (w *Worker) stage(sc *scratch, n int) (rdma.Region, error) {
 	if sc.staging != nil && sc.staging.Len() >= n {
 		return sc.staging.Region(), nil
 	}
-	sc.st = w.st
-	sc.free()
+	sc.freeStaging()
 	m, err := rdma.AllocHost(n)
+	if err != nil {
+		return rdma.Region{}, err
+	}
+	if w.device && w.pinner != nil {
+		if err := w.pinner.PinHost(m.Region().Addr, m.Len()); err != nil {
+			_ = m.Free()
+			return rdma.Region{}, fmt.Errorf("pin %d bytes of staging memory: %w", m.Len(), err)
+		}
+		sc.pinned = true
+	}
+	if err := w.st.Register(m.Region()); err != nil {
+		sc.staging = m
+		sc.freeStaging()
+		return rdma.Region{}, err
+	}
+	sc.staging = m
+	return m.Region(), nil
+}
+
+// trailerSlots returns a registered host region of n trailer slots.
+func (w *Worker) trailerSlots(sc *scratch, n int) (rdma.Region, error) {
+	if sc.trailers != nil && sc.trailers.Len() >= n*trailerLen {
+		return sc.trailers.Region(), nil
+	}
+	if sc.trailers != nil {
+		_ = w.st.Unregister(sc.trailers.Region())
+		_ = sc.trailers.Free()
+		sc.trailers = nil
+	}
+	m, err := rdma.AllocHost(max(n, w.opt.batchBlocks) * trailerLen)
 	if err != nil {
 		return rdma.Region{}, err
 	}
@@ -325,8 +438,29 @@ func (w *Worker) stage(sc *scratch, n int) (rdma.Region, error) {
 		_ = m.Free()
 		return rdma.Region{}, err
 	}
-	sc.staging = m
+	sc.trailers = m
 	return m.Region(), nil
+}
+
+// vectorRegions builds sc.vregs: for each block of blocks, its spans and,
+// with verification, its trailer slot in tr.
+func (w *Worker) vectorRegions(sc *scratch, blocks []connector.BlockID, tr rdma.Region) {
+	sc.flat = sc.flat[:0]
+	sc.ends = sc.ends[:0]
+	for k, b := range blocks {
+		sc.flat = w.kv.Spans(sc.flat, b)
+		if w.tl > 0 {
+			slot, _ := tr.Sub(k*trailerLen, trailerLen)
+			sc.flat = append(sc.flat, slot)
+		}
+		sc.ends = append(sc.ends, len(sc.flat))
+	}
+	sc.vregs = sc.vregs[:0]
+	start := 0
+	for _, end := range sc.ends {
+		sc.vregs = append(sc.vregs, sc.flat[start:end:end])
+		start = end
+	}
 }
 
 func (w *Worker) stale(j *job) bool { return j.gen != w.genNow.Load() }
@@ -350,8 +484,18 @@ func reason(err error) connector.Reason {
 	return connector.ReasonIO
 }
 
+// corrupted counts and logs a loaded value that is not what was saved
+// under key; the block fails and is never reported loaded.
+func (w *Worker) corrupted(key string, err error) {
+	w.stats.corrupt.Add(1)
+	if ok, suppressed := w.corrupt.allow(time.Now()); ok {
+		w.log.Warn("storeconn: a loaded value failed verification; the block is recomputed or failed by policy", "key", key, "err", err, "suppressed", suppressed)
+	}
+}
+
 // load copies a load transfer's blocks from the store into KV memory, in
-// batches; a block whose value is missing or of the wrong size fails.
+// batches. A block whose value is missing, of the wrong size, or fails
+// verification fails.
 func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
 	t := &j.t
 	sc.fails = sc.fails[:0]
@@ -361,49 +505,67 @@ func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
 	}
 	shard := j.ns.Shard(w.rank)
 	bs := w.blockSize
+	stride := bs + w.tl // bytes of one value
 	for lo := 0; lo < len(t.Blocks); lo += w.opt.batchBlocks {
 		hi := min(lo+w.opt.batchBlocks, len(t.Blocks))
 		sc.kb.reset()
-		sc.regions = sc.regions[:0]
-		var stage rdma.Region
-		if w.staged {
-			var err error
-			if stage, err = w.stage(sc, (hi-lo)*bs); err != nil {
-				return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
-			}
-		}
 		for i := lo; i < hi; i++ {
 			sc.kb.add(j.ns, shard, t.Hashes[i])
-			if stage.Len > 0 {
-				sub, _ := stage.Sub((i-lo)*bs, bs)
-				sc.regions = append(sc.regions, sub)
-			} else {
-				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
-			}
 		}
 		sc.keys = sc.kb.keys(sc.keys[:0])
 		sc.res = grow(sc.res, len(sc.keys))
-		err := w.st.Get(w.ctx, sc.keys, sc.regions, sc.res)
-		clear(sc.keys)
+		var stage, tr rdma.Region
+		var err error
+		switch w.mode {
+		case staging:
+			if stage, err = w.stage(sc, (hi-lo)*stride); err != nil {
+				clear(sc.keys)
+				return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
+			}
+			sc.regions = sc.regions[:0]
+			for k := range hi - lo {
+				sub, _ := stage.Sub(k*stride, stride)
+				sc.regions = append(sc.regions, sub)
+			}
+			err = w.st.Get(w.ctx, sc.keys, sc.regions, sc.res)
+		case vector:
+			if w.tl > 0 {
+				if tr, err = w.trailerSlots(sc, hi-lo); err != nil {
+					clear(sc.keys)
+					return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
+				}
+			}
+			w.vectorRegions(sc, t.Blocks[lo:hi], tr)
+			err = w.vec.GetV(w.ctx, sc.keys, sc.vregs, sc.res)
+		default:
+			sc.regions = sc.regions[:0]
+			for i := lo; i < hi; i++ {
+				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
+			}
+			err = w.st.Get(w.ctx, sc.keys, sc.regions, sc.res)
+		}
 		if err != nil {
+			clear(sc.keys)
 			return fail(sc.fails, t.ID, lo, len(t.Blocks), reason(err))
 		}
 		sc.copies = sc.copies[:0]
 		nfail := len(sc.fails)
 		for k, r := range sc.res {
 			i := lo + k
-			switch {
-			case r.Err != nil:
+			if r.Err != nil {
 				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: reason(r.Err)})
-			case r.N != bs:
-				// A value of the wrong size is not this layout's block.
-				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: connector.ReasonIO})
-			default:
-				if stage.Len > 0 {
-					w.scatter(sc, sc.regions[k], t.Blocks[i])
-				}
+				continue
+			}
+			if err := w.verify(sc, k, r.N, stride); err != nil {
+				w.corrupted(sc.keys[k], err)
+				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: connector.ReasonCorrupt})
+				continue
+			}
+			if w.mode == staging {
+				w.scatter(sc, sc.regions[k], t.Blocks[i])
 			}
 		}
+		clear(sc.keys)
 		if err := w.flush(sc, true); err != nil {
 			// The copies to the device failed: none of the batch is loaded.
 			sc.fails = sc.fails[:nfail]
@@ -415,6 +577,28 @@ func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
 	}
 	w.stats.loadFailures.Add(int64(len(sc.fails)))
 	return sc.fails
+}
+
+// verify checks the k-th value of a load batch, n bytes long: its size
+// and, with verification, its trailer against its key and its bytes.
+func (w *Worker) verify(sc *scratch, k, n, stride int) error {
+	if n != stride {
+		return fmt.Errorf("value of %d bytes, want %d (%d block bytes and a %d-byte trailer)", n, stride, w.blockSize, w.tl)
+	}
+	if w.tl == 0 {
+		return nil
+	}
+	bs := w.blockSize
+	switch w.mode {
+	case staging:
+		v := sc.regions[k]
+		block, _ := v.Sub(0, bs)
+		sc.spans = append(sc.spans[:0], block)
+		return checkTrailer(v.Bytes()[bs:], sc.keys[k], bs, sc.spans)
+	default: // vector: the trailer slot is the key's last region
+		rs := sc.vregs[k]
+		return checkTrailer(rs[len(rs)-1].Bytes(), sc.keys[k], bs, rs[:len(rs)-1])
+	}
 }
 
 // scatter copies a staged block into the block's spans in KV memory: at
@@ -431,7 +615,7 @@ func (w *Worker) scatter(sc *scratch, staged rdma.Region, b connector.BlockID) {
 		}
 		off += uintptr(sp.Len)
 	}
-	w.stats.staged.Add(int64(staged.Len))
+	w.stats.staged.Add(int64(w.blockSize))
 }
 
 // gather copies a block's spans into a staging region: at once for host
@@ -448,11 +632,16 @@ func (w *Worker) gather(sc *scratch, staged rdma.Region, b connector.BlockID) {
 		}
 		off += uintptr(sp.Len)
 	}
-	w.stats.staged.Add(int64(staged.Len))
+	w.stats.staged.Add(int64(w.blockSize))
 }
 
 // flush issues the device copies that scatter or gather queued, in one
-// batch, and waits for them.
+// batch, and waits until every copy of the stream is done, also when
+// issuing them failed part-way: copies already queued would otherwise land
+// in blocks being recomputed, or in staging memory being reused. The wait
+// takes no cancellation, so Close cannot unmap memory a copy still
+// targets. When the wait itself fails the device's state is unknown: the
+// staging buffer is retired, never reused or unmapped.
 func (w *Worker) flush(sc *scratch, toDevice bool) error {
 	if len(sc.copies) == 0 {
 		return nil
@@ -463,10 +652,14 @@ func (w *Worker) flush(sc *scratch, toDevice bool) error {
 	} else {
 		err = w.copier.CopyToHost(sc.copies)
 	}
-	if err == nil {
-		err = w.copier.Synchronize(w.ctx)
-	}
 	sc.copies = sc.copies[:0]
+	if serr := w.copier.Synchronize(context.Background()); serr != nil {
+		if sc.staging != nil {
+			w.retire(sc.staging, "device synchronize", serr)
+			sc.staging, sc.pinned = nil, false
+		}
+		return errors.Join(err, serr)
+	}
 	return err
 }
 
@@ -491,8 +684,9 @@ func (w *Worker) waitReady(ev connector.Event) error {
 }
 
 // save copies a save transfer's blocks that this replica owns into the
-// store once the step is ready. Out of space stops the transfer: the rest
-// of its blocks are reported no-space, for the scheduler to plan again.
+// store once the step is ready, each with its trailer when verification is
+// on. Out of space stops the transfer: the rest of its blocks are reported
+// no-space, for the scheduler to plan again.
 func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 	t := &j.t
 	sc.fails = sc.fails[:0]
@@ -505,8 +699,10 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 	}
 	shard := j.ns.Shard(w.rank)
 	bs := w.blockSize
+	stride := bs + w.tl
 	idx := sc.idx[:0]
 	defer func() { sc.idx = idx }()
+	var blocks []connector.BlockID
 	for lo := 0; lo < len(t.Blocks); {
 		// The next batch of blocks this replica owns: block i of the
 		// request goes to replica i mod replicas, so replicas split the
@@ -522,32 +718,65 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		if len(idx) == 0 {
 			continue
 		}
-		var stage rdma.Region
-		if w.staged {
-			var err error
-			if stage, err = w.stage(sc, len(idx)*bs); err != nil {
-				return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
-			}
-		}
 		sc.kb.reset()
-		sc.regions = sc.regions[:0]
-		sc.copies = sc.copies[:0]
-		for k, i := range idx {
+		for _, i := range idx {
 			sc.kb.add(j.ns, shard, t.Hashes[i])
-			if stage.Len > 0 {
-				sub, _ := stage.Sub(k*bs, bs)
-				w.gather(sc, sub, t.Blocks[i])
-				sc.regions = append(sc.regions, sub)
-			} else {
-				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
-			}
-		}
-		if err := w.flush(sc, false); err != nil {
-			return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
 		}
 		sc.keys = sc.kb.keys(sc.keys[:0])
 		sc.res = grow(sc.res, len(sc.keys))
-		err := w.st.Put(w.ctx, sc.keys, sc.regions, sc.res)
+		var err error
+		switch w.mode {
+		case staging:
+			var stage rdma.Region
+			if stage, err = w.stage(sc, len(idx)*stride); err != nil {
+				clear(sc.keys)
+				return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
+			}
+			sc.regions = sc.regions[:0]
+			sc.copies = sc.copies[:0]
+			for k, i := range idx {
+				sub, _ := stage.Sub(k*stride, stride)
+				w.gather(sc, sub, t.Blocks[i])
+				sc.regions = append(sc.regions, sub)
+			}
+			if err := w.flush(sc, false); err != nil {
+				clear(sc.keys)
+				return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
+			}
+			if w.tl > 0 {
+				for k, v := range sc.regions {
+					block, _ := v.Sub(0, bs)
+					sc.spans = append(sc.spans[:0], block)
+					putTrailer(v.Bytes()[bs:], sc.keys[k], bs, blockCRC(sc.spans))
+				}
+			}
+			err = w.st.Put(w.ctx, sc.keys, sc.regions, sc.res)
+		case vector:
+			var tr rdma.Region
+			if w.tl > 0 {
+				if tr, err = w.trailerSlots(sc, len(idx)); err != nil {
+					clear(sc.keys)
+					return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
+				}
+			}
+			blocks = blocks[:0]
+			for _, i := range idx {
+				blocks = append(blocks, t.Blocks[i])
+			}
+			w.vectorRegions(sc, blocks, tr)
+			if w.tl > 0 {
+				for k, rs := range sc.vregs {
+					putTrailer(rs[len(rs)-1].Bytes(), sc.keys[k], bs, blockCRC(rs[:len(rs)-1]))
+				}
+			}
+			err = w.vec.PutV(w.ctx, sc.keys, sc.vregs, sc.res)
+		default:
+			sc.regions = sc.regions[:0]
+			for _, i := range idx {
+				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
+			}
+			err = w.st.Put(w.ctx, sc.keys, sc.regions, sc.res)
+		}
 		clear(sc.keys)
 		if err != nil {
 			return fail(sc.fails, t.ID, idx[0], len(t.Blocks), reason(err))
@@ -592,15 +821,23 @@ func (w *Worker) Stats() connector.Stats {
 		StagedBytes:    w.stats.staged.Load(),
 		TransferNanos:  w.stats.nanos.Load(),
 		StaleDiscarded: w.stats.stale.Load(),
+		Corrupt:        w.stats.corrupt.Load(),
 	}
 }
 
 // Close implements connector.Worker: queued transfers are dropped, running
 // ones finish or are canceled, every goroutine is joined, and the KV
-// regions are unregistered from the store. It does not close the store.
+// regions are unregistered from the store. Device copies in flight are
+// waited for before any staging memory is unmapped. It does not close the
+// store. Later calls of Start, Save and Register return
+// [connector.ErrClosed].
 func (w *Worker) Close() error {
 	var err error
 	w.closeOnce.Do(func() {
+		w.life.Lock()
+		w.life.closed = true
+		registered := w.life.registered
+		w.life.Unlock()
 		w.q.Lock()
 		w.q.closed = true
 		w.q.jobs = nil
@@ -608,7 +845,7 @@ func (w *Worker) Close() error {
 		w.q.Unlock()
 		w.cancel()
 		w.wg.Wait()
-		if w.registered && !w.device {
+		if registered && !w.device {
 			for _, r := range w.kv.Regions {
 				if uerr := w.st.Unregister(r); uerr != nil && !errors.Is(uerr, store.ErrClosed) {
 					err = errors.Join(err, uerr)
@@ -617,4 +854,27 @@ func (w *Worker) Close() error {
 		}
 	})
 	return err
+}
+
+// limiter lets one log line through per interval and counts the rest.
+type limiter struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+const logInterval = time.Second
+
+// allow reports whether a line may be logged at now, and how many were
+// suppressed since the last one that was.
+func (l *limiter) allow(now time.Time) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < logInterval {
+		l.suppressed++
+		return false, 0
+	}
+	n := l.suppressed
+	l.last, l.suppressed = now, 0
+	return true, n
 }

@@ -51,6 +51,7 @@ type Options struct {
 	Batch          int     // max batched tokens per step
 	Par            int     // goroutines per step
 	FaultRate      float64 // store faults per key, for the faults scenario
+	Verify         string  // kv_connector_extra_config "verify": "checksum" or "none"
 
 	Store          string // "memstore" (embedded) or "mooncake"
 	MooncakeConfig string // Mooncake client config file; "" reads MOONCAKE_CONFIG_PATH, then MOONCAKE_MASTER
@@ -76,6 +77,7 @@ func defaultOptions() Options {
 		Workload:  Workload{Sessions: 8, System: 128, FirstTurn: 768, Growth: 192, Output: 16, Turns: 4, Seed: 1},
 		Model:     ModelConfig{Vocab: 512, Dim: 64, Heads: 4, Layers: 2, FFN: 128, Seed: 1},
 		Block:     16,
+		Verify:    "checksum",
 		Batch:     512,
 		Par:       runtime.NumCPU(),
 		Instances: 1,
@@ -112,6 +114,7 @@ func main() {
 	fs.BoolVar(&o.ColdStart, "cold-start", o.ColdStart, "also run the cold-start scenario: a new instance serves a workload another one already ran")
 	fs.BoolVar(&o.PD, "pd", o.PD, "also run disaggregated prefill/decode: a prefill instance hands every request's KV to a decode instance over the loopback transfer engine (p2p connector)")
 	fs.IntVar(&o.WeightUpdateAt, "weight-update-at", o.WeightUpdateAt, "rotate to new weights after this many requests end (0: never)")
+	fs.StringVar(&o.Verify, "verify", o.Verify, "check every loaded block against the trailer saved with it (checksum) or not (none)")
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
 	fs.IntVar(&o.Repeat, "repeat", o.Repeat, "run each configuration this many times, OFF and ON interleaved; the table shows each one's median-duration run")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the results as JSON")
@@ -203,7 +206,7 @@ func (o Options) connectorConfig() connector.Config {
 	return connector.Config{
 		Connector: storeconn.Name,
 		Role:      connector.RoleBoth,
-		Extra:     map[string]any{"lookup": "sync"},
+		Extra:     map[string]any{"lookup": "sync", "verify": o.Verify},
 	}
 }
 

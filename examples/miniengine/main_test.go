@@ -242,10 +242,12 @@ func (c corrupter) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 }
 
 // TestCorruptionChangesOutputs proves the end-to-end check can fail: KV
-// that is not what the model computed changes what it generates.
+// that is not what the model computed changes what it generates, when the
+// connector does not verify what it loads.
 func TestCorruptionChangesOutputs(t *testing.T) {
 	o := small(t)
 	off := mustRun(t, o, false, o.PressureBlocks)
+	o.Verify = "none"
 	o.wrapStore = func(s store.Store) store.Store { return corrupter{s} }
 	on := mustRun(t, o, true, o.PressureBlocks)
 	if on.ExternalTokens == 0 {
@@ -253,6 +255,23 @@ func TestCorruptionChangesOutputs(t *testing.T) {
 	}
 	if _, same := sameOutputs(off, on); same {
 		t.Errorf("outputs identical although every loaded block was corrupted")
+	}
+}
+
+// TestCorruptionCaught: with verification (the default) the same corrupted
+// values are refused: every one is counted, none is served, and the
+// outputs are those of an engine without a connector.
+func TestCorruptionCaught(t *testing.T) {
+	o := small(t)
+	off := mustRun(t, o, false, o.PressureBlocks)
+	o.wrapStore = func(s store.Store) store.Store { return corrupter{s} }
+	on := mustRun(t, o, true, o.PressureBlocks)
+	mustSame(t, "corrupted store, verified", off, on)
+	if on.ExternalTokens != 0 || on.ConnLoads != 0 {
+		t.Errorf("%d external tokens and %d blocks loaded from a store that corrupts every value; want none", on.ExternalTokens, on.ConnLoads)
+	}
+	if on.ConnCorrupt == 0 || on.ConnCorrupt != on.ConnFailures {
+		t.Errorf("%d blocks failed verification of %d failed transfers; want every failure to be a verification failure, and some", on.ConnCorrupt, on.ConnFailures)
 	}
 }
 

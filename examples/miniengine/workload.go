@@ -69,6 +69,7 @@ type Stats struct {
 	ConnLoadBytes     int64 // bytes loaded
 	ConnSaves         int64 // blocks saved
 	ConnFailures      int64 // blocks whose transfer failed
+	ConnCorrupt       int64 // loaded blocks that failed verification (also in ConnFailures)
 	ConnNanos         int64 // time the connector spent in lookups and transfers
 	outputs           map[turnKey][]hashing.Token
 	prompts           map[turnKey][]hashing.Token
@@ -218,6 +219,7 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 		st.ConnLoadBytes += wk.LoadBytes
 		st.ConnSaves += wk.Saves
 		st.ConnFailures += wk.LoadFailures + s.SaveFailures
+		st.ConnCorrupt += wk.Corrupt
 		st.ConnNanos += s.LookupNanos + wk.TransferNanos
 	}
 	return st, nil
