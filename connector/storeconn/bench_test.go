@@ -172,7 +172,9 @@ func benchWorker(b *testing.B, load bool) {
 	for i := range regions {
 		regions[i] = kv.Spans(nil, connector.BlockID(i))[0]
 	}
-	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
+	// Raw values, as memstore's own calls move them: this compares the
+	// worker's plumbing with the store; BenchmarkVerify times the check.
+	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync", "verify": "none"}}
 	env := connector.Env{Identity: id, Store: st}
 	s, err := connector.OpenScheduler(cfg, env)
 	if err != nil {
@@ -279,4 +281,142 @@ func benchWorker(b *testing.B, load bool) {
 	b.ReportMetric(bytes/storeT.Seconds()/1e9, "store-GB/s")
 	b.ReportMetric(bytes/workerT.Seconds()/1e9, "worker-GB/s")
 	b.ReportMetric(storeT.Seconds()/workerT.Seconds(), "worker/store")
+}
+
+// loadRig is a scheduler half and one worker over a shared store whose
+// request "seed" is saved, for timing loads of it again and again.
+type loadRig struct {
+	b   *testing.B
+	s   connector.Scheduler
+	w   connector.Worker
+	mem *rdma.HostMemory
+	req *connector.Request
+	blk []connector.BlockID
+	n   int
+}
+
+func newLoadRig(b *testing.B, st store.Store, tenant, verify string, nblocks, blockBytes int) *loadRig {
+	kv := connector.KVCache{Layers: 2, Blocks: nblocks, KV: 2, BlockBytes: blockBytes, Order: connector.BlockMajor}
+	mem, err := rdma.AllocHost(nblocks * kv.BlockSize())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { mem.Free() })
+	for i, p := 0, mem.Bytes(); i < len(p); i += 4096 {
+		p[i] = byte(i >> 12)
+	}
+	kv.Regions = []rdma.Region{mem.Region()}
+	id := benchIdentity()
+	id.Tenant = tenant
+	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync", "verify": verify}}
+	env := connector.Env{Identity: id, Store: st}
+	s, err := connector.OpenScheduler(cfg, env)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := connector.OpenWorker(cfg, env)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { w.Close(); s.Close() })
+	if err := w.Register(kv); err != nil {
+		b.Fatal(err)
+	}
+	toks := make([]hashing.Token, nblocks*16+1)
+	for i := range toks {
+		toks[i] = hashing.Token(i)
+	}
+	hs, _ := hashing.HashBlocks(16, toks)
+	r := &loadRig{b: b, s: s, w: w, mem: mem, req: &connector.Request{ID: "seed", Prompt: len(toks), Hashes: hs}, blk: make([]connector.BlockID, nblocks+1)}
+	for i := range r.blk {
+		r.blk[i] = connector.BlockID(i % nblocks)
+	}
+	if err := s.Scheduled(r.req, r.blk, len(toks)); err != nil {
+		b.Fatal(err)
+	}
+	r.drive()
+	if _, err := s.Finish(r.req, r.blk); err != nil {
+		b.Fatal(err)
+	}
+	for s.(connector.StatsReporter).Stats().Saves < int64(nblocks) && w.(connector.StatsReporter).Stats().Saves < int64(nblocks) {
+		r.drive()
+	}
+	return r
+}
+
+// drive runs one step and waits for its transfers.
+func (r *loadRig) drive() {
+	m := r.s.Plan()
+	want := len(m.Loads) + len(m.Saves)
+	if err := r.w.Start(context.Background(), m); err != nil {
+		r.b.Fatal(err)
+	}
+	if err := r.w.Save(context.Background(), connector.Ready); err != nil {
+		r.b.Fatal(err)
+	}
+	for got := 0; got < want; {
+		o := r.w.Poll()
+		if len(o.Failed) > 0 {
+			r.b.Fatalf("failures: %+v", o.Failed)
+		}
+		got += len(o.Done)
+		if _, err := r.s.Update([]*connector.Output{o}); err != nil {
+			r.b.Fatal(err)
+		}
+		if got < want {
+			runtime.Gosched()
+		}
+	}
+}
+
+// load matches the seed's prompt as a new request and loads it, returning
+// the time the load took.
+func (r *loadRig) load() time.Duration {
+	r.n++
+	req := &connector.Request{ID: connector.RequestID(fmt.Sprint(r.n)), Prompt: r.req.Prompt, Hashes: r.req.Hashes}
+	m, err := r.s.Match(req, 0)
+	if err != nil || m.Tokens != len(r.req.Hashes)*16 {
+		r.b.Fatalf("Match = %+v, %v", m, err)
+	}
+	if err := r.s.Allocated(req, r.blk, m.Tokens); err != nil {
+		r.b.Fatal(err)
+	}
+	t0 := time.Now()
+	r.drive()
+	d := time.Since(t0)
+	if _, err := r.s.Finish(req, r.blk); err != nil {
+		r.b.Fatal(err)
+	}
+	return d
+}
+
+// BenchmarkVerify compares loads with verification (verify "checksum":
+// values carry a trailer, every block's CRC is checked) with loads of raw
+// values (verify "none"), over one memstore, alternating the two in every
+// iteration, for blocks of 256 KiB and 2 MiB. The target is >= 0.9x.
+func BenchmarkVerify(b *testing.B) {
+	for _, c := range []struct {
+		name           string
+		nblocks, bytes int // blocks per load, bytes per layer and K or V
+	}{{"256KiB", 64, 64 << 10}, {"2MiB", 16, 512 << 10}} {
+		b.Run(c.name, func(b *testing.B) {
+			size := 4 * c.bytes
+			st, err := memstore.New(memstore.Config{Capacity: 4 * int64(c.nblocks) * int64(size+64)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { st.Close() })
+			on := newLoadRig(b, st, "on", "checksum", c.nblocks, c.bytes)
+			off := newLoadRig(b, st, "off", "none", c.nblocks, c.bytes)
+			var onT, offT time.Duration
+			for b.Loop() {
+				onT += on.load()
+				offT += off.load()
+			}
+			bytes := float64(b.N) * float64(c.nblocks) * float64(size)
+			b.ReportMetric(bytes/onT.Seconds()/1e9, "checksum-GB/s")
+			b.ReportMetric(bytes/offT.Seconds()/1e9, "none-GB/s")
+			b.ReportMetric(offT.Seconds()/onT.Seconds(), "checksum/none")
+		})
+	}
 }
