@@ -292,7 +292,7 @@ func TestVerifyRefuses(t *testing.T) {
 		"trailer of another key": func(i int) []byte {
 			return append(bytes.Clone(good[i][:bsz]), good[(i+1)%4][bsz:]...)
 		},
-		"no trailer": func(i int) []byte { return good[i][:bsz] },
+		"no trailer":             func(i int) []byte { return good[i][:bsz] },
 		"shorter than a trailer": func(i int) []byte { return good[i][:10] },
 		"truncated block":        func(i int) []byte { return append(bytes.Clone(good[i][:bsz-8]), good[i][bsz:]...) },
 		"zeroed trailer": func(i int) []byte {
