@@ -12,8 +12,9 @@
 // last prompt token, so every rank of a tensor-parallel group sees the same
 // hit. The result is kept per request: a pending answer is not asked twice.
 //
-// Loads go straight from the store into the engine's blocks (block-major
-// memory) or through a registered staging buffer (layer-major memory).
+// Loads go straight from the store into the engine's blocks, or through a
+// registered staging buffer where the memory's shape or the store needs it
+// (see Verification).
 // Saves wait for the step's ready event, copy only full blocks, skip blocks
 // that the store is known to hold or that another request is saving, and
 // are striped across KV-head replicas so each block is written by exactly
@@ -28,7 +29,49 @@
 // Rotate moves every key to a new weights generation: from the next step
 // on nothing of an older generation is looked up, loaded or saved; saves of
 // an older generation still queued in a worker are dropped (ReasonStale),
-// never written under the new one.
+// never written under the new one. Generations only move forward: Rotate
+// to an older or the same generation, and a worker's Start of a Metadata
+// older than one it has run, return an error wrapping
+// [connector.ErrGeneration] and change nothing.
+//
+// # Verification
+//
+// With "verify": "checksum" (the default) every value the connector saves
+// is the block's bytes followed by a 24-byte trailer: a magic and version,
+// the block's length, a CRC-32 of the block and a 64-bit digest of the key
+// it is saved under. Every load checks all of it before the block counts as
+// loaded: a value of the wrong size, a trailer for another key, or bytes
+// whose CRC differs (a torn read, a store that handed out reused memory, a
+// bit flipped in flight) fail the block with [connector.ReasonCorrupt]. It
+// is counted in Stats.Corrupt (and LoadFailures), logged at warn level at
+// most once a second (with the number of lines suppressed), and the engine
+// recomputes the block or fails the request, as its policy says. Never is
+// a block that fails the check reported loaded.
+//
+// Over a store that implements [store.Vectored] (memstore does) the
+// trailer travels beside the block with no copy: the store gathers the
+// block's spans and the trailer into one value and scatters it back. Over
+// other stores (Mooncake's C API has no gather/scatter) a value with a
+// trailer is staged through a registered host buffer: one more copy each
+// way, counted in StagedBytes. Device KV memory is always staged.
+//
+// "verify": "none" saves and loads raw blocks, with no trailer and no
+// check. The two formats do not mix: a verifying loader refuses a raw value
+// (wrong size) and a raw loader cannot read a value with a trailer (the
+// value is larger than its block), so engines sharing a store and a
+// namespace must agree on the setting; a mismatch costs hits, never wrong
+// bytes.
+//
+// # Device memory
+//
+// Staging buffers for device KV memory are pinned through Env.Copier when
+// it is a [connector.HostPinner] (a *cudart.Stream is), so copies run at
+// full bandwidth. A buffer is reused, unpinned or unmapped only after the
+// copier's Synchronize, called without cancellation, has returned, also
+// after a batch of copies that failed part-way and also in Close: a copy
+// still queued never lands in memory that was freed, nor in a block the
+// engine is recomputing. If Synchronize itself fails, the device's state
+// is unknown and the buffer is retired: kept, never reused or unmapped.
 //
 // # Configuration
 //
@@ -36,7 +79,8 @@
 // to probe inside Match: fine for the embedded store), "lookup_workers" (2),
 // "lookup_queue" (256), "transfer_workers" (2), "batch_blocks" (64 blocks
 // per store call), "save_retries" (3), "retry_steps" (1), "event_poll"
-// ("50us", the first interval at which a ready event is polled).
+// ("50us", the first interval at which a ready event is polled), "verify"
+// ("checksum", the default, or "none"; see Verification).
 //
 // The store comes from Env.Store; the connector never closes it.
 //
