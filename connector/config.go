@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -109,7 +111,70 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("%w: kv_load_failure_policy = %q, want recompute or fail", ErrConfig, c.LoadFailurePolicy)
 	}
+	if c.Rank != nil && *c.Rank < 0 {
+		return fmt.Errorf("%w: kv_rank = %d, want >= 0", ErrConfig, *c.Rank)
+	}
+	if c.ParallelSize != nil && *c.ParallelSize < 1 {
+		return fmt.Errorf("%w: kv_parallel_size = %d, want >= 1", ErrConfig, *c.ParallelSize)
+	}
+	if c.Rank != nil && c.ParallelSize != nil && *c.Rank >= *c.ParallelSize {
+		return fmt.Errorf("%w: kv_rank = %d, want < kv_parallel_size (%d)", ErrConfig, *c.Rank, *c.ParallelSize)
+	}
+	if c.Port != nil && (*c.Port < 0 || *c.Port > 65535) {
+		return fmt.Errorf("%w: kv_port = %d, want 0 to 65535", ErrConfig, *c.Port)
+	}
 	return nil
+}
+
+// CheckExtra returns an error naming the first key of
+// kv_connector_extra_config (in sorted order) that is not among known, the
+// keys a connector reads, with the closest known key when one is near: a
+// misspelt key would otherwise be silently ignored. Connectors call it when
+// they open.
+func (c Config) CheckExtra(known ...string) error {
+	keys := make([]string, 0, len(c.Extra))
+	for k := range c.Extra {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if slices.Contains(known, k) {
+			continue
+		}
+		sorted := slices.Sorted(slices.Values(known))
+		best, dist := "", 4 // suggest only keys a few edits away
+		for _, kn := range sorted {
+			if d := editDistance(k, kn); d < dist {
+				best, dist = kn, d
+			}
+		}
+		if best != "" {
+			return fmt.Errorf("%w: kv_connector_extra_config.%s is not a key of %s (did you mean %q?)", ErrConfig, k, c.Connector, best)
+		}
+		return fmt.Errorf("%w: kv_connector_extra_config.%s is not a key of %s; its keys are %s", ErrConfig, k, c.Connector, strings.Join(sorted, ", "))
+	}
+	return nil
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func (c Config) extra(key string) (any, bool) {

@@ -40,6 +40,10 @@ func TestParseConfig(t *testing.T) {
 		{name: "wrong type", in: `{"kv_connector": 7}`, wantErr: `field "kv_connector"`},
 		{name: "not json", in: `kv_connector=x`, wantErr: "invalid character"},
 		{name: "trailing", in: `{"kv_connector": "x"} {}`, wantErr: "trailing data"},
+		{name: "negative rank", in: `{"kv_connector": "x", "kv_rank": -1}`, wantErr: "kv_rank = -1"},
+		{name: "rank past size", in: `{"kv_connector": "x", "kv_rank": 2, "kv_parallel_size": 2}`, wantErr: "kv_rank = 2, want < kv_parallel_size (2)"},
+		{name: "zero parallel size", in: `{"kv_connector": "x", "kv_parallel_size": 0}`, wantErr: "kv_parallel_size = 0"},
+		{name: "port out of range", in: `{"kv_connector": "x", "kv_port": 70000}`, wantErr: "kv_port = 70000"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,4 +192,21 @@ func FuzzParseConfig(f *testing.F) {
 			c.ExtraDuration(k, 0)
 		}
 	})
+}
+
+func TestCheckExtra(t *testing.T) {
+	c := connector.Config{Connector: "C", Extra: map[string]any{"lookup": "sync", "transfer_workres": 2}}
+	err := c.CheckExtra("lookup", "transfer_workers")
+	if !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), `transfer_workres is not a key of C (did you mean "transfer_workers"?)`) {
+		t.Errorf("CheckExtra = %v, want ErrConfig naming the key and the suggestion", err)
+	}
+	c.Extra = map[string]any{"zzz": 1, "aaa": 1}
+	err = c.CheckExtra("lookup", "transfer_workers")
+	if err == nil || !strings.Contains(err.Error(), "aaa is not a key of C; its keys are lookup, transfer_workers") {
+		t.Errorf("CheckExtra = %v, want the first unknown key in order and the known keys", err)
+	}
+	c.Extra = map[string]any{"lookup": 1}
+	if err := c.CheckExtra("lookup"); err != nil {
+		t.Errorf("CheckExtra of known keys = %v", err)
+	}
 }

@@ -46,8 +46,18 @@ func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, 
 	return opt, ns, log, nil
 }
 
+// extraKeys are the kv_connector_extra_config keys the connector reads;
+// any other key is an error.
+var extraKeys = []string{
+	"batch_blocks", "event_poll", "lookup", "lookup_queue", "lookup_workers",
+	"retry_steps", "save_retries", "transfer_workers", "verify",
+}
+
 func parseOptions(cfg connector.Config) (options, error) {
 	o := options{}
+	if err := cfg.CheckExtra(extraKeys...); err != nil {
+		return o, err
+	}
 	mode, err := cfg.ExtraString("lookup", "async")
 	if err != nil {
 		return o, err
