@@ -235,6 +235,12 @@ type Env struct {
 	// Rank is the worker's tensor-parallel rank (worker half only).
 	Rank int
 
+	// Blocks, when not 0, is the number of KV blocks in the engine's pool
+	// (each worker's KVCache.Blocks): the scheduler half then refuses a
+	// block id outside [0, Blocks) in the call that names it, rather than
+	// a worker refusing the step's Metadata later.
+	Blocks int
+
 	// Store, when not nil, is an open store the connector uses instead of
 	// opening one from its config: the embedded store that the scheduler
 	// half and in-process workers share. The connector does not close it.

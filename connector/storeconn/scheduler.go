@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,7 +38,9 @@ type Scheduler struct {
 	events      []connector.KVEvent
 	released    []connector.RequestID
 	stats       connector.Stats
-	syncScratch probeScratch // for lookups run inside Match
+	syncScratch probeScratch        // for lookups run inside Match
+	blocks      int                 // Env.Blocks: the engine's pool size, 0 if unknown
+	seen        []connector.BlockID // checkBlocks' scratch
 
 	// Lookups run on a pool of goroutines; results come back through mu.
 	ctx    context.Context
@@ -127,6 +130,10 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 		reqs:      make(map[connector.RequestID]*request),
 		transfers: connector.NewTally[*transfer](env.Identity.Layout.TPSize),
 		saving:    make(map[hashing.BlockHash]int),
+		blocks:    env.Blocks,
+	}
+	if env.Blocks < 0 {
+		return nil, fmt.Errorf("%w: Env.Blocks = %d, want >= 0", connector.ErrConfig, env.Blocks)
 	}
 	s.meta = &s.bufs[0]
 	s.meta.Generation = env.Identity.Generation
@@ -223,11 +230,17 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	if s.closed {
 		return connector.Match{}, connector.ErrClosed
 	}
+	if err := s.checkRequest("Match", r); err != nil {
+		return connector.Match{}, err
+	}
 	if computed < 0 || computed%s.bs != 0 {
 		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): computed = %d, want a multiple of the block size %d", r.ID, computed, s.bs)
 	}
-	if r.Prompt < 0 || len(r.Hashes) > 0 && r.Prompt > 0 && r.Prompt/s.bs > len(r.Hashes) {
-		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): %d hashes do not cover the %d-token prompt's full blocks", r.ID, len(r.Hashes), r.Prompt)
+	if computed > r.Prompt {
+		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): computed = %d is more than the %d-token prompt", r.ID, computed, r.Prompt)
+	}
+	if n := r.Prompt / s.bs; len(r.Hashes) != n {
+		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): %d hashes for a %d-token prompt, want one per full block: %d", r.ID, len(r.Hashes), r.Prompt, n)
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
@@ -302,10 +315,54 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	return connector.Match{Tokens: (end - from) * s.bs}, nil
 }
 
+// checkRequest refuses a request the connector cannot track: an empty ID
+// or an empty prompt.
+func (s *Scheduler) checkRequest(op string, r *connector.Request) error {
+	if r.ID == "" {
+		return fmt.Errorf("storeconn: %s: Request.ID is empty", op)
+	}
+	if r.Prompt <= 0 {
+		return fmt.Errorf("storeconn: %s(%q): Request.Prompt = %d, want > 0", op, r.ID, r.Prompt)
+	}
+	return nil
+}
+
+// checkBlocks refuses negative block ids, ids outside Env.Blocks when it is
+// set, and an id named twice.
+func (s *Scheduler) checkBlocks(op string, r *connector.Request, blocks []connector.BlockID) error {
+	for i, b := range blocks {
+		if b < 0 || s.blocks > 0 && int(b) >= s.blocks {
+			if s.blocks > 0 {
+				return fmt.Errorf("%w: %s(%q): blocks[%d] = %d, want [0, %d)", connector.ErrInvalidBlock, op, r.ID, i, b, s.blocks)
+			}
+			return fmt.Errorf("%w: %s(%q): blocks[%d] = %d, want >= 0", connector.ErrInvalidBlock, op, r.ID, i, b)
+		}
+	}
+	if len(blocks) < 2 {
+		return nil
+	}
+	seen := s.seen[:0]
+	seen = append(seen, blocks...)
+	slices.Sort(seen)
+	s.seen = seen
+	for i := 1; i < len(seen); i++ {
+		if seen[i] == seen[i-1] {
+			return fmt.Errorf("%w: %s(%q): block %d is named twice", connector.ErrInvalidBlock, op, r.ID, seen[i])
+		}
+	}
+	return nil
+}
+
 // Allocated implements connector.Scheduler.
 func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, external int) error {
 	if s.closed {
 		return connector.ErrClosed
+	}
+	if err := s.checkRequest("Allocated", r); err != nil {
+		return err
+	}
+	if err := s.checkBlocks("Allocated", r, blocks); err != nil {
+		return err
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
@@ -371,6 +428,15 @@ func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries in
 func (s *Scheduler) Scheduled(r *connector.Request, blocks []connector.BlockID, computed int) error {
 	if s.closed {
 		return connector.ErrClosed
+	}
+	if err := s.checkRequest("Scheduled", r); err != nil {
+		return err
+	}
+	if computed < 0 {
+		return fmt.Errorf("storeconn: Scheduled(%q): computed = %d, want >= 0", r.ID, computed)
+	}
+	if err := s.checkBlocks("Scheduled", r, blocks); err != nil {
+		return err
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
