@@ -7,10 +7,11 @@
 // parallel rank), which owns that worker's KV memory and moves its blocks.
 // The halves talk through values the engine ships: [Metadata] from the
 // scheduler to every worker each step, and [Output] from each worker back.
-// Both have a stable binary encoding for engines whose workers are other
-// processes. This package holds no connector: the reference one, over any
-// store, is in connector/storeconn; connector/connectortest is the
-// conformance harness any connector can run.
+// Both have a versioned binary encoding, each frame checksummed, for
+// engines whose workers are other processes ([Metadata.MarshalBinary]).
+// This package holds no connector: the reference one, over any store, is
+// in connector/storeconn; connector/connectortest is the conformance
+// harness any connector can run.
 //
 // # Usage
 //

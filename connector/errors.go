@@ -13,7 +13,10 @@ var (
 	ErrNotRegistered = errors.New("connector: KV memory not registered")
 	// ErrClosed: the connector half was closed.
 	ErrClosed = errors.New("connector: closed")
-	// ErrBadMetadata: Metadata or Output bytes do not decode.
+	// ErrBadMetadata: Metadata or Output bytes do not decode (a wrong
+	// magic, another wire version, a truncated or extended frame, a
+	// checksum mismatch, a malformed body), a value cannot be encoded,
+	// or a worker is handed a Metadata it cannot carry out.
 	ErrBadMetadata = errors.New("connector: malformed metadata")
 	// ErrConfig: a Config field is missing or out of range.
 	ErrConfig = errors.New("connector: invalid config")

@@ -2,6 +2,8 @@ package connector
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 
 	"github.com/kvconnect/kvconnect/rdma"
 )
@@ -53,6 +55,8 @@ type KVCache struct {
 }
 
 // BlockSize returns the bytes of one whole block: all layers, K and V.
+// The KVCache must be valid (see Validate): then the product cannot
+// overflow.
 func (kv KVCache) BlockSize() int { return kv.Layers * kv.KV * kv.BlockBytes }
 
 // Validate reports the first field that is out of range or disagrees with
@@ -72,20 +76,23 @@ func (kv KVCache) Validate() error {
 	case len(kv.Regions) == 0:
 		return fmt.Errorf("connector: KVCache.Regions is empty")
 	}
-	total := int64(kv.Layers) * int64(kv.KV) * int64(kv.Blocks) * int64(kv.BlockBytes)
+	total, err := kv.size()
+	if err != nil {
+		return err
+	}
 	per := total
 	if len(kv.Regions) != 1 {
 		if kv.Order != LayerMajor || len(kv.Regions) != kv.Layers {
 			return fmt.Errorf("connector: KVCache.Regions has %d regions, want 1 (or Layers = %d with LayerMajor)", len(kv.Regions), kv.Layers)
 		}
-		per = total / int64(kv.Layers)
+		per = total / kv.Layers
 	}
 	loc := kv.Regions[0].Loc
 	for i, r := range kv.Regions {
 		if r.Addr == 0 {
 			return fmt.Errorf("connector: KVCache.Regions[%d] has address 0", i)
 		}
-		if int64(r.Len) != per {
+		if r.Len != per {
 			return fmt.Errorf("connector: KVCache.Regions[%d] is %d bytes, want %d for %d layers × %d × %d blocks × %d bytes",
 				i, r.Len, per, kv.Layers, kv.KV, kv.Blocks, kv.BlockBytes)
 		}
@@ -94,6 +101,28 @@ func (kv KVCache) Validate() error {
 		}
 	}
 	return nil
+}
+
+// size returns Layers×KV×Blocks×BlockBytes, the bytes of the whole cache,
+// or an error naming the field whose factor makes the product overflow an
+// int: every offset Spans computes is smaller, so none overflows once the
+// product is the size of the registered memory. The fields must be
+// positive.
+func (kv KVCache) size() (int, error) {
+	factors := [...]struct {
+		name string
+		v    int
+	}{{"Layers", kv.Layers}, {"KV", kv.KV}, {"Blocks", kv.Blocks}, {"BlockBytes", kv.BlockBytes}}
+	p := uint64(1)
+	for _, f := range factors {
+		hi, lo := bits.Mul64(p, uint64(f.v))
+		if hi != 0 || lo > math.MaxInt {
+			return 0, fmt.Errorf("connector: KVCache.%s = %d overflows the size Layers × KV × Blocks × BlockBytes = %d × %d × %d × %d, more than %d bytes",
+				f.name, f.v, kv.Layers, kv.KV, kv.Blocks, kv.BlockBytes, math.MaxInt)
+		}
+		p = lo
+	}
+	return int(p), nil
 }
 
 // Contiguous reports whether each block is one span of memory, so that it

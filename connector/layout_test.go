@@ -2,6 +2,9 @@ package connector_test
 
 import (
 	"errors"
+	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -48,6 +51,46 @@ func TestKVCacheValidate(t *testing.T) {
 	}
 	if err := good.CheckBlock(3); err != nil {
 		t.Errorf("CheckBlock(3) = %v", err)
+	}
+}
+
+// pow2 returns 2^n; n is a variable so that the test builds where an int
+// has 32 bits, where the cases that need 64 skip.
+func pow2(n uint) int { return 1 << n }
+
+func TestKVCacheValidateOverflow(t *testing.T) {
+	tests := []struct {
+		name                          string
+		layers, kv, blocks, blockSize int
+		regionLen                     int // of the one region; 0 also tests a product that wraps to 0
+		want                          string
+	}{
+		{"blocks max int", 2, 2, math.MaxInt, 16, 64, fmt.Sprintf("KVCache.Blocks = %d overflows", math.MaxInt)},
+		{"block bytes max int", 1, 1, 2, math.MaxInt, 64, fmt.Sprintf("KVCache.BlockBytes = %d overflows", math.MaxInt)},
+		{"wraps to 0", pow2(32), 1, pow2(32), 1, 0, fmt.Sprintf("KVCache.Blocks = %d overflows", pow2(32))},
+		{"wraps to 0 at the last factor", pow2(30), 2, pow2(31), 4, 0, fmt.Sprintf("KVCache.BlockBytes = 4 overflows the size Layers × KV × Blocks × BlockBytes = %d × 2 × %d × 4", pow2(30), pow2(31))},
+		{"wraps to the region's size", pow2(60) + 1, 1, 16, 1, 16, "KVCache.Blocks = 16 overflows"},
+		{"wraps negative", pow2(62), 2, 1, 1, 64, "KVCache.KV = 2 overflows"},
+		{"past max int", 1, 1, math.MaxInt/2 + 1, 2, 64, "KVCache.BlockBytes = 2 overflows"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if strconv.IntSize < 64 {
+				t.Skip("the cases need a 64-bit int")
+			}
+			k := connector.KVCache{Layers: tt.layers, KV: tt.kv, Blocks: tt.blocks, BlockBytes: tt.blockSize, Order: connector.BlockMajor,
+				Regions: []rdma.Region{{Addr: 4096, Len: tt.regionLen}}}
+			err := k.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+	// The largest cache an int can describe is valid.
+	k := connector.KVCache{Layers: 1, KV: 1, Blocks: math.MaxInt, BlockBytes: 1, Order: connector.BlockMajor,
+		Regions: []rdma.Region{{Addr: 4096, Len: math.MaxInt}}}
+	if err := k.Validate(); err != nil {
+		t.Errorf("Validate() of %d blocks of 1 byte = %v, want nil", math.MaxInt, err)
 	}
 }
 

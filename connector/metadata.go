@@ -3,6 +3,8 @@ package connector
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
+	"math"
 
 	"github.com/kvconnect/kvconnect/hashing"
 )
@@ -84,26 +86,144 @@ func (m *Metadata) Reset() {
 	m.Saves = m.Saves[:0]
 }
 
-// Wire format, version 1. Integers are unsigned varints (signed ones
-// zig-zag), strings and lists are length-prefixed, hashes are 32 raw bytes.
+// Wire format, version 2. Every encoding is one frame: a header, a body
+// and a checksum over both.
 //
-//	metadata = "KVM" 0x01 step generation nloads transfer* nsaves transfer*
-//	transfer = id req first nblocks block* hash*
-//	output   = "KVO" 0x01 rank ndone id* nfailed (transfer index reason)*
-const wireVersion = 1
+//	frame    = magic version length body checksum
+//	magic    = "KVM" (a Metadata) | "KVO" (an Output)
+//	version  = 0x02
+//	length   = uint32, little-endian: the number of bytes in body
+//	body     = metadata | output, as magic says
+//	checksum = uint32, little-endian: CRC-32 (IEEE) of magic, version,
+//	           length and body, every byte before it
+//
+//	metadata = step generation nloads transfer* nsaves transfer*
+//	transfer = id nreq byte* first nblocks block* hash*
+//	output   = rank ndone id* nfailed failure*
+//	failure  = transfer index reason
+//
+// In the body, integers are unsigned varints, signed ones (first, block,
+// rank, index) zig-zag varints within the range of an int32; reason is one
+// byte and a hash 32 raw bytes, one per block.
+//
+// # Versioning
+//
+// The version names the whole layout of a frame. Any change that makes a
+// byte mean something else bumps it: a field added, removed, reordered or
+// retyped, another checksum, another integer encoding, a Reason value that
+// an older decoder does not know. A decoder accepts its own version only:
+// an older one is refused with an error that names both versions (the
+// sender must re-encode with this version), a newer or unknown one too, so
+// the scheduler half and its workers run the same version. Decoders check,
+// in order, the magic, the version, the length against the frame's size
+// and the checksum, and decode the body only once all of them hold: a
+// truncated, extended or corrupted frame is refused before any of its
+// fields is read. The checksum finds accidental corruption, not tampering:
+// it is no authentication, and a party that can write frames can forge
+// them.
+const wireVersion = 2
 
-var (
-	metaMagic = [3]byte{'K', 'V', 'M'}
-	outMagic  = [3]byte{'K', 'V', 'O'}
+// frameHeader is the size of magic, version and length; frameTrailer of
+// the checksum.
+const (
+	frameHeader  = 4 + 4
+	frameTrailer = 4
 )
 
-// MarshalBinary encodes m in the versioned wire format.
+// The magic of each kind of frame.
+const (
+	metaMagic = "KVM"
+	outMagic  = "KVO"
+)
+
+// checksum returns the checksum of a frame's bytes before the checksum:
+// CRC-32 with the IEEE polynomial.
+//
+// IEEE rather than Castagnoli (CRC-32C) for speed where the checksum
+// costs time. On amd64 Go computes IEEE with carry-less multiplication:
+// over a frame of 64 requests × 16 blocks (70 KB) it takes 2.6 µs where
+// Castagnoli's SSE4.2 instruction takes 4.5 (1.7x), and encoding and
+// decoding such a frame takes 1.06x the time of its body alone, 1.09x
+// with Castagnoli. Over a frame of one request (320 bytes) IEEE is about
+// 1.15x as fast; only over an idle step's 18-byte frame is Castagnoli
+// faster, 14 ns against 37. BenchmarkFrameChecksum measures both over the
+// frames of BenchmarkMetadataWire. What Castagnoli detects beyond IEEE,
+// every error of up to 3 bits also in frames over 11 KiB (Koopman,
+// "32-Bit Cyclic Redundancy Codes for Internet Applications", 2002), is
+// not the corruption frames meet: a bad copy or a wrong buffer changes
+// whole bytes, and both polynomials detect every change confined to 32
+// consecutive bits, so every change of one byte, and all but about 2^-32
+// of other changes.
+func checksum(p []byte) uint32 { return crc32.ChecksumIEEE(p) }
+
+// appendHeader appends a frame header with its length left zero for
+// closeFrame to fill in.
+func appendHeader(b []byte, magic string) []byte {
+	b = append(b, magic...)
+	return append(b, wireVersion, 0, 0, 0, 0)
+}
+
+// closeFrame completes the frame that starts at b[start:], whose body
+// follows its header: it fills in the length and appends the checksum.
+func closeFrame(b []byte, start int, what string) ([]byte, error) {
+	n := uint64(len(b) - start - frameHeader)
+	if n > math.MaxUint32 {
+		return b[:start], fmt.Errorf("%w: %s body of %d bytes exceeds the frame limit of %d", ErrBadMetadata, what, n, uint64(math.MaxUint32))
+	}
+	binary.LittleEndian.PutUint32(b[start+4:], uint32(n))
+	return binary.LittleEndian.AppendUint32(b, checksum(b[start:])), nil
+}
+
+// openFrame checks the framing of data, in the order the versioning policy
+// gives, and returns its body.
+func openFrame(data []byte, magic, what string) ([]byte, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s frame: %s", ErrBadMetadata, what, fmt.Sprintf(format, args...))
+	}
+	if len(data) < len(magic) || string(data[:len(magic)]) != magic {
+		return nil, bad("bad magic %q, want %q", data[:min(len(magic), len(data))], magic)
+	}
+	if len(data) > len(magic) {
+		switch v := data[len(magic)]; {
+		case v >= 1 && v < wireVersion:
+			return nil, bad("wire version %d is no longer accepted: re-encode with version %d", v, wireVersion)
+		case v != wireVersion:
+			return nil, bad("unknown wire version %d, want %d", v, wireVersion)
+		}
+	}
+	if len(data) < frameHeader+frameTrailer {
+		return nil, bad("truncated: %d bytes, less than the %d of header and checksum", len(data), frameHeader+frameTrailer)
+	}
+	n, have := uint64(binary.LittleEndian.Uint32(data[4:])), uint64(len(data)-frameHeader-frameTrailer)
+	switch {
+	case n > have:
+		return nil, bad("truncated: length %d, but %d body bytes before the checksum", n, have)
+	case n < have:
+		return nil, bad("length %d, but %d body bytes before the checksum (%d bytes appended?)", n, have, have-n)
+	}
+	end := len(data) - frameTrailer
+	want := binary.LittleEndian.Uint32(data[end:])
+	if got := checksum(data[:end]); got != want {
+		return nil, bad("checksum mismatch: expected %#08x (in the frame), computed %#08x", want, got)
+	}
+	return data[frameHeader:end], nil
+}
+
+// MarshalBinary encodes m as one frame of the versioned wire format.
 func (m *Metadata) MarshalBinary() ([]byte, error) { return m.AppendBinary(nil) }
 
-// AppendBinary appends the encoding of m to b.
+// AppendBinary appends the encoding of m to b. It allocates only when b
+// lacks the capacity. On error it returns b with its length unchanged.
 func (m *Metadata) AppendBinary(b []byte) ([]byte, error) {
-	b = append(b, metaMagic[:]...)
-	b = append(b, wireVersion)
+	start := len(b)
+	b, err := m.appendBody(appendHeader(b, metaMagic))
+	if err != nil {
+		return b[:start], err
+	}
+	return closeFrame(b, start, "metadata")
+}
+
+func (m *Metadata) appendBody(b []byte) ([]byte, error) {
 	b = binary.AppendUvarint(b, m.Step)
 	b = binary.AppendUvarint(b, m.Generation)
 	for _, list := range [2][]Transfer{m.Loads, m.Saves} {
@@ -111,7 +231,10 @@ func (m *Metadata) AppendBinary(b []byte) ([]byte, error) {
 		for i := range list {
 			t := &list[i]
 			if len(t.Hashes) != len(t.Blocks) {
-				return nil, fmt.Errorf("%w: transfer %d has %d blocks but %d hashes", ErrBadMetadata, t.ID, len(t.Blocks), len(t.Hashes))
+				return b, fmt.Errorf("%w: transfer %d has %d blocks but %d hashes", ErrBadMetadata, t.ID, len(t.Blocks), len(t.Hashes))
+			}
+			if !fitsInt32(t.First) {
+				return b, fmt.Errorf("%w: transfer %d has First = %d, outside the wire's int32 range", ErrBadMetadata, t.ID, t.First)
 			}
 			b = binary.AppendUvarint(b, t.ID)
 			b = binary.AppendUvarint(b, uint64(len(t.Req)))
@@ -129,25 +252,48 @@ func (m *Metadata) AppendBinary(b []byte) ([]byte, error) {
 	return b, nil
 }
 
-// UnmarshalBinary decodes data into m, replacing its contents. It never
-// panics and never allocates more than the input can describe.
+// UnmarshalBinary decodes one frame into m, replacing its contents; the
+// frame is all of data. It checks the framing and the checksum before it
+// reads the body, never panics and never allocates more than the input
+// can describe. On error, which wraps ErrBadMetadata, m is left empty.
 func (m *Metadata) UnmarshalBinary(data []byte) error {
-	d := decoder{b: data}
-	d.magic(metaMagic)
+	body, err := openFrame(data, metaMagic, "metadata")
+	if err == nil {
+		err = m.decodeBody(body)
+	}
+	if err != nil {
+		*m = Metadata{Loads: m.Loads[:0], Saves: m.Saves[:0]}
+	}
+	return err
+}
+
+func (m *Metadata) decodeBody(body []byte) error {
+	d := decoder{b: body, what: "metadata", base: frameHeader}
 	m.Step = d.uvarint()
 	m.Generation = d.uvarint()
 	m.Loads = d.transfers(m.Loads[:0])
 	m.Saves = d.transfers(m.Saves[:0])
-	return d.finish("metadata")
+	return d.finish()
 }
 
-// MarshalBinary encodes o in the versioned wire format.
+// MarshalBinary encodes o as one frame of the versioned wire format.
 func (o *Output) MarshalBinary() ([]byte, error) { return o.AppendBinary(nil) }
 
-// AppendBinary appends the encoding of o to b.
+// AppendBinary appends the encoding of o to b. It allocates only when b
+// lacks the capacity. On error it returns b with its length unchanged.
 func (o *Output) AppendBinary(b []byte) ([]byte, error) {
-	b = append(b, outMagic[:]...)
-	b = append(b, wireVersion)
+	start := len(b)
+	b, err := o.appendBody(appendHeader(b, outMagic))
+	if err != nil {
+		return b[:start], err
+	}
+	return closeFrame(b, start, "output")
+}
+
+func (o *Output) appendBody(b []byte) ([]byte, error) {
+	if !fitsInt32(o.Rank) {
+		return b, fmt.Errorf("%w: Output.Rank = %d, outside the wire's int32 range", ErrBadMetadata, o.Rank)
+	}
 	b = binary.AppendVarint(b, int64(o.Rank))
 	b = binary.AppendUvarint(b, uint64(len(o.Done)))
 	for _, id := range o.Done {
@@ -155,6 +301,9 @@ func (o *Output) AppendBinary(b []byte) ([]byte, error) {
 	}
 	b = binary.AppendUvarint(b, uint64(len(o.Failed)))
 	for _, f := range o.Failed {
+		if !fitsInt32(f.Index) {
+			return b, fmt.Errorf("%w: failure of transfer %d has Index = %d, outside the wire's int32 range", ErrBadMetadata, f.Transfer, f.Index)
+		}
 		b = binary.AppendUvarint(b, f.Transfer)
 		b = binary.AppendVarint(b, int64(f.Index))
 		b = append(b, byte(f.Reason))
@@ -162,11 +311,23 @@ func (o *Output) AppendBinary(b []byte) ([]byte, error) {
 	return b, nil
 }
 
-// UnmarshalBinary decodes data into o, replacing its contents. It never
-// panics and never allocates more than the input can describe.
+// UnmarshalBinary decodes one frame into o, replacing its contents; the
+// frame is all of data. It checks the framing and the checksum before it
+// reads the body, never panics and never allocates more than the input
+// can describe. On error, which wraps ErrBadMetadata, o is left empty.
 func (o *Output) UnmarshalBinary(data []byte) error {
-	d := decoder{b: data}
-	d.magic(outMagic)
+	body, err := openFrame(data, outMagic, "output")
+	if err == nil {
+		err = o.decodeBody(body)
+	}
+	if err != nil {
+		*o = Output{Done: o.Done[:0], Failed: o.Failed[:0]}
+	}
+	return err
+}
+
+func (o *Output) decodeBody(body []byte) error {
+	d := decoder{b: body, what: "output", base: frameHeader}
 	o.Rank = d.int()
 	n := d.count(1)
 	o.Done = o.Done[:0]
@@ -180,31 +341,27 @@ func (o *Output) UnmarshalBinary(data []byte) error {
 		f.Reason = Reason(d.byte())
 		o.Failed = append(o.Failed, f)
 	}
-	return d.finish("output")
+	return d.finish()
 }
 
+// fitsInt32 reports whether v is in the range the wire carries for a
+// signed integer.
+func fitsInt32(v int) bool { return int64(v) == int64(int32(v)) }
+
+// decoder reads the body, b, of a frame of kind what; the body starts at
+// byte base of the frame.
 type decoder struct {
-	b   []byte
-	off int
-	err error
+	b    []byte
+	what string
+	base int
+	off  int
+	err  error
 }
 
 func (d *decoder) fail(format string, args ...any) {
 	if d.err == nil {
-		d.err = fmt.Errorf("%w: at byte %d: %s", ErrBadMetadata, d.off, fmt.Sprintf(format, args...))
+		d.err = fmt.Errorf("%w: %s frame: at byte %d: %s", ErrBadMetadata, d.what, d.base+d.off, fmt.Sprintf(format, args...))
 	}
-}
-
-func (d *decoder) magic(want [3]byte) {
-	if len(d.b) < 4 || [3]byte(d.b[:3]) != want {
-		d.fail("bad magic, want %q", want[:])
-		return
-	}
-	if d.b[3] != wireVersion {
-		d.fail("wire version %d, want %d", d.b[3], wireVersion)
-		return
-	}
-	d.off = 4
 }
 
 func (d *decoder) uvarint() uint64 {
@@ -297,9 +454,9 @@ func (d *decoder) transfers(dst []Transfer) []Transfer {
 	return dst
 }
 
-func (d *decoder) finish(what string) error {
+func (d *decoder) finish() error {
 	if d.err == nil && d.off != len(d.b) {
-		d.fail("%d trailing bytes after the %s", len(d.b)-d.off, what)
+		d.fail("%d trailing bytes in the body", len(d.b)-d.off)
 	}
 	return d.err
 }
