@@ -67,7 +67,7 @@ func TestOutputRoundTrip(t *testing.T) {
 			o.Failed = append(o.Failed, connector.Failure{
 				Transfer: rapid.Uint64().Draw(t, "transfer"),
 				Index:    int(rapid.Int32().Draw(t, "index")),
-				Reason:   connector.Reason(rapid.IntRange(1, 5).Draw(t, "reason")),
+				Reason:   connector.Reason(rapid.IntRange(1, 6).Draw(t, "reason")),
 			})
 		}
 		b, err := o.MarshalBinary()
@@ -135,7 +135,7 @@ func sampleOutputs() []struct {
 		name string
 		o    connector.Output
 	}
-	reasons := []connector.Reason{connector.ReasonIO, connector.ReasonNotFound, connector.ReasonNoSpace, connector.ReasonStale, connector.ReasonCanceled}
+	reasons := []connector.Reason{connector.ReasonIO, connector.ReasonNotFound, connector.ReasonNoSpace, connector.ReasonStale, connector.ReasonCanceled, connector.ReasonCorrupt}
 	for rank := range 4 {
 		o := connector.Output{Rank: rank, Done: []uint64{uint64(rank) + 1, 1 << 33}}
 		for i, r := range reasons[rank:] {
