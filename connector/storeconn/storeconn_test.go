@@ -243,9 +243,9 @@ func TestStartRejectsBadBlocksAndWritesNothing(t *testing.T) {
 	for i := range r.mem[0].Bytes() {
 		r.mem[0].Bytes()[i] = 0xEE
 	}
-	m := &connector.Metadata{Loads: []connector.Transfer{
-		{ID: 100, Req: "a", Blocks: []connector.BlockID{5}, Hashes: req.Hashes[:1]},
-		{ID: 101, Req: "a", Blocks: []connector.BlockID{32}, Hashes: req.Hashes[1:2]},
+	m := &connector.Metadata{Step: r.s.Plan().Step, Loads: []connector.Transfer{
+		{ID: 1 << 20, Req: "a", Blocks: []connector.BlockID{5}, Hashes: req.Hashes[:1]},
+		{ID: 1<<20 + 1, Req: "a", Blocks: []connector.BlockID{32}, Hashes: req.Hashes[1:2]},
 	}}
 	err := r.ws[0].Start(context.Background(), m)
 	if err == nil || !errors.Is(err, connector.ErrInvalidBlock) || !strings.Contains(err.Error(), "block 32") {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,10 @@ type Worker struct {
 	ns        hashing.Namespace
 	genNow    atomic.Uint64 // generation of the latest Start: older jobs are stale
 	saves     []job         // the last Start's saves, waiting for Save
+	started   bool          // a Start was accepted: lastStep and lastID hold
+	lastStep  uint64        // the step of the last accepted Start
+	lastID    uint64        // the largest transfer id of an accepted Start
+	ids       []uint64      // Start's scratch
 
 	// life guards Register against Close, which may run on any goroutine.
 	life struct {
@@ -204,9 +209,17 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	if m.Generation < w.gen {
 		return fmt.Errorf("storeconn: %w: metadata of step %d is bound to generation %d, but this worker already runs generation %d", connector.ErrGeneration, m.Step, m.Generation, w.gen)
 	}
+	if w.started && m.Step <= w.lastStep {
+		return fmt.Errorf("%w: step %d after step %d: steps only increase", connector.ErrBadMetadata, m.Step, w.lastStep)
+	}
+	maxID := w.lastID
 	for _, list := range [2][]connector.Transfer{m.Loads, m.Saves} {
 		for i := range list {
 			t := &list[i]
+			if t.ID <= w.lastID {
+				return fmt.Errorf("%w: step %d: transfer id %d is not above %d, the last of an earlier step", connector.ErrBadMetadata, m.Step, t.ID, w.lastID)
+			}
+			maxID = max(maxID, t.ID)
 			if len(t.Hashes) != len(t.Blocks) {
 				return fmt.Errorf("%w: transfer %d has %d blocks but %d hashes", connector.ErrBadMetadata, t.ID, len(t.Blocks), len(t.Hashes))
 			}
@@ -220,6 +233,10 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 			}
 		}
 	}
+	if err := uniqueIDs(m, &w.ids); err != nil {
+		return err
+	}
+	w.started, w.lastStep, w.lastID = true, m.Step, maxID
 	if m.Generation != w.gen {
 		id := w.id
 		id.Generation = m.Generation
@@ -251,6 +268,28 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 		w.q.jobs = append(w.q.jobs, job{load: true, t: cloneTransfer(&m.Loads[i]), gen: w.gen, ns: w.ns})
 	}
 	w.q.cond.Broadcast()
+	return nil
+}
+
+// uniqueIDs returns an error naming a transfer id that m names twice; ids
+// is scratch space.
+func uniqueIDs(m *connector.Metadata, ids *[]uint64) error {
+	if len(m.Loads)+len(m.Saves) < 2 {
+		return nil
+	}
+	s := (*ids)[:0]
+	for _, list := range [2][]connector.Transfer{m.Loads, m.Saves} {
+		for i := range list {
+			s = append(s, list[i].ID)
+		}
+	}
+	slices.Sort(s)
+	*ids = s
+	for i := 1; i < len(s); i++ {
+		if s[i] == s[i-1] {
+			return fmt.Errorf("%w: step %d names transfer id %d twice", connector.ErrBadMetadata, m.Step, s[i])
+		}
+	}
 	return nil
 }
 

@@ -1,0 +1,141 @@
+package storeconn_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/storeconn"
+	"github.com/kvconnect/kvconnect/hashing"
+)
+
+// TestMisuse walks inputs an engine must never pass: each is an error
+// naming the argument and the value, and changes nothing.
+func TestMisuse(t *testing.T) {
+	ok := request("ok", 4*bs+1)
+	short := &connector.Request{ID: "short", Prompt: 4*bs + 1, Hashes: ok.Hashes[:3]}
+	long := &connector.Request{ID: "long", Prompt: 2 * bs, Hashes: ok.Hashes}
+	neg := []connector.BlockID{0, -1, 2, 3, 4}
+	dup := []connector.BlockID{0, 1, 1, 3, 4}
+	far := []connector.BlockID{0, 1, 2, 3, 32}
+	for _, tt := range []struct {
+		name string
+		call func(s connector.Scheduler) error
+		want string
+	}{
+		{"Match empty ID", func(s connector.Scheduler) error {
+			_, err := s.Match(&connector.Request{Prompt: 9}, 0)
+			return err
+		}, "Request.ID is empty"},
+		{"Match empty prompt", func(s connector.Scheduler) error {
+			_, err := s.Match(&connector.Request{ID: "x"}, 0)
+			return err
+		}, "Request.Prompt = 0"},
+		{"Match computed past the prompt", func(s connector.Scheduler) error {
+			_, err := s.Match(ok, 8*bs)
+			return err
+		}, "computed = 32 is more than the 17-token prompt"},
+		{"Match computed not whole blocks", func(s connector.Scheduler) error {
+			_, err := s.Match(ok, 3)
+			return err
+		}, "computed = 3"},
+		{"Match too few hashes", func(s connector.Scheduler) error {
+			_, err := s.Match(short, 0)
+			return err
+		}, "3 hashes for a 17-token prompt"},
+		{"Match more hashes than the prompt", func(s connector.Scheduler) error {
+			_, err := s.Match(long, 0)
+			return err
+		}, "4 hashes for a 8-token prompt"},
+		{"Allocated negative block", func(s connector.Scheduler) error {
+			s.Match(ok, 0)
+			return s.Allocated(ok, neg, 0)
+		}, "blocks[1] = -1"},
+		{"Allocated duplicate block", func(s connector.Scheduler) error {
+			s.Match(ok, 0)
+			return s.Allocated(ok, dup, 0)
+		}, "block 1 is named twice"},
+		{"Allocated block out of range", func(s connector.Scheduler) error {
+			s.Match(ok, 0)
+			return s.Allocated(ok, far, 0)
+		}, "blocks[4] = 32, want [0, 32)"},
+		{"Scheduled negative block", func(s connector.Scheduler) error { return s.Scheduled(ok, neg, ok.Prompt) }, "blocks[1] = -1"},
+		{"Scheduled duplicate block", func(s connector.Scheduler) error { return s.Scheduled(ok, dup, ok.Prompt) }, "block 1 is named twice"},
+		{"Scheduled block out of range", func(s connector.Scheduler) error { return s.Scheduled(ok, far, ok.Prompt) }, "blocks[4] = 32"},
+		{"Scheduled negative computed", func(s connector.Scheduler) error { return s.Scheduled(ok, blocks(5), -1) }, "computed = -1"},
+		{"Scheduled empty ID", func(s connector.Scheduler) error {
+			return s.Scheduled(&connector.Request{Prompt: 9}, blocks(3), 8)
+		}, "Request.ID is empty"},
+		{"Rotate to the same generation", func(s connector.Scheduler) error { return s.(connector.Rotator).Rotate(0) }, "rotate to generation 0"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			st := newMem(t)
+			cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
+			s, err := connector.OpenScheduler(cfg, connector.Env{Identity: identity(1, 1), Store: st, Blocks: 32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			err = tt.call(s)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error = %v, want one containing %q", err, tt.want)
+			}
+			if m := s.Plan(); len(m.Loads)+len(m.Saves) != 0 {
+				t.Errorf("the refused call planned %d loads and %d saves", len(m.Loads), len(m.Saves))
+			}
+		})
+	}
+}
+
+// TestWorkerMisuse: Metadata a worker refuses, and calls after Close.
+func TestWorkerMisuse(t *testing.T) {
+	h := request("x", 2*bs+1).Hashes
+	tr := func(id uint64) connector.Transfer {
+		return connector.Transfer{ID: id, Req: "x", Blocks: []connector.BlockID{0}, Hashes: []hashing.BlockHash{h[0]}}
+	}
+	for _, tt := range []struct {
+		name  string
+		first *connector.Metadata // accepted first
+		then  *connector.Metadata
+		want  error
+		text  string
+	}{
+		{"step goes back", &connector.Metadata{Step: 5}, &connector.Metadata{Step: 4}, connector.ErrBadMetadata, "step 4 after step 5"},
+		{"step repeats", &connector.Metadata{Step: 5}, &connector.Metadata{Step: 5}, connector.ErrBadMetadata, "step 5 after step 5"},
+		{"duplicate id in a step", &connector.Metadata{Step: 1}, &connector.Metadata{Step: 2, Loads: []connector.Transfer{tr(7)}, Saves: []connector.Transfer{tr(7)}}, connector.ErrBadMetadata, "transfer id 7 twice"},
+		{"id of an earlier step", &connector.Metadata{Step: 1, Saves: []connector.Transfer{tr(9)}}, &connector.Metadata{Step: 2, Saves: []connector.Transfer{tr(9)}}, connector.ErrBadMetadata, "transfer id 9 is not above 9"},
+		{"older generation", &connector.Metadata{Step: 1, Generation: 3}, &connector.Metadata{Step: 2, Generation: 2}, connector.ErrGeneration, "generation 2"},
+		{"hashes and blocks disagree", &connector.Metadata{Step: 1}, &connector.Metadata{Step: 2, Loads: []connector.Transfer{{ID: 3, Req: "x", Blocks: []connector.BlockID{0, 1}, Hashes: h[:1]}}}, connector.ErrBadMetadata, "2 blocks but 1 hashes"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, newMem(t), identity(1, 1), nil)
+			w := r.ws[0]
+			if err := w.Start(context.Background(), tt.first); err != nil {
+				t.Fatal(err)
+			}
+			err := w.Start(context.Background(), tt.then)
+			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.text) {
+				t.Fatalf("Start = %v, want %v containing %q", err, tt.want, tt.text)
+			}
+		})
+	}
+	r := newRig(t, newMem(t), identity(1, 1), nil)
+	w := r.ws[0]
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background(), &connector.Metadata{Step: 1}); !errors.Is(err, connector.ErrClosed) {
+		t.Errorf("Start after Close = %v, want ErrClosed", err)
+	}
+	if err := w.Save(context.Background(), connector.Ready); !errors.Is(err, connector.ErrClosed) {
+		t.Errorf("Save after Close = %v, want ErrClosed", err)
+	}
+	if err := r.kv[0].Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Register(r.kv[0]); !errors.Is(err, connector.ErrClosed) {
+		t.Errorf("Register after Close = %v, want ErrClosed", err)
+	}
+}
