@@ -139,3 +139,35 @@ func TestWorkerMisuse(t *testing.T) {
 		t.Errorf("Register after Close = %v, want ErrClosed", err)
 	}
 }
+
+// TestNoDuplicateSave: the block the last-token rule keeps out of a match
+// was found present by the lookup, so it is not saved again.
+func TestNoDuplicateSave(t *testing.T) {
+	st := newMem(t)
+	r := newRig(t, st, identity(1, 1), map[string]any{"lookup": "sync"})
+	r.saveAll(request("a", 4*bs))
+	saved := st.Stats().Puts
+	b := request("b", 4*bs)
+	m, err := r.s.Match(b, 0)
+	if err != nil || m.Tokens != 3*bs {
+		t.Fatalf("Match = %+v, %v; want %d tokens (the last block is recomputed)", m, err, 3*bs)
+	}
+	if err := r.s.Allocated(b, blocks(4), m.Tokens); err != nil {
+		t.Fatal(err)
+	}
+	r.until("load", func(p *connector.Progress) bool { return len(p.Loaded) == 1 })
+	if err := r.s.Scheduled(b, blocks(4), b.Prompt); err != nil {
+		t.Fatal(err)
+	}
+	r.step(connector.Ready)
+	if keep, _ := r.s.Finish(b, nil); keep {
+		r.until("release", func(p *connector.Progress) bool { return len(p.Released) == 1 })
+	}
+	ss := st.Stats()
+	if ss.Duplicates != 0 || ss.Puts != saved {
+		t.Errorf("store: %d duplicate puts, %d puts after the first request's %d; want none again", ss.Duplicates, ss.Puts, saved)
+	}
+	if sk := r.s.(connector.StatsReporter).Stats().SaveSkipped; sk != 1 {
+		t.Errorf("SaveSkipped = %d, want 1 (the trimmed block)", sk)
+	}
+}

@@ -270,7 +270,7 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		s.collect()
 	}
 	if q.lk == nil || q.lk.gen != s.meta.Generation || q.lk.from > from ||
-		(q.lk.done && (q.lk.err != nil || q.lk.present == len(q.lk.hashes) && q.lk.from+len(q.lk.hashes) < limit)) {
+		(q.lk.done && (q.lk.err != nil || q.lk.present == len(q.lk.hashes) && q.lk.from+len(q.lk.hashes) < len(r.Hashes))) {
 		// A new lookup: none yet, an older generation, the engine lost
 		// local blocks the last one assumed, the last one failed, or it
 		// found every block it probed and the prompt has grown since.
@@ -279,7 +279,10 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 			req:    r.ID,
 			gen:    s.meta.Generation,
 			from:   from,
-			hashes: append([]hashing.BlockHash(nil), r.Hashes[from:limit]...),
+			// Every full block, also the one the last-token rule
+			// keeps out of the match: a block found present is
+			// never saved again.
+			hashes: append([]hashing.BlockHash(nil), r.Hashes[from:]...),
 			ns:     s.ns,
 			shards: s.shards,
 		}
