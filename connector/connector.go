@@ -3,6 +3,7 @@ package connector
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/store"
@@ -304,6 +305,27 @@ type Stats struct {
 	TransferNanos  int64 // time spent in loads and saves
 	StaleDiscarded int64 // transfers of an old generation dropped
 	Corrupt        int64 // blocks whose loaded bytes failed verification (also in LoadFailures)
+	StoreErrors    int64 // store calls that failed (timeouts included): a failed lookup is a miss, a failed load failed blocks
+	StoreTimeouts  int64 // store calls that ran past their deadline (also in StoreErrors)
+}
+
+// Health is a connector half's view of the store or transport it depends
+// on, from the optional [HealthReporter]. Inference goes on while it is
+// failing (a failed lookup is a miss, a failed load is recomputed); Health
+// is how an engine or an operator sees that it is.
+type Health struct {
+	ConsecutiveFailures int64     // calls that failed since the last one that succeeded
+	Failures            int64     // calls that failed, ever
+	LastError           error     // the latest failure, naming the operation; nil if none
+	LastErrorTime       time.Time // when it happened
+}
+
+// Healthy reports whether the latest call succeeded.
+func (h Health) Healthy() bool { return h.ConsecutiveFailures == 0 }
+
+// HealthReporter is an optional interface of a Scheduler or Worker.
+type HealthReporter interface {
+	Health() Health
 }
 
 // StatsReporter is an optional interface of a Scheduler or Worker.

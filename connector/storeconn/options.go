@@ -23,6 +23,7 @@ type options struct {
 	retryDelay     int           // "retry_steps": steps between retries
 	pollInterval   time.Duration // "event_poll": how often a worker polls a ready event
 	verify         bool          // "verify": "checksum" (the default) or "none"
+	storeTimeout   time.Duration // "store_timeout": the deadline of every store call
 }
 
 // open checks what both halves need: the options, a store, and a valid
@@ -50,7 +51,7 @@ func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, 
 // any other key is an error.
 var extraKeys = []string{
 	"batch_blocks", "event_poll", "lookup", "lookup_queue", "lookup_workers",
-	"retry_steps", "save_retries", "transfer_workers", "verify",
+	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify",
 }
 
 func parseOptions(cfg connector.Config) (options, error) {
@@ -104,6 +105,12 @@ func parseOptions(cfg connector.Config) (options, error) {
 	}
 	if o.pollInterval, err = cfg.ExtraDuration("event_poll", 50*time.Microsecond); err != nil {
 		return o, err
+	}
+	if o.storeTimeout, err = cfg.ExtraDuration("store_timeout", 5*time.Second); err != nil {
+		return o, err
+	}
+	if o.storeTimeout <= 0 {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.store_timeout = %v, want > 0", connector.ErrConfig, o.storeTimeout)
 	}
 	return o, nil
 }

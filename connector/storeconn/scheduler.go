@@ -2,7 +2,6 @@ package storeconn
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -40,6 +39,9 @@ type Scheduler struct {
 	stats       connector.Stats
 	syncScratch probeScratch        // for lookups run inside Match
 	blocks      int                 // Env.Blocks: the engine's pool size, 0 if unknown
+	h           health              // store calls that failed
+	pending     int                 // lookups handed to the pool and not yet collected
+	lastDone    time.Time           // when the pool last handed a lookup back, or began to owe one
 	seen        []connector.BlockID // checkBlocks' scratch
 
 	// Lookups run on a pool of goroutines; results come back through mu.
@@ -55,10 +57,11 @@ type Scheduler struct {
 }
 
 var (
-	_ connector.Scheduler     = (*Scheduler)(nil)
-	_ connector.Rotator       = (*Scheduler)(nil)
-	_ connector.EventSource   = (*Scheduler)(nil)
-	_ connector.StatsReporter = (*Scheduler)(nil)
+	_ connector.HealthReporter = (*Scheduler)(nil)
+	_ connector.Scheduler      = (*Scheduler)(nil)
+	_ connector.Rotator        = (*Scheduler)(nil)
+	_ connector.EventSource    = (*Scheduler)(nil)
+	_ connector.StatsReporter  = (*Scheduler)(nil)
 )
 
 // request is the scheduler half's state of one request.
@@ -84,7 +87,8 @@ type lookup struct {
 	shards int
 	// Results, written by the pool before it hands the lookup back under
 	// Scheduler.mu; read by the scheduler only once done is set.
-	present int // contiguous blocks present in every shard, from `from`
+	started time.Time // when it was handed to the pool
+	present int       // contiguous blocks present in every shard, from `from`
 	err     error
 	nanos   int64
 	done    bool // set by the scheduler's goroutine when it collects the lookup
@@ -131,6 +135,7 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 		transfers: connector.NewTally[*transfer](env.Identity.Layout.TPSize),
 		saving:    make(map[hashing.BlockHash]int),
 		blocks:    env.Blocks,
+		h:         health{log: log},
 	}
 	if env.Blocks < 0 {
 		return nil, fmt.Errorf("%w: Env.Blocks = %d, want >= 0", connector.ErrConfig, env.Blocks)
@@ -184,9 +189,14 @@ func (s *Scheduler) probe(lk *lookup, sc *probeScratch) {
 	keys := sc.kb.keys(sc.keys[:0])
 	res := grow(sc.res, len(keys))
 	sc.keys, sc.res = keys, res
-	if err := s.st.Exists(s.ctx, keys, res); err != nil {
+	ctx, cancel := context.WithTimeout(s.ctx, s.opt.storeTimeout)
+	err := s.st.Exists(ctx, keys, res)
+	cancel()
+	if err != nil {
+		s.h.record("exists", err)
 		lk.err = err
 	} else {
+		s.h.record("exists", firstKeyFailure(res))
 		n := 0
 	blocks:
 		for b := range lk.hashes {
@@ -216,13 +226,21 @@ func (s *Scheduler) collect() {
 	done := s.mu.done
 	s.mu.done = nil
 	s.mu.Unlock()
+	if len(done) > 0 {
+		s.lastDone = time.Now()
+	}
 	for _, lk := range done {
 		lk.done = true
+		s.pending--
 		s.stats.LookupNanos += lk.nanos
-		if lk.err != nil && !errors.Is(lk.err, context.Canceled) {
-			s.log.Warn("storeconn: lookup failed", "request", lk.req, "err", lk.err)
-		}
 	}
+}
+
+// stuck reports whether the pool has owed a lookup for longer than the
+// store timeout: the store hangs, ignoring its deadlines. New lookups then
+// answer a miss at once instead of joining the queue.
+func (s *Scheduler) stuck(now time.Time) bool {
+	return s.pending > 0 && now.Sub(s.lastDone) > s.opt.storeTimeout
 }
 
 // Match implements connector.Scheduler.
@@ -276,9 +294,9 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		// found every block it probed and the prompt has grown since.
 		s.collect()
 		lk := &lookup{
-			req:    r.ID,
-			gen:    s.meta.Generation,
-			from:   from,
+			req:  r.ID,
+			gen:  s.meta.Generation,
+			from: from,
 			// Every full block, also the one the last-token rule
 			// keeps out of the match: a block found present is
 			// never saved again.
@@ -293,8 +311,20 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 			lk.done = true
 			s.stats.LookupNanos += lk.nanos
 		} else {
+			now := time.Now()
+			if s.stuck(now) {
+				// Every lookup would wait behind a hung call: a miss.
+				s.stats.Lookups--
+				s.stats.LookupKeys -= int64(len(lk.hashes) * lk.shards)
+				return connector.Match{}, nil
+			}
+			lk.started = now
 			select {
 			case s.jobs <- lk:
+				if s.pending == 0 {
+					s.lastDone = now
+				}
+				s.pending++
 			default:
 				// The queue is full: try again next step.
 				s.stats.Lookups--
@@ -305,6 +335,13 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		q.lk = lk
 	}
 	if !q.lk.done {
+		if time.Since(q.lk.started) > s.opt.storeTimeout {
+			// The store has not answered within its deadline: a miss.
+			// The lookup is abandoned; if it ever ends it is ignored.
+			s.h.record("exists", fmt.Errorf("lookup of %q: no answer in %v: %w", r.ID, s.opt.storeTimeout, context.DeadlineExceeded))
+			q.lk = &lookup{req: r.ID, gen: s.meta.Generation, from: from, done: true, err: context.DeadlineExceeded}
+			return connector.Match{}, nil
+		}
 		return connector.Match{Pending: true}, nil
 	}
 	if q.lk.err != nil {
@@ -704,8 +741,14 @@ func (s *Scheduler) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
 // Stats implements connector.StatsReporter.
 func (s *Scheduler) Stats() connector.Stats {
 	s.collect()
-	return s.stats
+	st := s.stats
+	st.StoreErrors, st.StoreTimeouts = s.h.counts()
+	return st
 }
+
+// Health implements connector.HealthReporter: the store's answers to the
+// half's lookups.
+func (s *Scheduler) Health() connector.Health { return s.h.get() }
 
 // Close implements connector.Scheduler. It does not close the store.
 func (s *Scheduler) Close() error {
@@ -714,6 +757,9 @@ func (s *Scheduler) Close() error {
 	}
 	s.closed = true
 	s.cancel()
-	s.wg.Wait()
+	if !waitGroup(&s.wg, s.opt.storeTimeout) {
+		// Lookups hold only their own keys: nothing of the engine's.
+		return fmt.Errorf("storeconn: Close: lookups still inside store calls %v after cancellation: the store ignores its deadlines; they end when it answers", s.opt.storeTimeout)
+	}
 	return nil
 }

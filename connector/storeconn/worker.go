@@ -70,6 +70,7 @@ type Worker struct {
 	closeOnce sync.Once
 	stats     workerStats
 	corrupt   limiter // warn-level log lines about values that failed verification
+	h         health  // store calls that failed
 }
 
 // path is how a worker moves block bytes between KV memory and the store.
@@ -82,8 +83,9 @@ const (
 )
 
 var (
-	_ connector.Worker        = (*Worker)(nil)
-	_ connector.StatsReporter = (*Worker)(nil)
+	_ connector.HealthReporter = (*Worker)(nil)
+	_ connector.Worker         = (*Worker)(nil)
+	_ connector.StatsReporter  = (*Worker)(nil)
 )
 
 type workerStats struct {
@@ -121,6 +123,7 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 		gen:      env.Identity.Generation,
 		ns:       ns,
 		copier:   env.Copier,
+		h:        health{log: log},
 	}
 	w.vec, _ = env.Store.(store.Vectored)
 	w.pinner, _ = env.Copier.(connector.HostPinner)
@@ -451,6 +454,7 @@ func (w *Worker) stage(sc *scratch, n int) (rdma.Region, error) {
 		sc.pinned = true
 	}
 	if err := w.st.Register(m.Region()); err != nil {
+		w.h.record("register", err)
 		sc.staging = m
 		sc.freeStaging()
 		return rdma.Region{}, err
@@ -474,6 +478,7 @@ func (w *Worker) trailerSlots(sc *scratch, n int) (rdma.Region, error) {
 		return rdma.Region{}, err
 	}
 	if err := w.st.Register(m.Region()); err != nil {
+		w.h.record("register", err)
 		_ = m.Free()
 		return rdma.Region{}, err
 	}
@@ -566,7 +571,7 @@ func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
 				sub, _ := stage.Sub(k*stride, stride)
 				sc.regions = append(sc.regions, sub)
 			}
-			err = w.st.Get(w.ctx, sc.keys, sc.regions, sc.res)
+			err = w.call("get", sc.res, func(ctx context.Context) error { return w.st.Get(ctx, sc.keys, sc.regions, sc.res) })
 		case vector:
 			if w.tl > 0 {
 				if tr, err = w.trailerSlots(sc, hi-lo); err != nil {
@@ -575,13 +580,13 @@ func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
 				}
 			}
 			w.vectorRegions(sc, t.Blocks[lo:hi], tr)
-			err = w.vec.GetV(w.ctx, sc.keys, sc.vregs, sc.res)
+			err = w.call("get", sc.res, func(ctx context.Context) error { return w.vec.GetV(ctx, sc.keys, sc.vregs, sc.res) })
 		default:
 			sc.regions = sc.regions[:0]
 			for i := lo; i < hi; i++ {
 				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
 			}
-			err = w.st.Get(w.ctx, sc.keys, sc.regions, sc.res)
+			err = w.call("get", sc.res, func(ctx context.Context) error { return w.st.Get(ctx, sc.keys, sc.regions, sc.res) })
 		}
 		if err != nil {
 			clear(sc.keys)
@@ -616,6 +621,21 @@ func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
 	}
 	w.stats.loadFailures.Add(int64(len(sc.fails)))
 	return sc.fails
+}
+
+// call runs one store call with the store timeout as its deadline and
+// records its outcome: the call's error, or else the first per-key error
+// of res that means the store is failing.
+func (w *Worker) call(op string, res []store.Result, f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(w.ctx, w.opt.storeTimeout)
+	err := f(ctx)
+	cancel()
+	if err != nil {
+		w.h.record(op, err)
+	} else {
+		w.h.record(op, firstKeyFailure(res))
+	}
+	return err
 }
 
 // verify checks the k-th value of a load batch, n bytes long: its size
@@ -789,7 +809,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 					putTrailer(v.Bytes()[bs:], sc.keys[k], bs, blockCRC(sc.spans))
 				}
 			}
-			err = w.st.Put(w.ctx, sc.keys, sc.regions, sc.res)
+			err = w.call("put", sc.res, func(ctx context.Context) error { return w.st.Put(ctx, sc.keys, sc.regions, sc.res) })
 		case vector:
 			var tr rdma.Region
 			if w.tl > 0 {
@@ -808,13 +828,13 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 					putTrailer(rs[len(rs)-1].Bytes(), sc.keys[k], bs, blockCRC(rs[:len(rs)-1]))
 				}
 			}
-			err = w.vec.PutV(w.ctx, sc.keys, sc.vregs, sc.res)
+			err = w.call("put", sc.res, func(ctx context.Context) error { return w.vec.PutV(ctx, sc.keys, sc.vregs, sc.res) })
 		default:
 			sc.regions = sc.regions[:0]
 			for _, i := range idx {
 				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
 			}
-			err = w.st.Put(w.ctx, sc.keys, sc.regions, sc.res)
+			err = w.call("put", sc.res, func(ctx context.Context) error { return w.st.Put(ctx, sc.keys, sc.regions, sc.res) })
 		}
 		clear(sc.keys)
 		if err != nil {
@@ -850,6 +870,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 
 // Stats implements connector.StatsReporter.
 func (w *Worker) Stats() connector.Stats {
+	errs, timeouts := w.h.counts()
 	return connector.Stats{
 		Loads:          w.stats.loads.Load(),
 		LoadBytes:      w.stats.loadBytes.Load(),
@@ -861,8 +882,14 @@ func (w *Worker) Stats() connector.Stats {
 		TransferNanos:  w.stats.nanos.Load(),
 		StaleDiscarded: w.stats.stale.Load(),
 		Corrupt:        w.stats.corrupt.Load(),
+		StoreErrors:    errs,
+		StoreTimeouts:  timeouts,
 	}
 }
+
+// Health implements connector.HealthReporter: the store's answers to the
+// worker's loads and saves.
+func (w *Worker) Health() connector.Health { return w.h.get() }
 
 // Close implements connector.Worker: queued transfers are dropped, running
 // ones finish or are canceled, every goroutine is joined, and the KV
@@ -883,7 +910,13 @@ func (w *Worker) Close() error {
 		w.q.cond.Broadcast()
 		w.q.Unlock()
 		w.cancel()
-		w.wg.Wait()
+		if !waitGroup(&w.wg, 2*w.opt.storeTimeout) {
+			// A transfer is still inside a store call that ignores its
+			// deadline, or waits for the device: it may still write KV
+			// memory, and it frees its own buffers when it returns.
+			err = fmt.Errorf("storeconn: Close: transfers still running %v after cancellation (a store call ignoring its deadline, or device copies): KV memory must stay mapped until the store answers", 2*w.opt.storeTimeout)
+			return
+		}
 		if registered && !w.device {
 			for _, r := range w.kv.Regions {
 				if uerr := w.st.Unregister(r); uerr != nil && !errors.Is(uerr, store.ErrClosed) {
