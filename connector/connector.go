@@ -307,6 +307,7 @@ type Stats struct {
 	Corrupt        int64 // blocks whose loaded bytes failed verification (also in LoadFailures)
 	StoreErrors    int64 // store calls that failed (timeouts included): a failed lookup is a miss, a failed load failed blocks
 	StoreTimeouts  int64 // store calls that ran past their deadline (also in StoreErrors)
+	FailedSkipped  int64 // blocks a lookup found but not matched: their load failed lately
 }
 
 // Health is a connector half's view of the store or transport it depends

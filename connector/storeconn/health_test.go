@@ -3,6 +3,7 @@ package storeconn_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -128,5 +129,58 @@ func TestHungStore(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("Close blocked for a minute behind a hung store")
+	}
+}
+
+// deadSegment is a store whose Exists finds keys whose Get then fails, as
+// Mooncake does for keys in the segment of a client that died, until the
+// master notices.
+type deadSegment struct {
+	store.Store
+	dead chan struct{} // closed when the segment dies
+}
+
+func (d *deadSegment) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	select {
+	case <-d.dead:
+		for i := range res {
+			res[i] = store.Result{Err: store.ErrTransfer}
+		}
+		return nil
+	default:
+		return d.Store.Get(ctx, keys, dst, res)
+	}
+}
+
+// TestFailedKeysNotPlanned: once the loads of some blocks fail, lookups
+// stop planning loads of them for failed_ttl, and count what they skip.
+func TestFailedKeysNotPlanned(t *testing.T) {
+	d := &deadSegment{Store: newMem(t), dead: make(chan struct{})}
+	r := newRigLog(t, d, identity(1, 1), map[string]any{"lookup": "sync", "failed_ttl": "50ms"}, connector.BlockMajor, nil)
+	r.saveAll(request("a", 4*bs+1))
+	close(d.dead)
+	if loaded, fails := r.load("b"); loaded || len(fails) != 1 {
+		t.Fatalf("load from a dead segment: loaded %v, failures %+v", loaded, fails)
+	}
+	if m, err := r.s.Match(request("c", 4*bs+1), 0); err != nil || m.Tokens != 0 {
+		t.Fatalf("Match right after the failed load = %+v, %v; want a miss", m, err)
+	}
+	if n := r.s.(connector.StatsReporter).Stats().FailedSkipped; n != 4 {
+		t.Errorf("FailedSkipped = %d, want 4", n)
+	}
+	// After failed_ttl the blocks are planned again.
+	deadline := time.Now().Add(time.Minute)
+	for i := 0; ; i++ {
+		m, err := r.s.Match(request(fmt.Sprint("d", i), 4*bs+1), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Tokens == 4*bs {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("blocks whose load failed were still skipped a minute after a 50ms failed_ttl")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -24,6 +24,7 @@ type options struct {
 	pollInterval   time.Duration // "event_poll": how often a worker polls a ready event
 	verify         bool          // "verify": "checksum" (the default) or "none"
 	storeTimeout   time.Duration // "store_timeout": the deadline of every store call
+	failedTTL      time.Duration // "failed_ttl": how long a block whose load failed is not planned again
 }
 
 // open checks what both halves need: the options, a store, and a valid
@@ -50,7 +51,7 @@ func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, 
 // extraKeys are the kv_connector_extra_config keys the connector reads;
 // any other key is an error.
 var extraKeys = []string{
-	"batch_blocks", "event_poll", "lookup", "lookup_queue", "lookup_workers",
+	"batch_blocks", "event_poll", "failed_ttl", "lookup", "lookup_queue", "lookup_workers",
 	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify",
 }
 
@@ -107,6 +108,9 @@ func parseOptions(cfg connector.Config) (options, error) {
 		return o, err
 	}
 	if o.storeTimeout, err = cfg.ExtraDuration("store_timeout", 5*time.Second); err != nil {
+		return o, err
+	}
+	if o.failedTTL, err = cfg.ExtraDuration("failed_ttl", 15*time.Second); err != nil {
 		return o, err
 	}
 	if o.storeTimeout <= 0 {

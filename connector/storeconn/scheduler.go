@@ -40,6 +40,7 @@ type Scheduler struct {
 	syncScratch probeScratch        // for lookups run inside Match
 	blocks      int                 // Env.Blocks: the engine's pool size, 0 if unknown
 	h           health              // store calls that failed
+	failed      failedKeys          // blocks whose loads failed lately: not planned again for a while
 	pending     int                 // lookups handed to the pool and not yet collected
 	lastDone    time.Time           // when the pool last handed a lookup back, or began to owe one
 	seen        []connector.BlockID // checkBlocks' scratch
@@ -136,6 +137,7 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 		saving:    make(map[hashing.BlockHash]int),
 		blocks:    env.Blocks,
 		h:         health{log: log},
+		failed:    failedKeys{m: make(map[hashing.BlockHash]time.Time)},
 	}
 	if env.Blocks < 0 {
 		return nil, fmt.Errorf("%w: Env.Blocks = %d, want >= 0", connector.ErrConfig, env.Blocks)
@@ -349,6 +351,16 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		return connector.Match{}, nil
 	}
 	end := min(q.lk.from+q.lk.present, limit)
+	if len(s.failed.m) > 0 {
+		now := time.Now()
+		for i := from; i < end; i++ {
+			if s.failed.has(r.Hashes[i], now) {
+				s.stats.FailedSkipped += int64(end - i)
+				end = i
+				break
+			}
+		}
+	}
 	if end <= from {
 		return connector.Match{}, nil
 	}
@@ -586,6 +598,13 @@ func (s *Scheduler) failBlock(x *transfer, f connector.Failure) {
 		if x.failAt < 0 || f.Index < x.failAt {
 			x.failAt = f.Index
 		}
+		switch f.Reason {
+		case connector.ReasonIO, connector.ReasonNotFound, connector.ReasonCorrupt:
+			// The store said it holds the block, then failed to deliver
+			// it: a dead client's segment, say. Its lookups would keep
+			// planning loads that fail until the store forgets it.
+			s.failed.add(x.hashes[f.Index], time.Now().Add(s.opt.failedTTL))
+		}
 	case f.Reason == connector.ReasonNoSpace:
 		x.noSpace[f.Index] = true
 	default:
@@ -762,4 +781,43 @@ func (s *Scheduler) Close() error {
 		return fmt.Errorf("storeconn: Close: lookups still inside store calls %v after cancellation: the store ignores its deadlines; they end when it answers", s.opt.storeTimeout)
 	}
 	return nil
+}
+
+// failedKeys remembers blocks whose loads failed, until a deadline each.
+type failedKeys struct {
+	m map[hashing.BlockHash]time.Time
+}
+
+// maxFailedKeys bounds the memory of failed blocks; past it, expired
+// entries are dropped, then the oldest half.
+const maxFailedKeys = 1 << 16
+
+func (f *failedKeys) add(h hashing.BlockHash, until time.Time) {
+	if len(f.m) >= maxFailedKeys {
+		now := time.Now()
+		for k, t := range f.m {
+			if !now.Before(t) {
+				delete(f.m, k)
+			}
+		}
+		if len(f.m) >= maxFailedKeys {
+			n := 0
+			for k := range f.m {
+				delete(f.m, k)
+				if n++; n >= maxFailedKeys/2 {
+					break
+				}
+			}
+		}
+	}
+	f.m[h] = until
+}
+
+func (f *failedKeys) has(h hashing.BlockHash, now time.Time) bool {
+	t, ok := f.m[h]
+	if ok && !now.Before(t) {
+		delete(f.m, h)
+		return false
+	}
+	return ok
 }
