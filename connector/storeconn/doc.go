@@ -80,7 +80,30 @@
 // "lookup_queue" (256), "transfer_workers" (2), "batch_blocks" (64 blocks
 // per store call), "save_retries" (3), "retry_steps" (1), "event_poll"
 // ("50us", the first interval at which a ready event is polled), "verify"
-// ("checksum", the default, or "none"; see Verification).
+// ("checksum", the default, or "none"; see Verification), "store_timeout"
+// ("5s", the deadline of every store call), "failed_ttl" ("15s", how long a
+// block whose load failed is not planned again). Any other key is an error
+// naming it, with the nearest known key.
+//
+// # When the store fails
+//
+// Inference never waits on a failing store: a lookup that fails or runs
+// past store_timeout is a miss, a load that fails is a failed block, a save
+// that fails is dropped. Each such call is counted (Stats.StoreErrors,
+// Stats.StoreTimeouts), logged at warn level at most once a second with the
+// operation and the error, and shown by Health (both halves implement
+// [connector.HealthReporter]): the consecutive failures and the last error.
+// An asynchronous lookup stuck in a store call that ignores its deadline
+// answers a miss once store_timeout has passed, and while one is stuck new
+// lookups answer a miss at once; Close of either half then returns after
+// the timeout with an error saying what still runs. A synchronous lookup
+// ("lookup": "sync") runs inside Match and relies on the store honouring
+// its deadline, as memstore does.
+//
+// Blocks whose load failed although the lookup found them (a client that
+// died while the master still lists its keys) are not planned for loading
+// again for failed_ttl; Stats.FailedSkipped counts the blocks left out of
+// matches for that reason.
 //
 // The store comes from Env.Store; the connector never closes it.
 //
