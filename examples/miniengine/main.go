@@ -23,9 +23,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -55,6 +57,9 @@ type Options struct {
 
 	Store          string // "memstore" (embedded) or "mooncake"
 	MooncakeConfig string // Mooncake client config file; "" reads MOONCAKE_CONFIG_PATH, then MOONCAKE_MASTER
+
+	Tenant string // the ON runs' tenant; "" gives each run a fresh one
+	Keep   bool   // keep the ON runs' keys, and the Mooncake client up until interrupted
 
 	Instances      int  // engines sharing one store (ON runs)
 	ColdStart      bool // run the cold-start scenario
@@ -110,6 +115,8 @@ func main() {
 	fs.IntVar(&o.Par, "par", o.Par, "goroutines computing a step")
 	fs.StringVar(&o.Store, "store", o.Store, "the store of the ON runs: memstore (embedded) or mooncake")
 	fs.StringVar(&o.MooncakeConfig, "mooncake-config", o.MooncakeConfig, "Mooncake client config file (default: $MOONCAKE_CONFIG_PATH, else $MOONCAKE_MASTER); the library comes from $MOONCAKE_STORE_LIBRARY")
+	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant of the ON runs' keys (default: a fresh tenant per run, removed after it); fix it to share keys across runs and processes")
+	fs.BoolVar(&o.Keep, "keep", o.Keep, "keep the ON runs' keys; with -store mooncake, also keep the client up (its segment holds the values) until interrupted")
 	fs.IntVar(&o.Instances, "instances", o.Instances, "engine instances sharing one store in the ON runs; sessions alternate between them turn by turn")
 	fs.BoolVar(&o.ColdStart, "cold-start", o.ColdStart, "also run the cold-start scenario: a new instance serves a workload another one already ran")
 	fs.BoolVar(&o.PD, "pd", o.PD, "also run disaggregated prefill/decode: a prefill instance hands every request's KV to a decode instance over the loopback transfer engine (p2p connector)")
@@ -123,7 +130,9 @@ func main() {
 	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 		o.tty = true
 	}
-	if err := Main(context.Background(), o, os.Stdout, os.Stderr); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := Main(ctx, o, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "miniengine:", err)
 		os.Exit(1)
 	}
@@ -152,6 +161,12 @@ func (o *Options) Validate() error {
 	}
 	if o.Store != "memstore" && o.Store != "mooncake" {
 		return fmt.Errorf("-store = %q, want memstore or mooncake", o.Store)
+	}
+	if o.Keep && o.Store != "mooncake" {
+		return fmt.Errorf("-keep needs -store mooncake: the embedded store lives and dies with this process")
+	}
+	if o.Keep && o.Tenant == "" {
+		return fmt.Errorf("-keep needs -tenant NAME: another process finds the kept keys under that tenant")
 	}
 	if o.FaultRate < 0 || o.FaultRate > 1 {
 		return fmt.Errorf("-fault-rate = %v, want [0, 1]", o.FaultRate)
@@ -220,7 +235,15 @@ func (o Options) newStore() (store.Store, func() error, error) {
 		if o.wrapStore != nil {
 			st = o.wrapStore(st)
 		}
+		if o.FaultRate > 0 {
+			st = storetest.NewFaulty(st, o.faults())
+		}
 		purge := func() error {
+			if o.Keep || o.Tenant != "" {
+				// Keys of a fixed tenant outlive the run: later runs,
+				// and other processes, are served from them.
+				return nil
+			}
 			_, err := o.shared.RemovePrefix(context.Background(), hashing.TenantPrefix(o.tenant))
 			return err
 		}
@@ -240,15 +263,23 @@ func (o Options) newStore() (store.Store, func() error, error) {
 		st = o.wrapStore(st)
 	}
 	if o.FaultRate > 0 {
-		st = storetest.NewFaulty(m, storetest.FaultOptions{Seed: o.Workload.Seed, KeyRate: o.FaultRate, Ops: storetest.OpGet | storetest.OpPut | storetest.OpExists, Scribble: true})
+		st = storetest.NewFaulty(st, o.faults())
 	}
 	return st, m.Close, nil
+}
+
+// faults are the store faults of -fault-rate.
+func (o Options) faults() storetest.FaultOptions {
+	return storetest.FaultOptions{Seed: o.Workload.Seed, KeyRate: o.FaultRate, Ops: storetest.OpGet | storetest.OpPut | storetest.OpExists, Scribble: true}
 }
 
 // forRun gives an ON run over a shared Mooncake cluster a tenant of its
 // own, so that runs start cold and never see each other's keys.
 func (o Options) forRun() Options {
-	if o.shared != nil {
+	switch {
+	case o.Tenant != "":
+		o.tenant = o.Tenant
+	case o.shared != nil:
 		*o.runs++
 		o.tenant = fmt.Sprintf("miniengine-%d-%d-%d", os.Getpid(), time.Now().Unix(), *o.runs)
 	}
@@ -284,6 +315,17 @@ func (o *Options) openShared(ctx context.Context) (func() error, error) {
 	o.shared = s
 	o.runs = new(int)
 	return s.Close, nil
+}
+
+// keepUp, with -keep over Mooncake, keeps the client (whose segment holds
+// the saved values) up until ctx is done: another process can be served
+// from them meanwhile.
+func (o Options) keepUp(ctx context.Context, errw io.Writer) {
+	if !o.Keep || o.shared == nil {
+		return
+	}
+	fmt.Fprintf(errw, "-keep: the Mooncake client stays up with the keys of tenant %q in its segment; interrupt to exit\n", o.Tenant)
+	<-ctx.Done()
 }
 
 // Run is one run's result, as printed and as -json encodes it.
@@ -469,8 +511,13 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("cold start: %w", err)
 		}
+		if k, ok := sameOutputs(all[0][0].stats, r.stats); !ok {
+			identical = false
+			diff = append(diff, fmt.Sprintf("cold start: session %d turn %d differs", k.Session, k.Turn))
+		}
 		cold = &r
 	}
+	defer o.keepUp(ctx, errw)
 	if o.JSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
@@ -484,8 +531,12 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 	}
 	printTable(out, o, runs)
 	if cold != nil {
-		fmt.Fprintf(out, "\ncold start: a new instance, empty KV pool, store warm: TTFT %.1f ms, external hit rate %.0f%%, %d blocks loaded\n",
-			cold.TTFTms, 100*cold.ExtHitRate, cold.BlocksLoaded)
+		verdict := "identical to the run without a connector"
+		if k, ok := sameOutputs(all[0][0].stats, cold.stats); !ok {
+			verdict = fmt.Sprintf("DIFFERENT from the run without a connector (session %d turn %d)", k.Session, k.Turn)
+		}
+		fmt.Fprintf(out, "\ncold start: a new instance, empty KV pool, store warm: TTFT %.1f ms, external hit rate %.0f%%, %d blocks loaded; outputs %s\n",
+			cold.TTFTms, 100*cold.ExtHitRate, cold.BlocksLoaded, verdict)
 	}
 	if pd != nil {
 		off := runs[0]

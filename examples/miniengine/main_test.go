@@ -12,6 +12,7 @@ import (
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
+	"github.com/kvconnect/kvconnect/store/memstore"
 )
 
 // small is a workload that runs in a fraction of a second.
@@ -291,5 +292,64 @@ func TestPrefillDecode(t *testing.T) {
 	}
 	if r.Failed != 0 || r.Failures != 0 {
 		t.Errorf("prefill/decode: %d requests failed, %d blocks failed to transfer; want none", r.Failed, r.Failures)
+	}
+}
+
+// removals records the prefixes a store is asked to remove.
+type removals struct {
+	store.Store
+	prefixes []string
+}
+
+func (r *removals) RemovePrefix(ctx context.Context, p string) (int, error) {
+	r.prefixes = append(r.prefixes, p)
+	return r.Store.RemovePrefix(ctx, p)
+}
+
+// TestTenantFlag: by default each ON run over a shared store has a tenant
+// of its own, removed after it; -tenant fixes the tenant of every run and
+// keeps its keys, so another run or process is served from them.
+func TestTenantFlag(t *testing.T) {
+	m, err := memstore.New(memstore.Config{Capacity: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	rec := &removals{Store: m}
+	o := small(t)
+	o.shared, o.runs = rec, new(int)
+	r := o.forRun()
+	_, purge, err := r.newStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := purge(); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.prefixes) != 1 || !strings.HasPrefix(rec.prefixes[0], "miniengine-") {
+		t.Fatalf("default run removed %q, want its own fresh tenant", rec.prefixes)
+	}
+	o.Tenant = "kept"
+	off := mustRun(t, o, false, o.Blocks)
+	on := mustRun(t, o, true, o.Blocks)
+	mustSame(t, "-tenant kept", off, on)
+	if len(rec.prefixes) != 1 {
+		t.Errorf("a run with -tenant removed %q; want its keys kept", rec.prefixes[1:])
+	}
+	if n, err := m.RemovePrefix(context.Background(), hashing.TenantPrefix("kept")); err != nil || n == 0 {
+		t.Errorf("keys of tenant kept after the run: %d, %v; want the run's saves", n, err)
+	}
+	if s := m.Stats().Keys; s != 0 {
+		t.Errorf("%d keys outside tenant kept", s)
+	}
+	// A second run of the same tenant is served from the first's keys.
+	o.Tenant = "again"
+	mustRun(t, o, true, o.Blocks)
+	second := mustRun(t, o, true, o.Blocks)
+	if second.ExternalTokens == 0 {
+		t.Errorf("a second run of tenant again loaded nothing from the first's keys")
+	}
+	if o.Keep = true; o.Validate() == nil {
+		t.Errorf("-keep with the embedded store: Validate() = nil, want an error")
 	}
 }
