@@ -155,8 +155,10 @@ type Progress struct {
 // LoadFailure says how much of a request's KV survived a failed load.
 type LoadFailure struct {
 	Req RequestID
-	// Valid is the number of tokens whose KV is in the request's blocks:
-	// everything before the first block that failed in any worker.
+	// Valid is the number of tokens whose KV is in the request's blocks,
+	// counted from the request's first token (so it includes the engine's
+	// own local hit): everything before the first block that failed in any
+	// worker.
 	Valid int
 	// Fail is true under [PolicyFail]: the engine must fail the request.
 	// Otherwise ([PolicyRecompute]) it rolls the request back to Valid
@@ -294,7 +296,7 @@ type Stats struct {
 	HitTokens      int64 // tokens matched from the store
 	Loads          int64 // blocks loaded
 	LoadBytes      int64 // bytes loaded
-	LoadFailures   int64 // blocks whose load failed
+	LoadFailures   int64 // worker: blocks whose load failed; scheduler half: blocks discarded because a load failed at or before them
 	Saves          int64 // blocks saved
 	SaveBytes      int64 // bytes saved
 	SaveSkipped    int64 // blocks not saved because the store had them
