@@ -9,6 +9,7 @@ import (
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
 )
 
 // TestMisuse walks inputs an engine must never pass: each is an error
@@ -169,5 +170,33 @@ func TestNoDuplicateSave(t *testing.T) {
 	}
 	if sk := r.s.(connector.StatsReporter).Stats().SaveSkipped; sk != 1 {
 		t.Errorf("SaveSkipped = %d, want 1 (the trimmed block)", sk)
+	}
+}
+
+// TestRegisterLayout: KV memory whose shape disagrees with the identity's
+// layout is refused, naming both.
+func TestRegisterLayout(t *testing.T) {
+	st := newMem(t)
+	for _, tt := range []struct {
+		kv   connector.KVCache
+		want string
+	}{
+		{connector.KVCache{Layers: 3, Blocks: 4, KV: 2, BlockBytes: 64, Order: connector.BlockMajor}, "KVCache.Layers = 3, but the identity's Layout.Layers = 2"},
+		{connector.KVCache{Layers: 2, Blocks: 4, KV: 2, BlockBytes: 66, Order: connector.BlockMajor}, "KVCache.BlockBytes = 66"},
+	} {
+		w, err := connector.OpenWorker(connector.Config{Connector: storeconn.Name}, connector.Env{Identity: identity(1, 1), Store: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := rdma.AllocHost(tt.kv.Layers * tt.kv.Blocks * 2 * tt.kv.BlockBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tt.kv.Regions = []rdma.Region{m.Region()}
+		if err := w.Register(tt.kv); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Register(%+v) = %v, want ErrConfig containing %q", tt.kv, err, tt.want)
+		}
+		w.Close()
+		m.Free()
 	}
 }

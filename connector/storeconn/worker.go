@@ -160,6 +160,11 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	if err := kv.Validate(); err != nil {
 		return err
 	}
+	if l := w.id.Layout; kv.Layers != l.Layers {
+		return fmt.Errorf("%w: KVCache.Layers = %d, but the identity's Layout.Layers = %d: the keys would name another model's layout", connector.ErrConfig, kv.Layers, l.Layers)
+	} else if kv.BlockBytes%l.BlockSize != 0 {
+		return fmt.Errorf("%w: KVCache.BlockBytes = %d is not a whole number of bytes per token for Layout.BlockSize = %d tokens", connector.ErrConfig, kv.BlockBytes, l.BlockSize)
+	}
 	device := !kv.Regions[0].Loc.IsHost()
 	if device {
 		if w.copier == nil {
