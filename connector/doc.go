@@ -39,7 +39,10 @@
 //	progress, err := sched.Update([]*connector.Output{out})
 //
 // The package scheduler implements the engine side of this contract (block
-// pool, request lifecycle, step planner) for engines that want it.
+// pool, request lifecycle, step planner) for engines that want it. Its
+// scheduler.Scheduler is the engine's scheduler, which drives a
+// connector.Scheduler (this package's interface, the connector's scheduler
+// half); the two are never interchangeable.
 //
 // # Identity
 //
@@ -51,10 +54,24 @@
 //
 // # Optional capabilities
 //
-// A half may implement [StatsReporter], [Rotator] or [EventSource]; callers
-// check with a type assertion once, after opening. Each has a documented
-// fallback: no stats, no rotation (reopen the connector with a new
-// identity), no events.
+// A half may implement [StatsReporter], [HealthReporter], [Rotator],
+// [EventSource], [Preempter] or [TransferParamsSource]; callers check with a
+// type assertion once, after opening. Each has a documented fallback: no
+// stats, no health, no rotation (reopen the connector with a new
+// identity), no events, Finish, no parameters.
+//
+// # Errors and misuse
+//
+// Bad input is an error that names the argument and its value, and
+// changes nothing: a request with an empty ID or prompt, computed tokens
+// past the prompt, negative or repeated block ids, a rotation to an older
+// or the same generation ([ErrGeneration]), a Metadata whose step does not
+// increase or that names a transfer twice ([ErrBadMetadata]), a call after
+// Close ([ErrClosed]), an unknown kv_connector_extra_config key
+// ([ErrConfig], with the nearest known key). A nil *Request, *Metadata or
+// context is a programmer error and panics, as a nil context does in the
+// standard library; a nil entry among the Outputs handed to Update comes
+// from a worker, and is an error naming its index.
 //
 // # Concurrency
 //
