@@ -54,6 +54,21 @@
 // up on an offer. Everything goes over the transfer engine: no other
 // channel between the instances is needed.
 //
+// # Transfers that do not settle
+//
+// A load is reported (Progress.Loaded or Failed) only once every transfer
+// it made is settled: final in the sense of [rdma.Status.Final], nothing
+// moving its bytes any more. Until then the engine keeps the request's
+// blocks (it may not run the request, and Finish keeps them), so a late
+// transfer never writes a block that was recomputed or handed to another
+// request. The wait has no bound: a transfer that never settles (a hung
+// device or transport) is a hang of its load and of the worker's Close,
+// logged every 10 s. Transfer engines bound it themselves: closing one
+// (rdma/mooncake gives up after Config.CloseTimeout) makes the wait fail;
+// a load whose transfers' end cannot be told is then never reported, and
+// the worker's Close returns an error wrapping [rdma.ErrBusy] and frees
+// no memory those transfers may touch.
+//
 // # Configuration
 //
 // kv_connector_extra_config keys: "keep_timeout" (how long a producer

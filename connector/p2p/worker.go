@@ -27,6 +27,19 @@ import (
 // worker runs each load of the Metadata's Loads on a goroutine: it reads
 // the producer's blocks into its own with one batch, reads the slot back
 // to check that the offer still stood while it read, and writes the slot.
+//
+// A load is reported, loaded or failed, only once every transfer it made
+// is settled (final, in the sense of [rdma.Status.Final]: nothing moves
+// its bytes any more), so that the engine never reuses a block a late
+// transfer may still write. A transfer is waited for without a bound,
+// also when its Submit failed after queuing requests: a transfer that
+// never settles (a hung device or transport) keeps its load, and Close,
+// waiting, and is logged every 10 s meanwhile. An engine that cannot tell
+// whether a transfer ended (its Wait fails) leaves the load unreported
+// for good: its blocks stay out of use, and Close returns an error
+// wrapping [rdma.ErrBusy] and frees no memory such a transfer may touch.
+// To give up on a hung transfer, close the transfer engine: rdma/mooncake
+// gives up after Config.CloseTimeout, and its waits then fail.
 type Worker struct {
 	cfg   connector.Config
 	opt   options
@@ -54,8 +67,9 @@ type Worker struct {
 	}
 	mu struct {
 		sync.Mutex
-		done  []loadResult
-		stats connector.Stats
+		done      []loadResult
+		stats     connector.Stats
+		unsettled int // loads left unreported: transfers whose end the engine could not tell
 	}
 	// life serializes the engine-facing calls with Close, which may come
 	// from another goroutine.
@@ -298,9 +312,19 @@ func (w *Worker) load(id uint64, blocks []connector.BlockID, plan *loadPlan) {
 		w.finish(loadResult{id: id, failures: failRange(nil, id, 0, len(blocks), connector.ReasonCanceled)})
 		return
 	}
-	defer func() { w.cells <- cell }()
 	start := time.Now()
-	failures, bytes := w.read(id, blocks, plan, cell)
+	failures, bytes, stuck := w.read(id, blocks, plan, cell)
+	if stuck {
+		// A transfer of the load may still write its blocks, or its
+		// cell: report neither the load (the engine keeps its blocks)
+		// nor the cell as free.
+		w.log.Error("p2p: load left unreported: the transfer engine cannot tell whether its transfers are over, so its blocks stay in use", "load", id, "offer", plan.params.Offer)
+		w.mu.Lock()
+		w.mu.unsettled++
+		w.mu.Unlock()
+		return
+	}
+	w.cells <- cell
 	w.mu.Lock()
 	w.mu.stats.TransferNanos += time.Since(start).Nanoseconds()
 	if !plan.notify {
@@ -326,16 +350,32 @@ func failRange(dst []connector.Failure, id uint64, from, to int, r connector.Rea
 	return dst
 }
 
+// unsettled returns the number of loads left unreported because a
+// transfer's end could not be told.
+func (w *Worker) unsettled() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mu.unsettled
+}
+
 // read moves a load's blocks, checks the offer still stood, and tells the
-// producer. It returns the failed blocks and the bytes that arrived.
-func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cell int) ([]connector.Failure, int64) {
+// producer. It returns the failed blocks and the bytes that arrived, or
+// stuck when a transfer's end could not be told (errUnsettled): its
+// memory may still be written.
+func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cell int) (failures []connector.Failure, bytes int64, stuck bool) {
 	p := &plan.params
 	peer := p.Ranks[w.rank]
 	n := len(blocks)
+	unsettled := func(err error) bool {
+		if errors.Is(err, errUnsettled) {
+			stuck = true
+		}
+		return stuck
+	}
 	seg, err := w.segment(peer.Segment)
 	if err != nil {
 		w.log.Warn("p2p: open producer segment", "segment", peer.Segment, "err", err)
-		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*8)
 	cellIn := rdma.Region{Addr: w.scratch.Region().Addr + uintptr(cell*16), Len: 8, Loc: rdma.Host}
@@ -343,13 +383,19 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	// Whatever happens to the blocks, the producer may free them now; but
 	// once the offer is known to be gone, its slot may already carry a
 	// newer offer, which a notice of this one must not overwrite.
+	// A load whose transfers may still run tells nothing: the producer
+	// gives the offer up after keep_timeout.
 	gone := false
 	defer func() {
-		if gone {
+		if gone || stuck {
 			return
 		}
 		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16+8])) = consumed(p.Offer)
-		if r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox}}); err != nil || r[0].Status != rdma.Completed {
+		r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox}})
+		if unsettled(err) {
+			return
+		}
+		if err != nil || r[0].Status != rdma.Completed {
 			w.log.Warn("p2p: tell the producer", "segment", peer.Segment, "offer", p.Offer, "err", err)
 		}
 	}()
@@ -358,25 +404,30 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	// the parameters: wait for it, so that the slot check after the reads
 	// and the notice both mean this offer.
 	if err := w.awaitArmed(seg, mailbox, cellIn, cell, p.Offer); err != nil {
+		if unsettled(err) {
+			return nil, 0, true
+		}
 		w.log.Warn("p2p: offer not armed", "segment", peer.Segment, "offer", p.Offer, "err", err)
 		gone = errors.Is(err, errWithdrawn)
-		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0
+		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0, false
 	}
 	if plan.notify {
-		return nil, 0
+		return nil, 0, false
 	}
 	reqs, owner, err := w.requests(seg, peer, blocks, plan.remote)
 	if err != nil {
 		w.log.Warn("p2p: load", "offer", p.Offer, "err", err)
-		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	results, err := w.transfer(reqs)
+	if unsettled(err) {
+		return nil, 0, true
+	}
 	if err != nil {
 		w.log.Warn("p2p: load", "offer", p.Offer, "err", err)
-		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	failAt := n
-	var bytes int64
 	for i, r := range results {
 		bytes += r.Bytes
 		if r.Status != rdma.Completed {
@@ -386,17 +437,20 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	// The offer must still stand now that the reads are over: a producer
 	// that gave up on it clears its slot before it reuses the blocks.
 	check, err := w.transfer([]rdma.Request{{Op: rdma.Read, Local: cellIn, Segment: seg, Remote: mailbox}})
+	if unsettled(err) {
+		return nil, 0, true
+	}
 	if err != nil || check[0].Status != rdma.Completed {
-		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	if v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16])); v != armed(p.Offer) {
 		gone = true
-		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0
+		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0, false
 	}
 	if failAt < n {
-		return failRange(nil, id, failAt, n, connector.ReasonIO), bytes
+		return failRange(nil, id, failAt, n, connector.ReasonIO), bytes, false
 	}
-	return nil, bytes
+	return nil, bytes, false
 }
 
 // errWithdrawn: the producer gave the offer up before the consumer read it.
@@ -485,28 +539,67 @@ func regionAt(addr uintptr, n int) rdma.Region {
 	return rdma.Region{Addr: addr, Len: n, Loc: rdma.Host}
 }
 
-// transfer runs reqs in one batch to their end and returns their results.
-// It waits for the requests even when the worker closes: they write into
-// the worker's memory.
+// errUnsettled: the engine cannot tell whether a transfer's requests are
+// over; they may still move bytes.
+var errUnsettled = errors.New("transfer not settled")
+
+// settleWarn is how often a transfer that has not settled is logged.
+const settleWarn = 10 * time.Second
+
+// transfer runs reqs in one batch until every request is settled and
+// returns their results. Requests that a failing Submit queued anyway are
+// waited for like the others before its error is returned, and the batch
+// is released only once none is in flight: it is never dropped while a
+// request may still write the worker's memory, also when the worker
+// closes. An error wrapping errUnsettled means the requests' end is
+// unknown: their memory must stay out of use.
 func (w *Worker) transfer(reqs []rdma.Request) ([]rdma.Result, error) {
 	b, err := w.eng.NewBatch(len(reqs))
 	if err != nil {
 		return nil, err
 	}
-	if err := b.Submit(reqs); err != nil {
-		if rerr := b.Release(); rerr != nil {
-			return nil, errors.Join(err, rerr)
-		}
-		return nil, err
-	}
-	if err := b.Wait(context.Background()); err != nil {
+	serr := b.Submit(reqs)
+	if err := w.settle(b); err != nil {
 		return nil, err
 	}
 	out := make([]rdma.Result, b.Len())
 	for i := range out {
 		out[i] = b.Result(i)
 	}
-	return out, b.Release()
+	if err := b.Release(); err != nil {
+		if errors.Is(err, rdma.ErrBusy) {
+			// Contradicts the Wait that returned: take the requests
+			// to be in flight.
+			return nil, fmt.Errorf("%w: release after the requests were final: %w", errUnsettled, err)
+		}
+		return nil, errors.Join(serr, err)
+	}
+	if serr != nil {
+		return nil, serr
+	}
+	return out, nil
+}
+
+// settle waits until every request of b is settled, without a bound: a
+// transfer that never settles (a hung device or transport) is a hang, and
+// never a reuse of memory it may write. It logs every settleWarn while it
+// waits. An engine that cannot tell (Wait fails) is errUnsettled.
+func (w *Worker) settle(b rdma.Batch) error {
+	start := time.Now()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), settleWarn)
+		err := b.Wait(ctx)
+		expired := ctx.Err() != nil
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case expired && errors.Is(err, context.DeadlineExceeded):
+			w.log.Warn("p2p: transfer not settled; its memory stays in use until it is", "requests", b.Len(), "waited", time.Since(start).Round(time.Second))
+		default:
+			return fmt.Errorf("%w: %d requests: %w", errUnsettled, b.Len(), err)
+		}
+	}
 }
 
 // segment returns the engine's handle of the producer segment name,
@@ -534,9 +627,13 @@ func (w *Worker) Stats() connector.Stats {
 	return w.mu.stats
 }
 
-// Close implements connector.Worker: it waits for running loads, clears
-// the slots of offers still armed, and withdraws its memory from the
-// engine. It is idempotent.
+// Close implements connector.Worker: it waits for running loads (and so
+// for their transfers to settle), clears the slots of offers still armed,
+// and withdraws its memory from the engine. If the engine could not tell
+// whether some transfer ended, Close withdraws and frees no memory (the
+// mailbox and scratch it allocated stay mapped) and returns an error wrapping
+// [rdma.ErrBusy]: the KV memory must not be freed either. It is
+// idempotent.
 func (w *Worker) Close() error {
 	w.life.Lock()
 	defer w.life.Unlock()
@@ -552,5 +649,9 @@ func (w *Worker) Close() error {
 		}
 	}
 	clear(w.offers)
+	if n := w.unsettled(); n > 0 {
+		// Nothing is withdrawn or freed: the engine may still use it.
+		return fmt.Errorf("p2p: close: %d loads have transfers whose end the transfer engine cannot tell: the KV memory, mailbox and scratch they use may still be written, and are not freed: %w", n, rdma.ErrBusy)
+	}
 	return w.unregister()
 }
