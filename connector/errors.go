@@ -17,4 +17,8 @@ var (
 	ErrBadMetadata = errors.New("connector: malformed metadata")
 	// ErrConfig: a Config field is missing or out of range.
 	ErrConfig = errors.New("connector: invalid config")
+	// ErrGeneration: a weights generation that is not newer than one
+	// already in use: a Rotate to the current or an older generation, or
+	// Metadata older than a worker has already seen.
+	ErrGeneration = errors.New("connector: generation not newer")
 )
