@@ -104,7 +104,7 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 	s := newScheduler(cfg, opt, env.Identity, ns, log, b)
 	ws := make([]*Worker, tp)
 	for i, e := range engines {
-		ws[i] = newWorker(cfg, opt, i, e, log, b)
+		ws[i] = newWorker(cfg, opt, i, e, env.Identity.Generation, log, b)
 	}
 	return s, ws, nil
 }

@@ -56,6 +56,7 @@ type Worker struct {
 	cells   chan int         // free cells: bounds the loads running at once
 	regs    []rdma.Region    // registered with the engine
 	offers  map[uint64]held  // producer: armed offers
+	gen     uint64           // the newest generation seen: the identity's, then Metadata's
 	out     connector.Output
 
 	ctx    context.Context
@@ -97,8 +98,8 @@ type loadResult struct {
 // maxLoads is the number of loads a worker runs at once.
 const maxLoads = 16
 
-func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, log *slog.Logger, b *board) *Worker {
-	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, log: log, board: b, now: time.Now, offers: make(map[uint64]held)}
+func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, gen uint64, log *slog.Logger, b *board) *Worker {
+	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, gen: gen, log: log, board: b, now: time.Now, offers: make(map[uint64]held)}
 	w.out.Rank = rank
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.segs.ids = make(map[string]rdma.SegmentID)
@@ -201,7 +202,10 @@ func (w *Worker) slot(i int) *atomic.Uint64 {
 }
 
 // Start implements connector.Worker: it arms the offers of m's Saves and
-// starts its Loads.
+// starts its Loads. Metadata of a generation older than one the worker has
+// seen (its identity's, or an earlier Metadata's) is an error wrapping
+// [connector.ErrBadMetadata] and [connector.ErrGeneration], and starts
+// nothing.
 func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	w.life.Lock()
 	defer w.life.Unlock()
@@ -210,6 +214,9 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	}
 	if w.regs == nil {
 		return connector.ErrNotRegistered
+	}
+	if m.Generation < w.gen {
+		return fmt.Errorf("%w: step %d: Metadata of generation %d, after generation %d: %w", connector.ErrBadMetadata, m.Step, m.Generation, w.gen, connector.ErrGeneration)
 	}
 	plans := make([]*loadPlan, len(m.Loads))
 	for i := range m.Loads {
@@ -229,6 +236,7 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 			return err
 		}
 	}
+	w.gen = m.Generation
 	deadline := w.now().Add(w.opt.keepTimeout)
 	for _, t := range m.Saves {
 		slot := int(t.ID % uint64(w.opt.slots))
