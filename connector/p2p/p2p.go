@@ -55,8 +55,8 @@ func parseOptions(cfg connector.Config) (options, error) {
 	if o.slots, err = cfg.ExtraInt("mailbox_slots", 1024); err != nil {
 		return o, err
 	}
-	if o.slots < 1 || o.slots > 1<<20 {
-		return o, fmt.Errorf("%w: kv_connector_extra_config.mailbox_slots = %d, want 1 to %d", connector.ErrConfig, o.slots, 1<<20)
+	if o.slots < 1 || o.slots > maxSlots {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.mailbox_slots = %d, want 1 to %d", connector.ErrConfig, o.slots, maxSlots)
 	}
 	return o, nil
 }

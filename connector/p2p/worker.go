@@ -118,6 +118,11 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	if w.regs != nil {
 		return fmt.Errorf("p2p: Register called twice")
 	}
+	// Its size first, without overflow: KVCache.Validate's int64
+	// product can wrap to the size of the regions.
+	if _, err := layoutBytes(kvCacheFields, kv.Layers, kv.KV, kv.Blocks, kv.BlockBytes); err != nil {
+		return fmt.Errorf("p2p: Register: %w", err)
+	}
 	if err := kv.Validate(); err != nil {
 		return err
 	}
