@@ -54,6 +54,16 @@
 // up on an offer. Everything goes over the transfer engine: no other
 // channel between the instances is needed.
 //
+// # Verified reads
+//
+// Each block a consumer reads is checked against the producer's CRC-32
+// (IEEE) of it: the producer's workers write the digests of an offer's
+// blocks into a table in their registered memory before they arm the
+// offer (its address travels in the transfer parameters), and the
+// consumer's workers read them with the blocks. A block that differs fails
+// the load from that block on (Worker.VerifyFailures counts them); it is
+// never reported loaded. KV in device memory is not verified.
+//
 // # Transfers that do not settle
 //
 // A load is reported (Progress.Loaded or Failed) only once every transfer
@@ -74,7 +84,8 @@
 // kv_connector_extra_config keys: "keep_timeout" (how long a producer
 // keeps an offer's blocks, "120s"), "mailbox_slots" (offers a producer
 // worker holds at once, 1024), "open_timeout" (opening a producer's
-// segment, "10s").
+// segment, "10s"), "verify" (check each block a consumer reads against the
+// producer's CRC-32, true).
 //
 // # Concurrency
 //

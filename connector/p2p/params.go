@@ -57,17 +57,22 @@ type Params struct {
 
 // Rank is one producer worker's memory: its transfer engine segment, the
 // base address of each KV region in the producer's process, its KV
-// layout, and its mailbox. It is what the worker's Handshake returns.
+// layout, its mailbox, and its digest table. It is what the worker's
+// Handshake returns.
 type Rank struct {
-	Segment    string   `json:"segment"`
-	Regions    []uint64 `json:"regions"`
-	Mailbox    uint64   `json:"mailbox"`
-	Slots      int      `json:"slots"`
-	Layers     int      `json:"layers"`
-	Blocks     int      `json:"blocks"`
-	KV         int      `json:"kv"`
-	BlockBytes int      `json:"block_bytes"`
-	Order      string   `json:"order"`
+	Segment string   `json:"segment"`
+	Regions []uint64 `json:"regions"`
+	Mailbox uint64   `json:"mailbox"`
+	Slots   int      `json:"slots"`
+	// Digests is the address of the producer's digest table, 0 for none
+	// (KV in device memory): Blocks little-endian CRC-32s (IEEE), the
+	// one of block b at Digests+4b, valid while an armed offer holds b.
+	Digests    uint64 `json:"digests,omitempty"`
+	Layers     int    `json:"layers"`
+	Blocks     int    `json:"blocks"`
+	KV         int    `json:"kv"`
+	BlockBytes int    `json:"block_bytes"`
+	Order      string `json:"order"`
 }
 
 // EncodeParams returns the JSON form of p.
@@ -148,6 +153,9 @@ func (r Rank) validate() error {
 	kv, err := r.cache()
 	if err != nil {
 		return err
+	}
+	if r.Digests != 0 && r.Digests+uint64(r.Blocks)*4 < r.Digests {
+		return fmt.Errorf("digests = %#x: %d digests of 4 bytes wrap around the address space", r.Digests, r.Blocks)
 	}
 	return kv.Validate()
 }

@@ -2,8 +2,10 @@ package p2p
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -27,6 +29,15 @@ import (
 // worker runs each load of the Metadata's Loads on a goroutine: it reads
 // the producer's blocks into its own with one batch, reads the slot back
 // to check that the offer still stood while it read, and writes the slot.
+//
+// Reads are verified end to end when the KV memory is host memory: a
+// producer worker writes the CRC-32 (IEEE) of each block of an offer into
+// a digest table beside its mailbox before it arms the offer; a consumer
+// worker reads the digests of a load's blocks with the blocks, and once
+// the slot check passed, checks each block it read. A block that does not
+// match fails its load from that block on, is counted (VerifyFailures),
+// and is never reported loaded. kv_connector_extra_config "verify": false
+// turns the check off on a consumer.
 //
 // A load is reported, loaded or failed, only once every transfer it made
 // is settled (final, in the sense of [rdma.Status.Final]: nothing moves
@@ -52,7 +63,9 @@ type Worker struct {
 	kv      connector.KVCache
 	self    Rank
 	mailbox *rdma.HostMemory // producer slots
+	digests *rdma.HostMemory // producer: the CRC-32 of each block, by block id; nil for device memory
 	scratch *rdma.HostMemory // consumer cells: 16 bytes per running load
+	sums    *rdma.HostMemory // consumer: per cell, the producer's digests of a load's blocks; nil unverified
 	cells   chan int         // free cells: bounds the loads running at once
 	regs    []rdma.Region    // registered with the engine
 	offers  map[uint64]held  // producer: armed offers
@@ -68,14 +81,23 @@ type Worker struct {
 	}
 	mu struct {
 		sync.Mutex
-		done      []loadResult
-		stats     connector.Stats
-		unsettled int // loads left unreported: transfers whose end the engine could not tell
+		done       []loadResult
+		stats      connector.Stats
+		unsettled  int                 // loads left unreported: transfers whose end the engine could not tell
+		mismatches int64               // blocks read whose bytes did not match the producer's digest
+		arming     map[uint64]struct{} // producer: offers whose digests are being computed, not yet armed
 	}
 	// life serializes the engine-facing calls with Close, which may come
 	// from another goroutine.
 	life   sync.Mutex
 	closed bool
+
+	// hooks let this package's tests stop the worker at fixed points;
+	// nil outside tests.
+	hooks struct {
+		beforeArm func() // a Start's offers are about to be digested and armed
+		afterArm  func() // they are armed, or were withdrawn
+	}
 }
 
 var (
@@ -103,6 +125,7 @@ func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, gen
 	w.out.Rank = rank
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.segs.ids = make(map[string]rdma.SegmentID)
+	w.mu.arming = make(map[uint64]struct{})
 	return w
 }
 
@@ -152,6 +175,26 @@ func (w *Worker) Register(kv connector.KVCache) error {
 		return fmt.Errorf("p2p: register scratch: %w", err)
 	}
 	w.regs = append(w.regs, w.scratch.Region())
+	// Digests need the blocks' bytes: host memory only.
+	host := kv.Regions[0].Loc.IsHost()
+	if host && w.cfg.Role.CanSave() {
+		if w.digests, err = rdma.AllocHost(kv.Blocks * 4); err != nil {
+			return fmt.Errorf("p2p: digest table: %w", err)
+		}
+		if err = w.eng.Register(w.digests.Region()); err != nil {
+			return fmt.Errorf("p2p: register digest table: %w", err)
+		}
+		w.regs = append(w.regs, w.digests.Region())
+	}
+	if host && w.cfg.Role.CanLoad() && w.opt.verify {
+		if w.sums, err = rdma.AllocHost(maxLoads * kv.Blocks * 4); err != nil {
+			return fmt.Errorf("p2p: digest cells: %w", err)
+		}
+		if err = w.eng.Register(w.sums.Region()); err != nil {
+			return fmt.Errorf("p2p: register digest cells: %w", err)
+		}
+		w.regs = append(w.regs, w.sums.Region())
+	}
 	w.cells = make(chan int, maxLoads)
 	for i := range maxLoads {
 		w.cells <- i
@@ -163,6 +206,9 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	}
 	for _, r := range kv.Regions {
 		w.self.Regions = append(w.self.Regions, uint64(r.Addr))
+	}
+	if w.digests != nil {
+		w.self.Digests = uint64(w.digests.Region().Addr)
 	}
 	w.board.setRank(w.rank, w.self)
 	return nil
@@ -179,14 +225,14 @@ func (w *Worker) unregister() error {
 		}
 	}
 	w.regs = nil
-	for _, m := range []*rdma.HostMemory{w.mailbox, w.scratch} {
+	for _, m := range []*rdma.HostMemory{w.mailbox, w.scratch, w.digests, w.sums} {
 		if m != nil {
 			if err := m.Free(); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	w.mailbox, w.scratch = nil, nil
+	w.mailbox, w.scratch, w.digests, w.sums = nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 
@@ -207,7 +253,8 @@ func (w *Worker) slot(i int) *atomic.Uint64 {
 }
 
 // Start implements connector.Worker: it arms the offers of m's Saves and
-// starts its Loads. Metadata of a generation older than one the worker has
+// starts its Loads. With a digest table the offers are armed by a
+// goroutine, once it has computed their blocks' digests. Metadata of a generation older than one the worker has
 // seen (its identity's, or an earlier Metadata's) is an error wrapping
 // [connector.ErrBadMetadata] and [connector.ErrGeneration], and starts
 // nothing.
@@ -235,6 +282,9 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 		if !plans[i].notify && len(plans[i].remote) != len(t.Blocks) {
 			return fmt.Errorf("%w: load %d has %d blocks, its plan %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), len(plans[i].remote))
 		}
+		if len(t.Blocks) > w.kv.Blocks {
+			return fmt.Errorf("%w: load %d has %d blocks, the KV memory %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), w.kv.Blocks)
+		}
 	}
 	for i := range m.Saves {
 		if err := w.checkBlocks(&m.Saves[i]); err != nil {
@@ -243,10 +293,24 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	}
 	w.gen = m.Generation
 	deadline := w.now().Add(w.opt.keepTimeout)
+	var jobs []armJob
 	for _, t := range m.Saves {
 		slot := int(t.ID % uint64(w.opt.slots))
-		w.slot(slot).Store(armed(t.ID))
 		w.offers[t.ID] = held{slot: slot, deadline: deadline}
+		if w.digests == nil {
+			w.slot(slot).Store(armed(t.ID))
+			continue
+		}
+		jobs = append(jobs, armJob{id: t.ID, slot: slot, blocks: append([]connector.BlockID(nil), t.Blocks...)})
+	}
+	if len(jobs) > 0 {
+		// Digesting an offer reads all its bytes: not on the step's path.
+		w.mu.Lock()
+		for _, j := range jobs {
+			w.mu.arming[j.id] = struct{}{}
+		}
+		w.mu.Unlock()
+		w.wg.Go(func() { w.arm(jobs) })
 	}
 	for i, t := range m.Loads {
 		blocks := append([]connector.BlockID(nil), t.Blocks...)
@@ -263,6 +327,67 @@ func (w *Worker) checkBlocks(t *connector.Transfer) error {
 		}
 	}
 	return nil
+}
+
+// armJob is an offer to arm once its digests are in the table.
+type armJob struct {
+	id     uint64
+	slot   int
+	blocks []connector.BlockID
+}
+
+// arm computes the digests of each offer's blocks, then, unless Poll
+// withdrew the offer meanwhile, writes them into the digest table and arms
+// the offer's slot: the digests are there before a consumer may read
+// them, and a withdrawn offer is never armed (Poll withdraws under w.mu).
+func (w *Worker) arm(jobs []armJob) {
+	if w.hooks.beforeArm != nil {
+		w.hooks.beforeArm()
+	}
+	var sums []uint32
+	for _, j := range jobs {
+		sums = w.sums32(sums[:0], j.blocks)
+		w.mu.Lock()
+		if _, ok := w.mu.arming[j.id]; ok {
+			delete(w.mu.arming, j.id)
+			table := w.digests.Bytes()
+			for i, b := range j.blocks {
+				binary.LittleEndian.PutUint32(table[int(b)*4:], sums[i])
+			}
+			w.slot(j.slot).Store(armed(j.id))
+		}
+		w.mu.Unlock()
+	}
+	if w.hooks.afterArm != nil {
+		w.hooks.afterArm()
+	}
+}
+
+// sums32 appends the CRC-32 of each of blocks to dst.
+func (w *Worker) sums32(dst []uint32, blocks []connector.BlockID) []uint32 {
+	for _, b := range blocks {
+		dst = append(dst, w.blockSum(b))
+	}
+	return dst
+}
+
+// blockSum returns the CRC-32 (IEEE) of block b's bytes in store order.
+func (w *Worker) blockSum(b connector.BlockID) uint32 {
+	var buf [8]rdma.Region
+	var sum uint32
+	for _, sp := range w.kv.Spans(buf[:0], b) {
+		sum = crc32.Update(sum, crc32.IEEETable, sp.Bytes())
+	}
+	return sum
+}
+
+// VerifyFailures returns the number of blocks this worker read whose bytes
+// did not match the producer's CRC-32 of them; each failed its load from
+// that block on.
+func (w *Worker) VerifyFailures() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mu.mismatches
 }
 
 // Save implements connector.Worker. Consumers read the blocks a producer
@@ -295,9 +420,11 @@ func (w *Worker) Poll() *connector.Output {
 		case s.Load() == consumed(id):
 		case now.After(h.deadline):
 			// Close the slot before the engine may reuse the blocks: a
-			// consumer that checks it afterwards drops what it read.
-			s.Store(consumed(id))
+			// consumer that checks it afterwards drops what it read. An
+			// offer still being digested is never armed.
 			w.mu.Lock()
+			delete(w.mu.arming, id)
+			s.Store(consumed(id))
 			w.mu.stats.SaveFailures += 1
 			w.mu.Unlock()
 		default:
@@ -427,7 +554,14 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	if plan.notify {
 		return nil, 0, false
 	}
-	reqs, owner, err := w.requests(seg, peer, blocks, plan.remote)
+	var sums []byte // the producer's digests of the blocks, read with them
+	var sumsAt uintptr
+	if w.sums != nil && peer.Digests != 0 {
+		per := w.kv.Blocks * 4
+		sums = w.sums.Bytes()[cell*per : cell*per+n*4]
+		sumsAt = w.sums.Region().Addr + uintptr(cell*per)
+	}
+	reqs, owner, kvReads, err := w.requests(seg, peer, blocks, plan.remote, sumsAt)
 	if err != nil {
 		w.log.Warn("p2p: load", "offer", p.Offer, "err", err)
 		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
@@ -442,7 +576,9 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	}
 	failAt := n
 	for i, r := range results {
-		bytes += r.Bytes
+		if i < kvReads {
+			bytes += r.Bytes
+		}
 		if r.Status != rdma.Completed {
 			failAt = min(failAt, owner[i])
 		}
@@ -459,6 +595,20 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	if v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16])); v != armed(p.Offer) {
 		gone = true
 		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0, false
+	}
+	// The offer stood while the blocks and their digests were read:
+	// every block that arrived must be the producer's.
+	if sums != nil {
+		for i := range failAt {
+			if got, want := w.blockSum(blocks[i]), binary.LittleEndian.Uint32(sums[i*4:]); got != want {
+				w.log.Warn("p2p: block differs from the producer's", "offer", p.Offer, "index", i, "block", blocks[i], "crc32", got, "producer crc32", want)
+				w.mu.Lock()
+				w.mu.mismatches++
+				w.mu.Unlock()
+				failAt = i
+				break
+			}
+		}
 	}
 	if failAt < n {
 		return failRange(nil, id, failAt, n, connector.ReasonIO), bytes, false
@@ -506,19 +656,20 @@ func (w *Worker) awaitArmed(seg rdma.SegmentID, mailbox uintptr, cellIn rdma.Reg
 }
 
 // requests builds the reads of blocks from the producer's remote blocks,
-// and for each read the index of its block.
-func (w *Worker) requests(seg rdma.SegmentID, peer Rank, blocks, remote []connector.BlockID) ([]rdma.Request, []int, error) {
+// and for each read the index of its (first) block; the first kvReads
+// reads are those of the KV bytes. With sums not 0 it also reads the
+// producer's digests of the remote blocks to sums, 4 bytes per block, one
+// read per run of consecutive remote blocks.
+func (w *Worker) requests(seg rdma.SegmentID, peer Rank, blocks, remote []connector.BlockID, sums uintptr) (reqs []rdma.Request, owner []int, kvReads int, err error) {
 	rkv, err := peer.cache()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if rkv.Layers != w.kv.Layers || rkv.KV != w.kv.KV || rkv.BlockBytes != w.kv.BlockBytes {
-		return nil, nil, fmt.Errorf("producer layout %d layers x %d x %d bytes, consumer %d x %d x %d",
+		return nil, nil, 0, fmt.Errorf("producer layout %d layers x %d x %d bytes, consumer %d x %d x %d",
 			rkv.Layers, rkv.KV, rkv.BlockBytes, w.kv.Layers, w.kv.KV, w.kv.BlockBytes)
 	}
 	whole := w.kv.Order == connector.BlockMajor && rkv.Order == connector.BlockMajor
-	var reqs []rdma.Request
-	var owner []int
 	var lp, rp []rdma.Region
 	for i, b := range blocks {
 		lp = pieces(lp[:0], w.kv, b, whole)
@@ -528,7 +679,21 @@ func (w *Worker) requests(seg rdma.SegmentID, peer Rank, blocks, remote []connec
 			owner = append(owner, i)
 		}
 	}
-	return reqs, owner, nil
+	kvReads = len(reqs)
+	if sums == 0 {
+		return reqs, owner, kvReads, nil
+	}
+	for i := 0; i < len(remote); {
+		j := i + 1
+		for j < len(remote) && remote[j] == remote[j-1]+1 {
+			j++
+		}
+		local := rdma.Region{Addr: sums + uintptr(i*4), Len: (j - i) * 4, Loc: rdma.Host}
+		reqs = append(reqs, rdma.Request{Op: rdma.Read, Local: local, Segment: seg, Remote: uintptr(peer.Digests) + uintptr(remote[i])*4})
+		owner = append(owner, i)
+		i = j
+	}
+	return reqs, owner, kvReads, nil
 }
 
 // pieces appends block b's memory to dst: one span when whole (block-major
