@@ -74,6 +74,9 @@ type nodeOpts struct {
 	extra      map[string]any
 	// wrap, when set, wraps each rank's loopback engine (fault injection).
 	wrap func(rank int, e rdma.Engine) rdma.Engine
+	// engine, when set, opens each rank's engine instead of a loopback
+	// engine on the fabric.
+	engine func(rank int) rdma.Engine
 }
 
 func testIdentity(o nodeOpts) hashing.Identity {
@@ -109,6 +112,10 @@ func newNode(t tb, f *rdma.Fabric, name string, o nodeOpts) *node {
 	}
 	n := &node{t: t, name: name, id: id, ns: ns, reqs: map[connector.RequestID]*nreq{}, kept: map[connector.RequestID]*nreq{}, clock: time.Unix(1e9, 0)}
 	for rank := range o.tp {
+		if o.engine != nil {
+			n.engines = append(n.engines, o.engine(rank))
+			continue
+		}
 		e, err := f.NewEngine(fmt.Sprintf("%s/%d", name, rank), &rdma.LoopbackOptions{Workers: 1})
 		if err != nil {
 			t.Fatalf("NewEngine: %v", err)

@@ -23,7 +23,9 @@
 // a freed batch or a destroyed engine aborts the process (in Mooncake it
 // is a use after free).
 //
-// Test hooks (not part of the C API) are the functions named fake_*.
+// Test hooks (not part of the C API) are the functions named fake_*, and
+// the environment variable FAKE_TRANSFER_ENGINE_LATE, read when an engine
+// is created: fake_late(engine, its value).
 //
 // Build: gcc -shared -fPIC -O2 -o libtransfer_engine.so fake_transfer_engine.c -lpthread
 
@@ -197,6 +199,8 @@ EXPORT transfer_engine_t createTransferEngine(const char *metadata_conn_string, 
     e->magic = ENGINE_MAGIC;
     e->auto_discover = auto_discover;
     e->nsegments = 1;
+    const char *late = getenv("FAKE_TRANSFER_ENGINE_LATE"); // fake_late for tests that cannot call it
+    if (late != NULL) e->late_polls = atoi(late);
     snprintf(e->metadata, sizeof e->metadata, "%s", metadata_conn_string);
     pthread_mutex_lock(&mu);
     if (strcmp(metadata_conn_string, "P2PHANDSHAKE") == 0)
