@@ -62,7 +62,8 @@
 // offer (its address travels in the transfer parameters), and the
 // consumer's workers read them with the blocks. A block that differs fails
 // the load from that block on (Worker.VerifyFailures counts them); it is
-// never reported loaded. KV in device memory is not verified.
+// never reported loaded. KV in device memory is not verified, nor loads
+// from a producer that publishes no digests.
 //
 // # Transfers that do not settle
 //
@@ -84,8 +85,8 @@
 // kv_connector_extra_config keys: "keep_timeout" (how long a producer
 // keeps an offer's blocks, "120s"), "mailbox_slots" (offers a producer
 // worker holds at once, 1024), "open_timeout" (opening a producer's
-// segment, "10s"), "verify" (check each block a consumer reads against the
-// producer's CRC-32, true).
+// segment, "10s"), "verify" (a producer publishes the CRC-32 of each block
+// it offers, a consumer checks each block it reads against it; true).
 //
 // # Concurrency
 //

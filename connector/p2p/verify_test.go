@@ -97,3 +97,30 @@ func TestWithdrawnWhileDigesting(t *testing.T) {
 		t.Errorf("load of an offer withdrawn before it was armed = failed %+v, loaded %v; want failed from block 0", r.failed, r.loaded)
 	}
 }
+
+// TestVerifyOff: a producer with "verify": false publishes no digest
+// table, and its consumer loads without checking; a consumer with
+// "verify": false allocates no digest cells.
+func TestVerifyOff(t *testing.T) {
+	off := opts(1, 1, 4, connector.BlockMajor)
+	off.extra = map[string]any{"verify": false}
+	p, c := pair(t, off, opts(1, 1, 4, connector.BlockMajor))
+	tokens := prompt(81, 6*4)
+	params := p.prefill("r", tokens)
+	pp, err := DecodeParams(params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := pp.Ranks[0].Digests; d != 0 {
+		t.Errorf("parameters of a producer with verify off carry a digest table at %#x", d)
+	}
+	r, _ := c.admit("r", tokens, params, 0)
+	settle(t, func() bool { return r.loaded || r.failed != nil }, c, p)
+	if r.failed != nil {
+		t.Fatalf("unverified load failed: %+v", *r.failed)
+	}
+	_, c2 := pair(t, opts(1, 1, 4, connector.BlockMajor), off)
+	if c2.workers[0].sums != nil {
+		t.Errorf("a consumer with verify off allocated digest cells")
+	}
+}

@@ -37,7 +37,8 @@ import (
 // the slot check passed, checks each block it read. A block that does not
 // match fails its load from that block on, is counted (VerifyFailures),
 // and is never reported loaded. kv_connector_extra_config "verify": false
-// turns the check off on a consumer.
+// turns verification off: a producer then publishes no digests (its
+// consumers read without checking), a consumer checks none.
 //
 // A load is reported, loaded or failed, only once every transfer it made
 // is settled (final, in the sense of [rdma.Status.Final]: nothing moves
@@ -177,7 +178,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	w.regs = append(w.regs, w.scratch.Region())
 	// Digests need the blocks' bytes: host memory only.
 	host := kv.Regions[0].Loc.IsHost()
-	if host && w.cfg.Role.CanSave() {
+	if host && w.cfg.Role.CanSave() && w.opt.verify {
 		if w.digests, err = rdma.AllocHost(kv.Blocks * 4); err != nil {
 			return fmt.Errorf("p2p: digest table: %w", err)
 		}
