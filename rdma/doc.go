@@ -48,6 +48,16 @@
 //	r := b.Result(0)
 //	err = b.Release()
 //
+// A final status is also a promise about memory: once a request is final
+// (Wait returned nil, or Release did) nothing touches its memory any
+// more, so a block whose read failed may be recomputed or reused at once.
+// A transport that reports a timeout while it may still move bytes (as
+// Mooncake does) leaves the request [Pending] until it is done. A batch
+// that is not final is never dropped: a caller that gives up waiting
+// (Wait's context ended, or Submit failed after queuing requests, which
+// Len tells) must keep the requests' memory out of use until a later Wait
+// returns nil.
+//
 // [RegionSet] is the bookkeeping of registered memory engines share.
 //
 // # Platforms

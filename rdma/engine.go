@@ -19,6 +19,18 @@ import (
 // observes them, [Batch.Result] reports each request's status and bytes,
 // and [Batch.Release] frees the batch once every request is final.
 //
+// Final means settled: a request is final ([Status.Final]) only once
+// nothing (the engine, its transport, native code, a device) reads or
+// writes its memory any more, local or remote, and nothing will. An engine
+// whose transport reports a timeout while the transfer may still move
+// bytes keeps the request [Pending] until the transport is done with it.
+// So once Wait returns nil, or Release returns nil, the caller may reuse,
+// overwrite, unregister or free the memory of every request of the batch,
+// whatever their statuses; while a request is pending it must do none of
+// these. A transfer that never settles (a hung device or transport) keeps
+// its batch pending: Wait returns only with its context, Release and
+// Unregister return [ErrBusy], and the memory stays in use.
+//
 // Errors on the local side are returned by the call and leave nothing
 // submitted: a request whose local memory is not registered, an invalid
 // opcode, an unknown segment, more requests than the batch holds, a closed
@@ -88,17 +100,23 @@ type Batch interface {
 	// them; otherwise it returns an error naming the first bad request and
 	// submits none. A transport that fails after it queued the requests
 	// (rdma/mooncake can) returns an error with the requests in the batch:
-	// Len tells, and they end with a final status like the others. Submit does not wait for transfers and does not retain
+	// Len tells, and they may still run: like the others they must be
+	// waited for until final before their memory is reused or the batch
+	// dropped. Submit does not wait for transfers and does not retain
 	// reqs. It may be called more than once while the batch has room; more
 	// requests than Cap in all is an error wrapping [ErrBatchFull].
 	Submit(reqs []Request) error
 
-	// Poll reports whether every submitted request is final. It does not
-	// block. Its error is the engine's failure to tell, not a request's.
+	// Poll reports whether every submitted request is final (settled: see
+	// [Status.Final]). It does not block. Its error is the engine's
+	// failure to tell, not a request's: the requests' memory must then be
+	// taken to be in use.
 	Poll() (done bool, err error)
 
 	// Wait blocks until every request submitted before the call is final,
-	// or ctx ends (then it returns ctx's error and the requests go on).
+	// so that nothing touches their memory any more, or ctx ends (then it
+	// returns ctx's error and the requests go on). Any other error is the
+	// engine's failure to tell, as for Poll.
 	Wait(ctx context.Context) error
 
 	// Result returns the status of request i, as of the last Poll or Wait
@@ -106,8 +124,10 @@ type Batch interface {
 	Result(i int) Result
 
 	// Release frees the batch. It returns an error wrapping [ErrBusy],
-	// and frees nothing, while a request is not final. Release is
-	// idempotent; the batch cannot be used afterwards.
+	// and frees nothing, while a request is not final; a nil error means
+	// none is. Release is idempotent; the batch cannot be used afterwards
+	// except for Result, and Poll and Wait, which report done when every
+	// request was final.
 	Release() error
 }
 
@@ -153,11 +173,14 @@ type Request struct {
 	Remote uintptr
 }
 
-// Status is where a transfer request stands.
+// Status is where a transfer request stands. Every status but Pending is
+// final: the request is settled, and no byte of its memory moves any more.
 type Status uint8
 
 const (
-	// Pending: submitted and not finished.
+	// Pending: submitted and not settled: its bytes may still move. A
+	// request the transport reports timed out while it may still move
+	// bytes is pending.
 	Pending Status = iota
 	// Completed: every byte moved.
 	Completed
@@ -165,15 +188,18 @@ const (
 	// memory of the peer, the peer closed, the transport failed). The
 	// destination bytes are undefined.
 	Failed
-	// Timeout: the transport gave up waiting. The destination bytes are
-	// undefined.
+	// Timeout: the transport gave up on the request after its delivery
+	// timeout, and moves none of its bytes any more. The destination
+	// bytes are undefined.
 	Timeout
 	// Canceled: the request was dropped before it ran (its engine
 	// closed). The destination bytes are untouched.
 	Canceled
 )
 
-// Final reports whether s is an end state: anything but Pending.
+// Final reports whether s is an end state: anything but Pending. A final
+// request is settled: nothing reads or writes its memory any more, and
+// nothing will, so the memory may be reused.
 func (s Status) Final() bool { return s != Pending }
 
 // String returns the status in lower case, such as "completed".

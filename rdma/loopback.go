@@ -119,8 +119,10 @@ func (f *Fabric) detach(e *Loopback) {
 //
 // Unregister and Close wait for copies that are running in or out of the
 // memory concerned, so once they return nothing of this engine or its
-// peers touches it. Device memory cannot be registered (an error wrapping
-// [ErrUnsupported]).
+// peers touches it. A request's status is set only once its copy is over
+// (a request that times out in the queue moves nothing), so a final
+// request is settled. Device memory cannot be registered (an error
+// wrapping [ErrUnsupported]).
 //
 // A Loopback is safe for concurrent use.
 type Loopback struct {

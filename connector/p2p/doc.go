@@ -54,12 +54,39 @@
 // up on an offer. Everything goes over the transfer engine: no other
 // channel between the instances is needed.
 //
+// # Verified reads
+//
+// Each block a consumer reads is checked against the producer's CRC-32
+// (IEEE) of it: the producer's workers write the digests of an offer's
+// blocks into a table in their registered memory before they arm the
+// offer (its address travels in the transfer parameters), and the
+// consumer's workers read them with the blocks. A block that differs fails
+// the load from that block on (Worker.VerifyFailures counts them); it is
+// never reported loaded. KV in device memory is not verified, nor loads
+// from a producer that publishes no digests.
+//
+// # Transfers that do not settle
+//
+// A load is reported (Progress.Loaded or Failed) only once every transfer
+// it made is settled: final in the sense of [rdma.Status.Final], nothing
+// moving its bytes any more. Until then the engine keeps the request's
+// blocks (it may not run the request, and Finish keeps them), so a late
+// transfer never writes a block that was recomputed or handed to another
+// request. The wait has no bound: a transfer that never settles (a hung
+// device or transport) is a hang of its load and of the worker's Close,
+// logged every 10 s. Transfer engines bound it themselves: closing one
+// (rdma/mooncake gives up after Config.CloseTimeout) makes the wait fail;
+// a load whose transfers' end cannot be told is then never reported, and
+// the worker's Close returns an error wrapping [rdma.ErrBusy] and frees
+// no memory those transfers may touch.
+//
 // # Configuration
 //
 // kv_connector_extra_config keys: "keep_timeout" (how long a producer
 // keeps an offer's blocks, "120s"), "mailbox_slots" (offers a producer
 // worker holds at once, 1024), "open_timeout" (opening a producer's
-// segment, "10s").
+// segment, "10s"), "verify" (a producer publishes the CRC-32 of each block
+// it offers, a consumer checks each block it reads against it; true).
 //
 // # Concurrency
 //

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -65,12 +66,17 @@ type nodeOpts struct {
 	repl   int
 	bs     int
 	blocks int
-	order  connector.Order
-	role   connector.Role
-	policy connector.Policy
-	extra  map[string]any
+	// blockBytes is KVCache.BlockBytes, 64 when 0.
+	blockBytes int
+	order      connector.Order
+	role       connector.Role
+	policy     connector.Policy
+	extra      map[string]any
 	// wrap, when set, wraps each rank's loopback engine (fault injection).
 	wrap func(rank int, e rdma.Engine) rdma.Engine
+	// engine, when set, opens each rank's engine instead of a loopback
+	// engine on the fabric.
+	engine func(rank int) rdma.Engine
 }
 
 func testIdentity(o nodeOpts) hashing.Identity {
@@ -93,6 +99,9 @@ func newNode(t tb, f *rdma.Fabric, name string, o nodeOpts) *node {
 	if o.order == 0 {
 		o.order = connector.BlockMajor
 	}
+	if o.blockBytes == 0 {
+		o.blockBytes = 64
+	}
 	if o.policy == "" {
 		o.policy = connector.PolicyRecompute
 	}
@@ -103,6 +112,10 @@ func newNode(t tb, f *rdma.Fabric, name string, o nodeOpts) *node {
 	}
 	n := &node{t: t, name: name, id: id, ns: ns, reqs: map[connector.RequestID]*nreq{}, kept: map[connector.RequestID]*nreq{}, clock: time.Unix(1e9, 0)}
 	for rank := range o.tp {
+		if o.engine != nil {
+			n.engines = append(n.engines, o.engine(rank))
+			continue
+		}
 		e, err := f.NewEngine(fmt.Sprintf("%s/%d", name, rank), &rdma.LoopbackOptions{Workers: 1})
 		if err != nil {
 			t.Fatalf("NewEngine: %v", err)
@@ -120,7 +133,7 @@ func newNode(t tb, f *rdma.Fabric, name string, o nodeOpts) *node {
 	}
 	for rank, w := range n.workers {
 		w.now = func() time.Time { return n.clock }
-		kv := connector.KVCache{Layers: 2, Blocks: o.blocks, KV: 2, BlockBytes: 64, Order: o.order}
+		kv := connector.KVCache{Layers: 2, Blocks: o.blocks, KV: 2, BlockBytes: o.blockBytes, Order: o.order}
 		m, err := rdma.AllocHost(kv.Layers * kv.KV * kv.Blocks * kv.BlockBytes)
 		if err != nil {
 			t.Fatalf("AllocHost: %v", err)
@@ -435,6 +448,21 @@ func settle(t tb, cond func() bool, nodes ...*node) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no progress after 20 s")
+		}
+	}
+}
+
+// awaitArmed waits until every producer worker of n armed offer, failing
+// after a bound: workers that digest their blocks arm on a goroutine.
+func (n *node) awaitArmed(offer uint64, slot int) {
+	n.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for rank, w := range n.workers {
+		for w.slot(slot).Load() != armed(offer) {
+			if time.Now().After(deadline) {
+				n.t.Fatalf("%s: worker %d did not arm offer %d in slot %d within 20 s", n.name, rank, offer, slot)
+			}
+			runtime.Gosched()
 		}
 	}
 }

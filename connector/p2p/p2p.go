@@ -35,6 +35,7 @@ type options struct {
 	keepTimeout time.Duration // "keep_timeout": how long a producer keeps an offer's blocks
 	slots       int           // "mailbox_slots": offers a producer worker can hold at once
 	openTimeout time.Duration // "open_timeout": bound on opening a producer's segment
+	verify      bool          // "verify": check each block read against the producer's CRC-32
 }
 
 func parseOptions(cfg connector.Config) (options, error) {
@@ -52,11 +53,14 @@ func parseOptions(cfg connector.Config) (options, error) {
 	if o.openTimeout <= 0 {
 		return o, fmt.Errorf("%w: kv_connector_extra_config.open_timeout = %v, want > 0", connector.ErrConfig, o.openTimeout)
 	}
+	if o.verify, err = cfg.ExtraBool("verify", true); err != nil {
+		return o, err
+	}
 	if o.slots, err = cfg.ExtraInt("mailbox_slots", 1024); err != nil {
 		return o, err
 	}
-	if o.slots < 1 || o.slots > 1<<20 {
-		return o, fmt.Errorf("%w: kv_connector_extra_config.mailbox_slots = %d, want 1 to %d", connector.ErrConfig, o.slots, 1<<20)
+	if o.slots < 1 || o.slots > maxSlots {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.mailbox_slots = %d, want 1 to %d", connector.ErrConfig, o.slots, maxSlots)
 	}
 	return o, nil
 }
@@ -104,7 +108,7 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 	s := newScheduler(cfg, opt, env.Identity, ns, log, b)
 	ws := make([]*Worker, tp)
 	for i, e := range engines {
-		ws[i] = newWorker(cfg, opt, i, e, log, b)
+		ws[i] = newWorker(cfg, opt, i, e, env.Identity.Generation, log, b)
 	}
 	return s, ws, nil
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"strings"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -55,17 +57,22 @@ type Params struct {
 
 // Rank is one producer worker's memory: its transfer engine segment, the
 // base address of each KV region in the producer's process, its KV
-// layout, and its mailbox. It is what the worker's Handshake returns.
+// layout, its mailbox, and its digest table. It is what the worker's
+// Handshake returns.
 type Rank struct {
-	Segment    string   `json:"segment"`
-	Regions    []uint64 `json:"regions"`
-	Mailbox    uint64   `json:"mailbox"`
-	Slots      int      `json:"slots"`
-	Layers     int      `json:"layers"`
-	Blocks     int      `json:"blocks"`
-	KV         int      `json:"kv"`
-	BlockBytes int      `json:"block_bytes"`
-	Order      string   `json:"order"`
+	Segment string   `json:"segment"`
+	Regions []uint64 `json:"regions"`
+	Mailbox uint64   `json:"mailbox"`
+	Slots   int      `json:"slots"`
+	// Digests is the address of the producer's digest table, 0 for none
+	// (KV in device memory): Blocks little-endian CRC-32s (IEEE), the
+	// one of block b at Digests+4b, valid while an armed offer holds b.
+	Digests    uint64 `json:"digests,omitempty"`
+	Layers     int    `json:"layers"`
+	Blocks     int    `json:"blocks"`
+	KV         int    `json:"kv"`
+	BlockBytes int    `json:"block_bytes"`
+	Order      string `json:"order"`
 }
 
 // EncodeParams returns the JSON form of p.
@@ -136,14 +143,19 @@ func (r Rank) validate() error {
 		return errors.New("segment is empty")
 	case r.Mailbox == 0 || r.Mailbox%8 != 0:
 		return fmt.Errorf("mailbox = %#x, want a non-zero 8-aligned address", r.Mailbox)
-	case r.Slots <= 0:
-		return fmt.Errorf("slots = %d, want > 0", r.Slots)
+	case r.Slots <= 0 || r.Slots > maxSlots:
+		return fmt.Errorf("slots = %d, want 1 to %d", r.Slots, maxSlots)
+	case r.Mailbox+uint64(r.Slots)*8 < r.Mailbox:
+		return fmt.Errorf("mailbox = %#x: %d slots of 8 bytes wrap around the address space", r.Mailbox, r.Slots)
 	case r.Order != connector.BlockMajor.String() && r.Order != connector.LayerMajor.String():
 		return fmt.Errorf("order = %q, want %q or %q", r.Order, connector.BlockMajor, connector.LayerMajor)
 	}
 	kv, err := r.cache()
 	if err != nil {
 		return err
+	}
+	if r.Digests != 0 && r.Digests+uint64(r.Blocks)*4 < r.Digests {
+		return fmt.Errorf("digests = %#x: %d digests of 4 bytes wrap around the address space", r.Digests, r.Blocks)
 	}
 	return kv.Validate()
 }
@@ -155,21 +167,57 @@ func (r Rank) cache() (connector.KVCache, error) {
 	if r.Order == connector.LayerMajor.String() {
 		kv.Order = connector.LayerMajor
 	}
-	if r.Layers <= 0 || r.Blocks <= 0 || r.KV <= 0 || r.BlockBytes <= 0 || len(r.Regions) == 0 {
-		return kv, fmt.Errorf("layout %d layers x %d blocks x %d x %d bytes in %d regions", r.Layers, r.Blocks, r.KV, r.BlockBytes, len(r.Regions))
+	if len(r.Regions) == 0 {
+		return kv, fmt.Errorf("regions is empty")
 	}
-	total := int64(r.Layers) * int64(r.KV) * int64(r.Blocks) * int64(r.BlockBytes)
-	if total > 1<<50 {
-		return kv, fmt.Errorf("layout of %d bytes", total)
+	total, err := layoutBytes(rankFields, r.Layers, r.KV, r.Blocks, r.BlockBytes)
+	if err != nil {
+		return kv, err
 	}
-	per := total / int64(len(r.Regions))
-	for _, a := range r.Regions {
-		if a == 0 || a+uint64(per) < a {
-			return kv, fmt.Errorf("region address %#x", a)
+	per := total / uint64(len(r.Regions))
+	if per > math.MaxInt {
+		return kv, fmt.Errorf("regions of %d bytes do not fit an int", per)
+	}
+	for i, a := range r.Regions {
+		if a == 0 || a+per < a || uint64(uintptr(a)) != a {
+			return kv, fmt.Errorf("regions[%d] = %#x: %d bytes there are not addresses", i, a, per)
 		}
 		kv.Regions = append(kv.Regions, regionAt(uintptr(a), int(per)))
 	}
 	return kv, nil
+}
+
+// maxSlots is the most mailbox slots a producer worker has.
+const maxSlots = 1 << 20
+
+// maxLayout is the most bytes a KV layout may span.
+const maxLayout = 1 << 50
+
+// The names of the four factors of a layout's size, for errors.
+var (
+	rankFields    = [4]string{"layers", "kv", "blocks", "block_bytes"}
+	kvCacheFields = [4]string{"KVCache.Layers", "KVCache.KV", "KVCache.Blocks", "KVCache.BlockBytes"}
+)
+
+// layoutBytes returns layers × kv × blocks × blockBytes, the bytes of a KV
+// layout, multiplied factor by factor without overflow. A factor that is
+// not positive is an error naming it (from names) and its value; a product
+// past maxLayout, one naming every factor and its value.
+func layoutBytes(names [4]string, layers, kv, blocks, blockBytes int) (uint64, error) {
+	factors := [4]int{layers, kv, blocks, blockBytes}
+	total := uint64(1)
+	for i, v := range factors {
+		if v <= 0 {
+			return 0, fmt.Errorf("%s = %d, want > 0", names[i], v)
+		}
+		hi, lo := bits.Mul64(total, uint64(v))
+		if hi != 0 || lo > maxLayout {
+			return 0, fmt.Errorf("layout of %s = %d × %s = %d × %s = %d × %s = %d bytes: more than 2^50 bytes",
+				names[0], layers, names[1], kv, names[2], blocks, names[3], blockBytes)
+		}
+		total = lo
+	}
+	return total, nil
 }
 
 // encodeRank returns the JSON form of a worker's memory.

@@ -476,10 +476,15 @@ func (s *Scheduler) offer(q *request, blocks []connector.BlockID) error {
 
 // Rotate implements connector.Rotator: parameters of an older generation
 // are refused from then on, and offers carry the new namespace. Offers
-// already made stand until they are consumed or expire.
+// already made stand until they are consumed or expire. Generations only
+// grow: gen must be newer than the current one, else Rotate returns an
+// error wrapping [connector.ErrGeneration] and changes nothing.
 func (s *Scheduler) Rotate(gen uint64) error {
 	if s.closed {
 		return connector.ErrClosed
+	}
+	if cur := s.meta.Generation; gen <= cur {
+		return fmt.Errorf("p2p: rotate to generation %d, current generation %d: %w", gen, cur, connector.ErrGeneration)
 	}
 	id := s.id
 	id.Generation = gen

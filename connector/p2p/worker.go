@@ -2,8 +2,10 @@ package p2p
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -27,6 +29,29 @@ import (
 // worker runs each load of the Metadata's Loads on a goroutine: it reads
 // the producer's blocks into its own with one batch, reads the slot back
 // to check that the offer still stood while it read, and writes the slot.
+//
+// Reads are verified end to end when the KV memory is host memory: a
+// producer worker writes the CRC-32 (IEEE) of each block of an offer into
+// a digest table beside its mailbox before it arms the offer; a consumer
+// worker reads the digests of a load's blocks with the blocks, and once
+// the slot check passed, checks each block it read. A block that does not
+// match fails its load from that block on, is counted (VerifyFailures),
+// and is never reported loaded. kv_connector_extra_config "verify": false
+// turns verification off: a producer then publishes no digests (its
+// consumers read without checking), a consumer checks none.
+//
+// A load is reported, loaded or failed, only once every transfer it made
+// is settled (final, in the sense of [rdma.Status.Final]: nothing moves
+// its bytes any more), so that the engine never reuses a block a late
+// transfer may still write. A transfer is waited for without a bound,
+// also when its Submit failed after queuing requests: a transfer that
+// never settles (a hung device or transport) keeps its load, and Close,
+// waiting, and is logged every 10 s meanwhile. An engine that cannot tell
+// whether a transfer ended (its Wait fails) leaves the load unreported
+// for good: its blocks stay out of use, and Close returns an error
+// wrapping [rdma.ErrBusy] and frees no memory such a transfer may touch.
+// To give up on a hung transfer, close the transfer engine: rdma/mooncake
+// gives up after Config.CloseTimeout, and its waits then fail.
 type Worker struct {
 	cfg   connector.Config
 	opt   options
@@ -39,10 +64,13 @@ type Worker struct {
 	kv      connector.KVCache
 	self    Rank
 	mailbox *rdma.HostMemory // producer slots
+	digests *rdma.HostMemory // producer: the CRC-32 of each block, by block id; nil for device memory
 	scratch *rdma.HostMemory // consumer cells: 16 bytes per running load
+	sums    *rdma.HostMemory // consumer: per cell, the producer's digests of a load's blocks; nil unverified
 	cells   chan int         // free cells: bounds the loads running at once
 	regs    []rdma.Region    // registered with the engine
 	offers  map[uint64]held  // producer: armed offers
+	gen     uint64           // the newest generation seen: the identity's, then Metadata's
 	out     connector.Output
 
 	ctx    context.Context
@@ -54,13 +82,23 @@ type Worker struct {
 	}
 	mu struct {
 		sync.Mutex
-		done  []loadResult
-		stats connector.Stats
+		done       []loadResult
+		stats      connector.Stats
+		unsettled  int                 // loads left unreported: transfers whose end the engine could not tell
+		mismatches int64               // blocks read whose bytes did not match the producer's digest
+		arming     map[uint64]struct{} // producer: offers whose digests are being computed, not yet armed
 	}
 	// life serializes the engine-facing calls with Close, which may come
 	// from another goroutine.
 	life   sync.Mutex
 	closed bool
+
+	// hooks let this package's tests stop the worker at fixed points;
+	// nil outside tests.
+	hooks struct {
+		beforeArm func() // a Start's offers are about to be digested and armed
+		afterArm  func() // they are armed, or were withdrawn
+	}
 }
 
 var (
@@ -83,11 +121,12 @@ type loadResult struct {
 // maxLoads is the number of loads a worker runs at once.
 const maxLoads = 16
 
-func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, log *slog.Logger, b *board) *Worker {
-	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, log: log, board: b, now: time.Now, offers: make(map[uint64]held)}
+func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, gen uint64, log *slog.Logger, b *board) *Worker {
+	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, gen: gen, log: log, board: b, now: time.Now, offers: make(map[uint64]held)}
 	w.out.Rank = rank
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.segs.ids = make(map[string]rdma.SegmentID)
+	w.mu.arming = make(map[uint64]struct{})
 	return w
 }
 
@@ -102,6 +141,11 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	}
 	if w.regs != nil {
 		return fmt.Errorf("p2p: Register called twice")
+	}
+	// Its size first, without overflow: KVCache.Validate's int64
+	// product can wrap to the size of the regions.
+	if _, err := layoutBytes(kvCacheFields, kv.Layers, kv.KV, kv.Blocks, kv.BlockBytes); err != nil {
+		return fmt.Errorf("p2p: Register: %w", err)
 	}
 	if err := kv.Validate(); err != nil {
 		return err
@@ -132,6 +176,26 @@ func (w *Worker) Register(kv connector.KVCache) error {
 		return fmt.Errorf("p2p: register scratch: %w", err)
 	}
 	w.regs = append(w.regs, w.scratch.Region())
+	// Digests need the blocks' bytes: host memory only.
+	host := kv.Regions[0].Loc.IsHost()
+	if host && w.cfg.Role.CanSave() && w.opt.verify {
+		if w.digests, err = rdma.AllocHost(kv.Blocks * 4); err != nil {
+			return fmt.Errorf("p2p: digest table: %w", err)
+		}
+		if err = w.eng.Register(w.digests.Region()); err != nil {
+			return fmt.Errorf("p2p: register digest table: %w", err)
+		}
+		w.regs = append(w.regs, w.digests.Region())
+	}
+	if host && w.cfg.Role.CanLoad() && w.opt.verify {
+		if w.sums, err = rdma.AllocHost(maxLoads * kv.Blocks * 4); err != nil {
+			return fmt.Errorf("p2p: digest cells: %w", err)
+		}
+		if err = w.eng.Register(w.sums.Region()); err != nil {
+			return fmt.Errorf("p2p: register digest cells: %w", err)
+		}
+		w.regs = append(w.regs, w.sums.Region())
+	}
 	w.cells = make(chan int, maxLoads)
 	for i := range maxLoads {
 		w.cells <- i
@@ -143,6 +207,9 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	}
 	for _, r := range kv.Regions {
 		w.self.Regions = append(w.self.Regions, uint64(r.Addr))
+	}
+	if w.digests != nil {
+		w.self.Digests = uint64(w.digests.Region().Addr)
 	}
 	w.board.setRank(w.rank, w.self)
 	return nil
@@ -159,14 +226,14 @@ func (w *Worker) unregister() error {
 		}
 	}
 	w.regs = nil
-	for _, m := range []*rdma.HostMemory{w.mailbox, w.scratch} {
+	for _, m := range []*rdma.HostMemory{w.mailbox, w.scratch, w.digests, w.sums} {
 		if m != nil {
 			if err := m.Free(); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	w.mailbox, w.scratch = nil, nil
+	w.mailbox, w.scratch, w.digests, w.sums = nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 
@@ -187,7 +254,11 @@ func (w *Worker) slot(i int) *atomic.Uint64 {
 }
 
 // Start implements connector.Worker: it arms the offers of m's Saves and
-// starts its Loads.
+// starts its Loads. With a digest table the offers are armed by a
+// goroutine, once it has computed their blocks' digests. Metadata of a generation older than one the worker has
+// seen (its identity's, or an earlier Metadata's) is an error wrapping
+// [connector.ErrBadMetadata] and [connector.ErrGeneration], and starts
+// nothing.
 func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	w.life.Lock()
 	defer w.life.Unlock()
@@ -196,6 +267,9 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	}
 	if w.regs == nil {
 		return connector.ErrNotRegistered
+	}
+	if m.Generation < w.gen {
+		return fmt.Errorf("%w: step %d: Metadata of generation %d, after generation %d: %w", connector.ErrBadMetadata, m.Step, m.Generation, w.gen, connector.ErrGeneration)
 	}
 	plans := make([]*loadPlan, len(m.Loads))
 	for i := range m.Loads {
@@ -209,17 +283,35 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 		if !plans[i].notify && len(plans[i].remote) != len(t.Blocks) {
 			return fmt.Errorf("%w: load %d has %d blocks, its plan %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), len(plans[i].remote))
 		}
+		if len(t.Blocks) > w.kv.Blocks {
+			return fmt.Errorf("%w: load %d has %d blocks, the KV memory %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), w.kv.Blocks)
+		}
 	}
 	for i := range m.Saves {
 		if err := w.checkBlocks(&m.Saves[i]); err != nil {
 			return err
 		}
 	}
+	w.gen = m.Generation
 	deadline := w.now().Add(w.opt.keepTimeout)
+	var jobs []armJob
 	for _, t := range m.Saves {
 		slot := int(t.ID % uint64(w.opt.slots))
-		w.slot(slot).Store(armed(t.ID))
 		w.offers[t.ID] = held{slot: slot, deadline: deadline}
+		if w.digests == nil {
+			w.slot(slot).Store(armed(t.ID))
+			continue
+		}
+		jobs = append(jobs, armJob{id: t.ID, slot: slot, blocks: append([]connector.BlockID(nil), t.Blocks...)})
+	}
+	if len(jobs) > 0 {
+		// Digesting an offer reads all its bytes: not on the step's path.
+		w.mu.Lock()
+		for _, j := range jobs {
+			w.mu.arming[j.id] = struct{}{}
+		}
+		w.mu.Unlock()
+		w.wg.Go(func() { w.arm(jobs) })
 	}
 	for i, t := range m.Loads {
 		blocks := append([]connector.BlockID(nil), t.Blocks...)
@@ -236,6 +328,67 @@ func (w *Worker) checkBlocks(t *connector.Transfer) error {
 		}
 	}
 	return nil
+}
+
+// armJob is an offer to arm once its digests are in the table.
+type armJob struct {
+	id     uint64
+	slot   int
+	blocks []connector.BlockID
+}
+
+// arm computes the digests of each offer's blocks, then, unless Poll
+// withdrew the offer meanwhile, writes them into the digest table and arms
+// the offer's slot: the digests are there before a consumer may read
+// them, and a withdrawn offer is never armed (Poll withdraws under w.mu).
+func (w *Worker) arm(jobs []armJob) {
+	if w.hooks.beforeArm != nil {
+		w.hooks.beforeArm()
+	}
+	var sums []uint32
+	for _, j := range jobs {
+		sums = w.sums32(sums[:0], j.blocks)
+		w.mu.Lock()
+		if _, ok := w.mu.arming[j.id]; ok {
+			delete(w.mu.arming, j.id)
+			table := w.digests.Bytes()
+			for i, b := range j.blocks {
+				binary.LittleEndian.PutUint32(table[int(b)*4:], sums[i])
+			}
+			w.slot(j.slot).Store(armed(j.id))
+		}
+		w.mu.Unlock()
+	}
+	if w.hooks.afterArm != nil {
+		w.hooks.afterArm()
+	}
+}
+
+// sums32 appends the CRC-32 of each of blocks to dst.
+func (w *Worker) sums32(dst []uint32, blocks []connector.BlockID) []uint32 {
+	for _, b := range blocks {
+		dst = append(dst, w.blockSum(b))
+	}
+	return dst
+}
+
+// blockSum returns the CRC-32 (IEEE) of block b's bytes in store order.
+func (w *Worker) blockSum(b connector.BlockID) uint32 {
+	var buf [8]rdma.Region
+	var sum uint32
+	for _, sp := range w.kv.Spans(buf[:0], b) {
+		sum = crc32.Update(sum, crc32.IEEETable, sp.Bytes())
+	}
+	return sum
+}
+
+// VerifyFailures returns the number of blocks this worker read whose bytes
+// did not match the producer's CRC-32 of them; each failed its load from
+// that block on.
+func (w *Worker) VerifyFailures() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mu.mismatches
 }
 
 // Save implements connector.Worker. Consumers read the blocks a producer
@@ -268,9 +421,11 @@ func (w *Worker) Poll() *connector.Output {
 		case s.Load() == consumed(id):
 		case now.After(h.deadline):
 			// Close the slot before the engine may reuse the blocks: a
-			// consumer that checks it afterwards drops what it read.
-			s.Store(consumed(id))
+			// consumer that checks it afterwards drops what it read. An
+			// offer still being digested is never armed.
 			w.mu.Lock()
+			delete(w.mu.arming, id)
+			s.Store(consumed(id))
 			w.mu.stats.SaveFailures += 1
 			w.mu.Unlock()
 		default:
@@ -298,9 +453,19 @@ func (w *Worker) load(id uint64, blocks []connector.BlockID, plan *loadPlan) {
 		w.finish(loadResult{id: id, failures: failRange(nil, id, 0, len(blocks), connector.ReasonCanceled)})
 		return
 	}
-	defer func() { w.cells <- cell }()
 	start := time.Now()
-	failures, bytes := w.read(id, blocks, plan, cell)
+	failures, bytes, stuck := w.read(id, blocks, plan, cell)
+	if stuck {
+		// A transfer of the load may still write its blocks, or its
+		// cell: report neither the load (the engine keeps its blocks)
+		// nor the cell as free.
+		w.log.Error("p2p: load left unreported: the transfer engine cannot tell whether its transfers are over, so its blocks stay in use", "load", id, "offer", plan.params.Offer)
+		w.mu.Lock()
+		w.mu.unsettled++
+		w.mu.Unlock()
+		return
+	}
+	w.cells <- cell
 	w.mu.Lock()
 	w.mu.stats.TransferNanos += time.Since(start).Nanoseconds()
 	if !plan.notify {
@@ -326,16 +491,32 @@ func failRange(dst []connector.Failure, id uint64, from, to int, r connector.Rea
 	return dst
 }
 
+// unsettled returns the number of loads left unreported because a
+// transfer's end could not be told.
+func (w *Worker) unsettled() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mu.unsettled
+}
+
 // read moves a load's blocks, checks the offer still stood, and tells the
-// producer. It returns the failed blocks and the bytes that arrived.
-func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cell int) ([]connector.Failure, int64) {
+// producer. It returns the failed blocks and the bytes that arrived, or
+// stuck when a transfer's end could not be told (errUnsettled): its
+// memory may still be written.
+func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cell int) (failures []connector.Failure, bytes int64, stuck bool) {
 	p := &plan.params
 	peer := p.Ranks[w.rank]
 	n := len(blocks)
+	unsettled := func(err error) bool {
+		if errors.Is(err, errUnsettled) {
+			stuck = true
+		}
+		return stuck
+	}
 	seg, err := w.segment(peer.Segment)
 	if err != nil {
 		w.log.Warn("p2p: open producer segment", "segment", peer.Segment, "err", err)
-		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*8)
 	cellIn := rdma.Region{Addr: w.scratch.Region().Addr + uintptr(cell*16), Len: 8, Loc: rdma.Host}
@@ -343,13 +524,19 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	// Whatever happens to the blocks, the producer may free them now; but
 	// once the offer is known to be gone, its slot may already carry a
 	// newer offer, which a notice of this one must not overwrite.
+	// A load whose transfers may still run tells nothing: the producer
+	// gives the offer up after keep_timeout.
 	gone := false
 	defer func() {
-		if gone {
+		if gone || stuck {
 			return
 		}
 		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16+8])) = consumed(p.Offer)
-		if r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox}}); err != nil || r[0].Status != rdma.Completed {
+		r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox}})
+		if unsettled(err) {
+			return
+		}
+		if err != nil || r[0].Status != rdma.Completed {
 			w.log.Warn("p2p: tell the producer", "segment", peer.Segment, "offer", p.Offer, "err", err)
 		}
 	}()
@@ -358,27 +545,41 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	// the parameters: wait for it, so that the slot check after the reads
 	// and the notice both mean this offer.
 	if err := w.awaitArmed(seg, mailbox, cellIn, cell, p.Offer); err != nil {
+		if unsettled(err) {
+			return nil, 0, true
+		}
 		w.log.Warn("p2p: offer not armed", "segment", peer.Segment, "offer", p.Offer, "err", err)
 		gone = errors.Is(err, errWithdrawn)
-		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0
+		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0, false
 	}
 	if plan.notify {
-		return nil, 0
+		return nil, 0, false
 	}
-	reqs, owner, err := w.requests(seg, peer, blocks, plan.remote)
+	var sums []byte // the producer's digests of the blocks, read with them
+	var sumsAt uintptr
+	if w.sums != nil && peer.Digests != 0 {
+		per := w.kv.Blocks * 4
+		sums = w.sums.Bytes()[cell*per : cell*per+n*4]
+		sumsAt = w.sums.Region().Addr + uintptr(cell*per)
+	}
+	reqs, owner, kvReads, err := w.requests(seg, peer, blocks, plan.remote, sumsAt)
 	if err != nil {
 		w.log.Warn("p2p: load", "offer", p.Offer, "err", err)
-		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	results, err := w.transfer(reqs)
+	if unsettled(err) {
+		return nil, 0, true
+	}
 	if err != nil {
 		w.log.Warn("p2p: load", "offer", p.Offer, "err", err)
-		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	failAt := n
-	var bytes int64
 	for i, r := range results {
-		bytes += r.Bytes
+		if i < kvReads {
+			bytes += r.Bytes
+		}
 		if r.Status != rdma.Completed {
 			failAt = min(failAt, owner[i])
 		}
@@ -386,17 +587,34 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	// The offer must still stand now that the reads are over: a producer
 	// that gave up on it clears its slot before it reuses the blocks.
 	check, err := w.transfer([]rdma.Request{{Op: rdma.Read, Local: cellIn, Segment: seg, Remote: mailbox}})
+	if unsettled(err) {
+		return nil, 0, true
+	}
 	if err != nil || check[0].Status != rdma.Completed {
-		return failRange(nil, id, 0, n, connector.ReasonIO), 0
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	if v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16])); v != armed(p.Offer) {
 		gone = true
-		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0
+		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0, false
+	}
+	// The offer stood while the blocks and their digests were read:
+	// every block that arrived must be the producer's.
+	if sums != nil {
+		for i := range failAt {
+			if got, want := w.blockSum(blocks[i]), binary.LittleEndian.Uint32(sums[i*4:]); got != want {
+				w.log.Warn("p2p: block differs from the producer's", "offer", p.Offer, "index", i, "block", blocks[i], "crc32", got, "producer crc32", want)
+				w.mu.Lock()
+				w.mu.mismatches++
+				w.mu.Unlock()
+				failAt = i
+				break
+			}
+		}
 	}
 	if failAt < n {
-		return failRange(nil, id, failAt, n, connector.ReasonIO), bytes
+		return failRange(nil, id, failAt, n, connector.ReasonIO), bytes, false
 	}
-	return nil, bytes
+	return nil, bytes, false
 }
 
 // errWithdrawn: the producer gave the offer up before the consumer read it.
@@ -439,19 +657,20 @@ func (w *Worker) awaitArmed(seg rdma.SegmentID, mailbox uintptr, cellIn rdma.Reg
 }
 
 // requests builds the reads of blocks from the producer's remote blocks,
-// and for each read the index of its block.
-func (w *Worker) requests(seg rdma.SegmentID, peer Rank, blocks, remote []connector.BlockID) ([]rdma.Request, []int, error) {
+// and for each read the index of its (first) block; the first kvReads
+// reads are those of the KV bytes. With sums not 0 it also reads the
+// producer's digests of the remote blocks to sums, 4 bytes per block, one
+// read per run of consecutive remote blocks.
+func (w *Worker) requests(seg rdma.SegmentID, peer Rank, blocks, remote []connector.BlockID, sums uintptr) (reqs []rdma.Request, owner []int, kvReads int, err error) {
 	rkv, err := peer.cache()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if rkv.Layers != w.kv.Layers || rkv.KV != w.kv.KV || rkv.BlockBytes != w.kv.BlockBytes {
-		return nil, nil, fmt.Errorf("producer layout %d layers x %d x %d bytes, consumer %d x %d x %d",
+		return nil, nil, 0, fmt.Errorf("producer layout %d layers x %d x %d bytes, consumer %d x %d x %d",
 			rkv.Layers, rkv.KV, rkv.BlockBytes, w.kv.Layers, w.kv.KV, w.kv.BlockBytes)
 	}
 	whole := w.kv.Order == connector.BlockMajor && rkv.Order == connector.BlockMajor
-	var reqs []rdma.Request
-	var owner []int
 	var lp, rp []rdma.Region
 	for i, b := range blocks {
 		lp = pieces(lp[:0], w.kv, b, whole)
@@ -461,7 +680,21 @@ func (w *Worker) requests(seg rdma.SegmentID, peer Rank, blocks, remote []connec
 			owner = append(owner, i)
 		}
 	}
-	return reqs, owner, nil
+	kvReads = len(reqs)
+	if sums == 0 {
+		return reqs, owner, kvReads, nil
+	}
+	for i := 0; i < len(remote); {
+		j := i + 1
+		for j < len(remote) && remote[j] == remote[j-1]+1 {
+			j++
+		}
+		local := rdma.Region{Addr: sums + uintptr(i*4), Len: (j - i) * 4, Loc: rdma.Host}
+		reqs = append(reqs, rdma.Request{Op: rdma.Read, Local: local, Segment: seg, Remote: uintptr(peer.Digests) + uintptr(remote[i])*4})
+		owner = append(owner, i)
+		i = j
+	}
+	return reqs, owner, kvReads, nil
 }
 
 // pieces appends block b's memory to dst: one span when whole (block-major
@@ -485,28 +718,67 @@ func regionAt(addr uintptr, n int) rdma.Region {
 	return rdma.Region{Addr: addr, Len: n, Loc: rdma.Host}
 }
 
-// transfer runs reqs in one batch to their end and returns their results.
-// It waits for the requests even when the worker closes: they write into
-// the worker's memory.
+// errUnsettled: the engine cannot tell whether a transfer's requests are
+// over; they may still move bytes.
+var errUnsettled = errors.New("transfer not settled")
+
+// settleWarn is how often a transfer that has not settled is logged.
+const settleWarn = 10 * time.Second
+
+// transfer runs reqs in one batch until every request is settled and
+// returns their results. Requests that a failing Submit queued anyway are
+// waited for like the others before its error is returned, and the batch
+// is released only once none is in flight: it is never dropped while a
+// request may still write the worker's memory, also when the worker
+// closes. An error wrapping errUnsettled means the requests' end is
+// unknown: their memory must stay out of use.
 func (w *Worker) transfer(reqs []rdma.Request) ([]rdma.Result, error) {
 	b, err := w.eng.NewBatch(len(reqs))
 	if err != nil {
 		return nil, err
 	}
-	if err := b.Submit(reqs); err != nil {
-		if rerr := b.Release(); rerr != nil {
-			return nil, errors.Join(err, rerr)
-		}
-		return nil, err
-	}
-	if err := b.Wait(context.Background()); err != nil {
+	serr := b.Submit(reqs)
+	if err := w.settle(b); err != nil {
 		return nil, err
 	}
 	out := make([]rdma.Result, b.Len())
 	for i := range out {
 		out[i] = b.Result(i)
 	}
-	return out, b.Release()
+	if err := b.Release(); err != nil {
+		if errors.Is(err, rdma.ErrBusy) {
+			// Contradicts the Wait that returned: take the requests
+			// to be in flight.
+			return nil, fmt.Errorf("%w: release after the requests were final: %w", errUnsettled, err)
+		}
+		return nil, errors.Join(serr, err)
+	}
+	if serr != nil {
+		return nil, serr
+	}
+	return out, nil
+}
+
+// settle waits until every request of b is settled, without a bound: a
+// transfer that never settles (a hung device or transport) is a hang, and
+// never a reuse of memory it may write. It logs every settleWarn while it
+// waits. An engine that cannot tell (Wait fails) is errUnsettled.
+func (w *Worker) settle(b rdma.Batch) error {
+	start := time.Now()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), settleWarn)
+		err := b.Wait(ctx)
+		expired := ctx.Err() != nil
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case expired && errors.Is(err, context.DeadlineExceeded):
+			w.log.Warn("p2p: transfer not settled; its memory stays in use until it is", "requests", b.Len(), "waited", time.Since(start).Round(time.Second))
+		default:
+			return fmt.Errorf("%w: %d requests: %w", errUnsettled, b.Len(), err)
+		}
+	}
 }
 
 // segment returns the engine's handle of the producer segment name,
@@ -534,9 +806,13 @@ func (w *Worker) Stats() connector.Stats {
 	return w.mu.stats
 }
 
-// Close implements connector.Worker: it waits for running loads, clears
-// the slots of offers still armed, and withdraws its memory from the
-// engine. It is idempotent.
+// Close implements connector.Worker: it waits for running loads (and so
+// for their transfers to settle), clears the slots of offers still armed,
+// and withdraws its memory from the engine. If the engine could not tell
+// whether some transfer ended, Close withdraws and frees no memory (the
+// mailbox and scratch it allocated stay mapped) and returns an error wrapping
+// [rdma.ErrBusy]: the KV memory must not be freed either. It is
+// idempotent.
 func (w *Worker) Close() error {
 	w.life.Lock()
 	defer w.life.Unlock()
@@ -552,5 +828,9 @@ func (w *Worker) Close() error {
 		}
 	}
 	clear(w.offers)
+	if n := w.unsettled(); n > 0 {
+		// Nothing is withdrawn or freed: the engine may still use it.
+		return fmt.Errorf("p2p: close: %d loads have transfers whose end the transfer engine cannot tell: the KV memory, mailbox and scratch they use may still be written, and are not freed: %w", n, rdma.ErrBusy)
+	}
 	return w.unregister()
 }

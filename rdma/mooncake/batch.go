@@ -17,6 +17,13 @@ import (
 // order, and stops at the first still in flight, so that polling a batch
 // to its end costs one status call per request plus one per Poll. A Batch
 // is safe for concurrent use.
+//
+// A request is final only once Mooncake has finished its task (COMPLETED,
+// FAILED, CANCELED or INVALID). Mooncake reports TIMEOUT for a task whose
+// slices outlived MC_SLICE_TIMEOUT while they are still in flight, and the
+// task may still move its bytes and end COMPLETED: such a request stays
+// [rdma.Pending] until Mooncake finishes it. If it then ends FAILED it is
+// reported [rdma.Timeout]; if it ends COMPLETED, [rdma.Completed].
 type Batch struct {
 	e   *Engine
 	id  uint64
@@ -27,7 +34,7 @@ type Batch struct {
 		results  []rdma.Result
 		locals   []rdma.Region // each request's local memory
 		first    int           // first request not yet seen final
-		timeouts []int         // requests reported Timeout that Mooncake has not finished
+		timedOut []bool        // Mooncake reported TIMEOUT for the request at least once
 		released bool          // Release or Close was called
 		freed    bool          // the native batch is freed, or given up
 	}
@@ -120,6 +127,7 @@ func (b *Batch) Submit(reqs []rdma.Request) error {
 		for _, req := range reqs {
 			b.mu.results = append(b.mu.results, rdma.Result{})
 			b.mu.locals = append(b.mu.locals, req.Local)
+			b.mu.timedOut = append(b.mu.timedOut, false)
 		}
 	}
 	if rc != 0 {
@@ -129,20 +137,24 @@ func (b *Batch) Submit(reqs []rdma.Request) error {
 }
 
 // Poll reports whether every submitted request is final, asking Mooncake
-// for the status of those not yet known final.
+// for the status of those not yet known final. After Release (or the
+// engine's Close) it reports done if every request was final then, and
+// an error wrapping [rdma.ErrClosed] if not: their end is unknown.
 func (b *Batch) Poll() (bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.mu.released {
-		return false, fmt.Errorf("mooncake: poll: batch released: %w", rdma.ErrClosed)
+		if b.mu.first == len(b.mu.results) {
+			return true, nil
+		}
+		return false, fmt.Errorf("mooncake: poll: batch released with %d of %d requests not final: %w", len(b.mu.results)-b.mu.first, len(b.mu.results), rdma.ErrClosed)
 	}
 	return b.pollLocked()
 }
 
-// pollLocked polls with b.mu held. It also polls requests that timed out,
-// until Mooncake finishes them, without changing what Result reports.
+// pollLocked polls with b.mu held.
 func (b *Batch) pollLocked() (bool, error) {
-	if b.mu.first == len(b.mu.results) && len(b.mu.timeouts) == 0 {
+	if b.mu.first == len(b.mu.results) {
 		return true, nil
 	}
 	e := b.e
@@ -159,41 +171,29 @@ func (b *Batch) pollLocked() (bool, error) {
 		}
 		r := rdma.Result{Bytes: int64(st.transferredBytes)}
 		switch st.status {
-		case statusWaiting, statusPending:
-			b.mu.results[i] = r
-			return false, nil
 		case statusCompleted:
 			r.Status = rdma.Completed
 		case statusCanceled:
 			r.Status = rdma.Canceled
-		case statusTimeout:
-			// Final for the caller; Mooncake has not finished the task
-			// (its memory may still move) and will not free the batch
-			// before it has.
-			r.Status = rdma.Timeout
-			b.mu.timeouts = append(b.mu.timeouts, i)
 		case statusFailed, statusInvalid:
 			r.Status = rdma.Failed
+			if b.mu.timedOut[i] {
+				r.Status = rdma.Timeout
+			}
+		case statusTimeout:
+			// Not an end: the task's slices are still in flight and may
+			// move its bytes yet (Mooncake keeps the task unfinished).
+			b.mu.timedOut[i] = true
+			fallthrough
 		default:
-			r.Status = rdma.Failed
-			b.mu.timeouts = append(b.mu.timeouts, i) // unknown: poll until Mooncake says it is over
+			// WAITING, PENDING, or a status this binding does not know:
+			// the task may still move bytes.
+			b.mu.results[i] = r
+			return false, nil
 		}
 		b.mu.results[i] = r
 		b.mu.first++
 	}
-	keep := b.mu.timeouts[:0]
-	for _, i := range b.mu.timeouts {
-		if rc := e.api.getTransferStatus(e.handle, b.id, uintptr(i), slot); rc != 0 {
-			keep = append(keep, i)
-			continue
-		}
-		switch st.status {
-		case statusCompleted, statusFailed, statusCanceled, statusInvalid:
-		default:
-			keep = append(keep, i)
-		}
-	}
-	b.mu.timeouts = keep
 	return true, nil
 }
 
@@ -256,9 +256,9 @@ func (b *Batch) Result(i int) rdma.Result {
 	return b.mu.results[i]
 }
 
-// Release frees the native batch once every request is final. When
-// Mooncake has yet to finish a request that timed out, the batch is freed
-// later (by a later NewBatch, or Close), never twice.
+// Release frees the native batch once every request is final. Should
+// Mooncake refuse the free (BATCH_BUSY), the batch is freed later (by a
+// later NewBatch, or Close), never twice.
 func (b *Batch) Release() error {
 	b.mu.Lock()
 	if b.mu.released {
@@ -281,13 +281,6 @@ func (b *Batch) tryFree() error {
 	if b.mu.freed {
 		b.mu.Unlock()
 		return nil
-	}
-	if len(b.mu.timeouts) > 0 {
-		if _, err := b.pollLocked(); err != nil || len(b.mu.timeouts) > 0 {
-			b.mu.Unlock()
-			b.e.later(b)
-			return nil
-		}
 	}
 	err := b.freeLocked()
 	freed := b.mu.freed
@@ -325,7 +318,7 @@ func (b *Batch) freeLocked() error {
 }
 
 // pendingIn returns the index of a request that may still move bytes of
-// r (pending, or timed out and unfinished), after one poll, or -1.
+// r (one not final), after one poll, or -1.
 func (b *Batch) pendingIn(r rdma.Region) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -347,11 +340,6 @@ func (b *Batch) pendingIn(r rdma.Region) int {
 			return i
 		}
 	}
-	for _, i := range b.mu.timeouts {
-		if overlaps(b.mu.locals[i]) {
-			return i
-		}
-	}
 	return -1
 }
 
@@ -366,9 +354,8 @@ func (b *Batch) settle(deadline time.Time) bool {
 			return true
 		}
 		done, err := b.pollLocked()
-		over := done && len(b.mu.timeouts) == 0
 		b.mu.Unlock()
-		if over {
+		if done {
 			return true
 		}
 		if err != nil || time.Now().After(deadline) {
@@ -388,7 +375,7 @@ func (b *Batch) finalFree() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.mu.released = true
-	if b.mu.freed || b.mu.first < len(b.mu.results) || len(b.mu.timeouts) > 0 {
+	if b.mu.freed || b.mu.first < len(b.mu.results) {
 		return nil
 	}
 	return b.freeLocked()

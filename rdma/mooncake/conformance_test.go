@@ -21,18 +21,34 @@ import (
 // closed at the end of the test.
 type pairFunc func(t *testing.T) (a, b rdma.Engine)
 
+// confOptions are what the engines under test can do beyond the basics.
+type confOptions struct {
+	// late, when set, opens a pair whose transfers outlive the
+	// transport's delivery timeout and may still move their bytes after
+	// it reported them timed out (Mooncake with MC_SLICE_TIMEOUT).
+	late pairFunc
+}
+
 // conformance checks the promises of rdma.Engine on engines from open: the
 // bytes a request moves, local-side errors that submit nothing, remote-side
 // failures that move nothing, batch capacity and release, closed engines,
-// concurrency. Memory next to every registered region is a guard that no
-// request may touch.
-func conformance(t *testing.T, open pairFunc) {
+// concurrency, and that a final request is settled (nothing moves its
+// bytes any more). Memory next to every registered region is a guard that
+// no request may touch.
+func conformance(t *testing.T, open pairFunc, opts confOptions) {
 	t.Run("ReadWrite", func(t *testing.T) { confReadWrite(t, open) })
 	t.Run("BadInput", func(t *testing.T) { confBadInput(t, open) })
 	t.Run("RemoteOutOfRange", func(t *testing.T) { confRemote(t, open) })
 	t.Run("Batch", func(t *testing.T) { confBatch(t, open) })
 	t.Run("Concurrent", func(t *testing.T) { confConcurrent(t, open) })
 	t.Run("Closed", func(t *testing.T) { confClosed(t, open) })
+	t.Run("Settled", func(t *testing.T) { confSettled(t, open) })
+	t.Run("SettledLate", func(t *testing.T) {
+		if opts.late == nil {
+			t.Skip("the engines under test cannot be made to outlive their transport's timeout")
+		}
+		confSettled(t, opts.late)
+	})
 }
 
 const guard = 64 << 10
@@ -502,18 +518,111 @@ func confClosed(t *testing.T, open pairFunc) {
 	}
 }
 
+// confSettled checks that final means settled: once Wait returned nil,
+// the caller reuses the local memory of every request, whatever its
+// status, and nothing the engines do afterwards (Release, Unregister,
+// Close) changes it. Half the requests read from outside the peer's
+// memory and fail.
+func confSettled(t *testing.T, open pairFunc) {
+	a, b := open(t)
+	const n, size = 8, 4096
+	am, ar := guarded(t, a, n*size, 0x31)
+	_, br := guarded(t, b, n*size, 0x42)
+	fillPattern(br.Bytes(), 5)
+	seg := openSeg(t, a, b.Segment())
+	reqs := make([]rdma.Request, n)
+	for i := range reqs {
+		l, _ := ar.Sub(i*size, size)
+		remote := br.Addr + uintptr(i*size)
+		if i%2 == 1 {
+			remote = br.End() - size/2 // crosses the end
+		}
+		reqs[i] = rdma.Request{Op: rdma.Read, Local: l, Segment: seg, Remote: remote}
+	}
+	batch, err := a.NewBatch(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := batch.Submit(reqs); err != nil {
+		t.Fatalf("Submit = %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := batch.Wait(ctx); err != nil {
+		t.Fatalf("Wait = %v", err)
+	}
+	statuses := make([]rdma.Status, n)
+	for i := range statuses {
+		r := batch.Result(i)
+		statuses[i] = r.Status
+		if !r.Status.Final() {
+			t.Fatalf("request %d after Wait returned = %+v, want final", i, r)
+		}
+		if i%2 == 1 && r.Status == rdma.Completed {
+			t.Errorf("request %d, outside the peer's memory, = %+v, want not completed", i, r)
+		}
+		if r.Status == rdma.Completed && !bytes.Equal(ar.Bytes()[i*size:(i+1)*size], br.Bytes()[i*size:(i+1)*size]) {
+			t.Errorf("request %d completed, but its block differs from the peer's", i)
+		}
+	}
+	// The caller reuses every block: recomputes those that did not
+	// arrive, hands the others to new requests.
+	reuse := bytes.Repeat([]byte{0xC5}, n*size)
+	copy(ar.Bytes(), reuse)
+	if err := batch.Release(); err != nil {
+		t.Errorf("Release after Wait = %v, want nil", err)
+	}
+	if err := a.Unregister(ar); err != nil {
+		t.Errorf("Unregister after Wait = %v, want nil", err)
+	}
+	for _, e := range []rdma.Engine{a, b} {
+		if err := e.Close(); err != nil {
+			t.Errorf("Close = %v", err)
+		}
+	}
+	for i := range n {
+		if !bytes.Equal(ar.Bytes()[i*size:(i+1)*size], reuse[:size]) {
+			t.Errorf("block %d (request %v) changed after Wait returned: the engine moved bytes of a final request", i, statuses[i])
+		}
+	}
+	checkGuards(t, "local", am, 0x31)
+}
+
 // fakePair opens two engines on the fake library.
 func fakePair(t *testing.T) (rdma.Engine, rdma.Engine) {
 	return openFake(t, nil), openFake(t, nil)
 }
 
+// fakeLatePair opens two engines on the fake library whose first
+// engine's tasks are late: reported TIMEOUT a few times, then run.
+func fakeLatePair(t *testing.T) (rdma.Engine, rdma.Engine) {
+	h := fakeHooks(t)
+	a := openFake(t, nil)
+	h.late(a.handle, 3)
+	return a, openFake(t, nil)
+}
+
 // loopbackPair opens two loopback engines: the reference the checks are
 // written against.
 func loopbackPair(t *testing.T) (rdma.Engine, rdma.Engine) {
+	return loopbackPairWith(t, nil)
+}
+
+// loopbackLatePair opens two loopback engines whose first times out every
+// request (in its queue, before it moves a byte).
+func loopbackLatePair(t *testing.T) (rdma.Engine, rdma.Engine) {
+	return loopbackPairWith(t, &rdma.LoopbackOptions{Timeout: time.Nanosecond})
+}
+
+func loopbackPairWith(t *testing.T, first *rdma.LoopbackOptions) (rdma.Engine, rdma.Engine) {
 	f := rdma.NewFabric()
 	var es [2]rdma.Engine
 	for i := range es {
-		e, err := f.NewEngine(fmt.Sprintf("e%d", i), nil)
+		var o *rdma.LoopbackOptions
+		if i == 0 {
+			o = first
+		}
+		e, err := f.NewEngine(fmt.Sprintf("e%d", i), o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -527,8 +636,13 @@ func loopbackPair(t *testing.T) (rdma.Engine, rdma.Engine) {
 	return es[0], es[1]
 }
 
-func TestConformanceFake(t *testing.T)     { conformance(t, fakePair) }
-func TestConformanceLoopback(t *testing.T) { conformance(t, loopbackPair) }
+func TestConformanceFake(t *testing.T) {
+	conformance(t, fakePair, confOptions{late: fakeLatePair})
+}
+
+func TestConformanceLoopback(t *testing.T) {
+	conformance(t, loopbackPair, confOptions{late: loopbackLatePair})
+}
 
 // TestConformanceReal runs the checks on two engines of a real Mooncake
 // Transfer Engine library over tcp on 127.0.0.1, when
@@ -550,7 +664,7 @@ func TestConformanceReal(t *testing.T) {
 			es[i] = e
 		}
 		return es[0], es[1]
-	})
+	}, confOptions{})
 }
 
 // realConfig returns the config of a real library from the environment,
@@ -614,7 +728,28 @@ func (b brokenBatch) Result(i int) rdma.Result {
 	if b.how == "always-completed" && r.Status.Final() {
 		r.Status = rdma.Completed
 	}
+	if b.how == "early-final" && r.Status == rdma.Pending {
+		// Takes a transport's timeout report for an end, as the
+		// binding once did.
+		r.Status = rdma.Timeout
+	}
 	return r
+}
+
+func (b brokenBatch) Wait(ctx context.Context) error {
+	if b.how == "early-final" {
+		_, err := b.Batch.Poll()
+		return err
+	}
+	return b.Batch.Wait(ctx)
+}
+
+func (b brokenBatch) Release() error {
+	err := b.Batch.Release()
+	if b.how == "early-final" && errors.Is(err, rdma.ErrBusy) {
+		return nil // dropped: freed later, or by Close
+	}
+	return err
 }
 
 // TestConformanceBrokenTarget runs the checks on one broken engine; it is
@@ -627,7 +762,10 @@ func TestConformanceBrokenTarget(t *testing.T) {
 	conformance(t, func(t *testing.T) (rdma.Engine, rdma.Engine) {
 		a, b := loopbackPair(t)
 		return brokenEngine{a, how}, b
-	})
+	}, confOptions{late: func(t *testing.T) (rdma.Engine, rdma.Engine) {
+		a, b := fakeLatePair(t)
+		return brokenEngine{a, how}, b
+	}})
 }
 
 // TestConformanceCatchesBrokenEngines proves that the checks can fail.
@@ -639,6 +777,7 @@ func TestConformanceCatchesBrokenEngines(t *testing.T) {
 		{"off-by-one", "differs from the expected bytes"},
 		{"always-completed", "want failed"},
 		{"no-check", "Submit = <nil>"},
+		{"early-final", "changed after Wait returned"},
 	} {
 		t.Run(c.how, func(t *testing.T) {
 			t.Parallel()

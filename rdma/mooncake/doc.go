@@ -50,7 +50,10 @@
 // registration, ranges, segment handle, batch capacity), frees each batch
 // exactly once and only when Mooncake has finished every request in it,
 // refuses to unregister memory that a request still uses, and maps both
-// code conventions to [Error], which matches the rdma sentinels. Requests
+// code conventions to [Error], which matches the rdma sentinels. A request
+// Mooncake reports TIMEOUT is not final: its task is still in flight and
+// may move its bytes yet, so it stays pending until Mooncake finishes it
+// (see [Batch]). Requests
 // are laid out in memory outside the Go heap as struct transfer_request
 // (40 bytes, checked when Open runs); native code never receives Go-heap
 // memory.

@@ -53,7 +53,7 @@ type Engine struct {
 		byName  map[string]rdma.SegmentID
 		names   map[rdma.SegmentID]string
 		batches map[*Batch]struct{} // not yet freed, released or not
-		reaping map[*Batch]struct{} // released, waiting for Mooncake to finish them
+		reaping map[*Batch]struct{} // released, their free refused by Mooncake (BATCH_BUSY) so far
 		errs    []error             // failures of frees no caller waited for
 	}
 
@@ -415,8 +415,8 @@ func (e *Engine) CloseSegment(id rdma.SegmentID) error {
 const MaxBatch = 1 << 20
 
 // NewBatch allocates a native batch of size requests, with its request
-// array in memory outside the Go heap. It also frees batches released
-// earlier whose timed-out requests have since finished.
+// array in memory outside the Go heap. It also retries the free of
+// batches released earlier whose free Mooncake refused.
 func (e *Engine) NewBatch(size int) (rdma.Batch, error) {
 	if size <= 0 || size > MaxBatch {
 		return nil, fmt.Errorf("mooncake: batch size %d, want 1 to %d", size, MaxBatch)
@@ -455,7 +455,7 @@ func (e *Engine) NewBatch(size int) (rdma.Batch, error) {
 	return b, nil
 }
 
-// reap frees released batches whose requests have all finished natively.
+// reap retries the free of released batches Mooncake refused to free.
 func (e *Engine) reap() {
 	e.mu.Lock()
 	if len(e.mu.reaping) == 0 {

@@ -295,9 +295,10 @@ func TestHeldRequests(t *testing.T) {
 }
 
 // TestTimedOutRequests checks requests Mooncake reports TIMEOUT (with
-// MC_SLICE_TIMEOUT) but has not finished: final for the caller, yet their
-// memory stays busy and their batch is freed only once Mooncake finishes
-// them.
+// MC_SLICE_TIMEOUT) but has not finished: they stay pending, their batch
+// cannot be released nor their memory unregistered, until Mooncake
+// finishes them; one that then fails is reported timed out, one that then
+// completes, completed.
 func TestTimedOutRequests(t *testing.T) {
 	h := fakeHooks(t)
 	a, _, am, bm, seg := enginePair(t)
@@ -306,19 +307,26 @@ func TestTimedOutRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := batch.Submit(reads(am, bm, seg, 2, 512)); err != nil {
+	reqs := reads(am, bm, seg, 2, 512)
+	// Request 0 crosses the end of the peer's memory: it fails when it
+	// runs. (Polls stop at the first request in flight: only it is seen
+	// timed out.)
+	reqs[0].Remote = bm.Region().End() - 100
+	if err := batch.Submit(reqs); err != nil {
 		t.Fatal(err)
 	}
-	if err := batch.Wait(context.Background()); err != nil {
-		t.Fatal(err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := batch.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait(20 ms) while Mooncake reports TIMEOUT = %v, want DeadlineExceeded", err)
 	}
 	for i := range 2 {
-		if r := batch.Result(i); r.Status != rdma.Timeout {
-			t.Errorf("request %d = %+v, want timeout", i, r)
+		if r := batch.Result(i); r.Status != rdma.Pending {
+			t.Errorf("request %d while Mooncake reports TIMEOUT = %+v, want pending", i, r)
 		}
 	}
-	if err := batch.Release(); err != nil {
-		t.Fatalf("Release of timed-out requests = %v", err)
+	if err := batch.Release(); !errors.Is(err, rdma.ErrBusy) {
+		t.Errorf("Release of timed-out, unfinished requests = %v, want ErrBusy", err)
 	}
 	if s := h.statsOf(a); s.Free != 0 {
 		t.Errorf("the batch was freed while Mooncake still runs its requests")
@@ -328,18 +336,23 @@ func TestTimedOutRequests(t *testing.T) {
 	}
 	h.hold(a.handle, 0, 0)
 	h.release(a.handle)
-	next, err := a.NewBatch(1) // reaps the released batch
-	if err != nil {
+	if err := batch.Wait(context.Background()); err != nil {
 		t.Fatal(err)
-	}
-	if s := h.statsOf(a); s.Free != 1 {
-		t.Errorf("frees after Mooncake finished the timed-out requests = %d, want 1", s.Free)
 	}
 	if r := batch.Result(0); r.Status != rdma.Timeout {
-		t.Errorf("Result(0) after Mooncake finished it = %+v, want still timeout", r)
+		t.Errorf("request 0, timed out then failed = %+v, want timeout", r)
 	}
-	if err := next.Release(); err != nil {
-		t.Fatal(err)
+	if r := batch.Result(1); r.Status != rdma.Completed || r.Bytes != 512 {
+		t.Errorf("request 1, completed = %+v, want completed with 512 bytes", r)
+	}
+	if err := batch.Release(); err != nil {
+		t.Fatalf("Release once Mooncake finished = %v", err)
+	}
+	if s := h.statsOf(a); s.Free != 1 || s.Live != 0 {
+		t.Errorf("frees %d, live %d after Release, want 1, 0", s.Free, s.Live)
+	}
+	if done, err := batch.Poll(); !done || err != nil {
+		t.Errorf("Poll after Release of a final batch = %v, %v, want true, nil", done, err)
 	}
 	if err := a.Unregister(am.Region()); err != nil {
 		t.Errorf("Unregister once Mooncake finished = %v", err)
@@ -493,5 +506,82 @@ func TestErrors(t *testing.T) {
 	}
 	if got := (Error{opSubmit, -4242}).Error(); got != "mooncake: submit: code -4242" {
 		t.Errorf("unknown code = %q", got)
+	}
+}
+
+// TestTimeoutIsNotFinal follows a caller that reuses a block once its read
+// is final and not completed: Mooncake reports TIMEOUT for a task that
+// outlived MC_SLICE_TIMEOUT and then still moves its bytes. Such a task is
+// not final: Wait does not return, Release and Unregister are refused, and
+// the block holds whatever the caller writes after Wait returned.
+func TestTimeoutIsNotFinal(t *testing.T) {
+	h := fakeHooks(t)
+	a, _, am, bm, seg := enginePair(t)
+	h.late(a.handle, 3)
+	batch, err := a.NewBatch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := batch.Submit(reads(am, bm, seg, 1, 512)); err != nil {
+		t.Fatal(err)
+	}
+	block := am.Bytes()[:512]
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := batch.Wait(ctx); err == nil {
+		// Final: a caller recomputes a block that did not arrive, or
+		// frees it and lets another request write it.
+		r := batch.Result(0)
+		if r.Status != rdma.Completed {
+			fill(block, 0xEE)
+		}
+		if err := batch.Release(); err != nil {
+			t.Fatalf("Release after Wait = %v", err)
+		}
+		next, err := a.NewBatch(1) // polls released batches, as later calls do
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := next.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != rdma.Completed && block[0] != 0xEE {
+			t.Fatalf("Wait returned with request 0 %v; the caller wrote the block, and the transfer wrote it afterwards (byte 0 = %#x)", r.Status, block[0])
+		}
+		return
+	}
+	if r := batch.Result(0); r.Status != rdma.Pending {
+		t.Errorf("Result(0) while Mooncake reports TIMEOUT and the task runs on = %+v, want pending", r)
+	}
+	if err := batch.Release(); !errors.Is(err, rdma.ErrBusy) {
+		t.Errorf("Release while a timed-out task runs on = %v, want ErrBusy", err)
+	}
+	if err := a.Unregister(am.Region()); !errors.Is(err, rdma.ErrBusy) {
+		t.Errorf("Unregister of memory a timed-out task still writes = %v, want ErrBusy", err)
+	}
+	if err := batch.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := batch.Result(0); r.Status != rdma.Completed || r.Bytes != 512 {
+		t.Errorf("Result(0) once the late task ran = %+v, want completed with 512 bytes", r)
+	}
+	if block[0] != 2 {
+		t.Errorf("byte 0 of the block after the late read = %#x, want the peer's 0x2", block[0])
+	}
+	fill(block, 0xEE)
+	if err := batch.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.statsOf(a); s.Free != 1 || s.Live != 0 {
+		t.Errorf("frees %d, live %d after Release, want 1, 0", s.Free, s.Live)
+	}
+	if block[0] != 0xEE {
+		t.Errorf("the block changed after its request settled")
+	}
+}
+
+func fill(b []byte, v byte) {
+	for i := range b {
+		b[i] = v
 	}
 }

@@ -69,6 +69,7 @@ func openFake(t testing.TB, edit func(*Config)) *Engine {
 // hooks are the fake's test-only exports.
 type hooks struct {
 	hold        func(engine uintptr, hold, timeout int32)
+	late        func(engine uintptr, polls int32)
 	release     func(engine uintptr) int32
 	failSubmit  func(engine uintptr, code int32)
 	stats       func(engine, out uintptr)
@@ -91,6 +92,7 @@ func fakeHooks(t testing.TB) *hooks {
 	h := new(hooks)
 	syms := []dl.Symbol{
 		{Name: "fake_hold", Fn: &h.hold},
+		{Name: "fake_late", Fn: &h.late},
 		{Name: "fake_release", Fn: &h.release},
 		{Name: "fake_fail_submit", Fn: &h.failSubmit},
 		{Name: "fake_stats", Fn: &h.stats},

@@ -23,7 +23,9 @@
 // a freed batch or a destroyed engine aborts the process (in Mooncake it
 // is a use after free).
 //
-// Test hooks (not part of the C API) are the functions named fake_*.
+// Test hooks (not part of the C API) are the functions named fake_*, and
+// the environment variable FAKE_TRANSFER_ENGINE_LATE, read when an engine
+// is created: fake_late(engine, its value).
 //
 // Build: gcc -shared -fPIC -O2 -o libtransfer_engine.so fake_transfer_engine.c -lpthread
 
@@ -88,6 +90,7 @@ struct task {
     uint64_t transferred;
     int finished;
     int held;
+    int late; // TIMEOUT reports left before the task runs (fake_late)
 };
 
 struct batch;
@@ -106,6 +109,7 @@ struct engine {
     int nsegments;
     int hold;
     int timeout_mode;
+    int late_polls;
     int fail_submit;
     uintptr_t last_entries;
     uint64_t n_submit, n_status, n_alloc, n_free, n_violations, n_live;
@@ -195,6 +199,8 @@ EXPORT transfer_engine_t createTransferEngine(const char *metadata_conn_string, 
     e->magic = ENGINE_MAGIC;
     e->auto_discover = auto_discover;
     e->nsegments = 1;
+    const char *late = getenv("FAKE_TRANSFER_ENGINE_LATE"); // fake_late for tests that cannot call it
+    if (late != NULL) e->late_polls = atoi(late);
     snprintf(e->metadata, sizeof e->metadata, "%s", metadata_conn_string);
     pthread_mutex_lock(&mu);
     if (strcmp(metadata_conn_string, "P2PHANDSHAKE") == 0)
@@ -356,6 +362,9 @@ EXPORT int submitTransfer(transfer_engine_t engine, uint64_t batch_id, struct tr
         t->length = entries[i].length;
         if (e->fail_submit) {
             t->status = S_FAILED;
+        } else if (e->late_polls > 0) {
+            t->late = e->late_polls;
+            t->status = S_WAITING;
         } else if (e->hold) {
             t->held = 1;
             t->status = S_WAITING;
@@ -379,7 +388,12 @@ EXPORT int getTransferStatus(transfer_engine_t engine, uint64_t batch_id, size_t
         return ST_INVALID_ARGUMENT;
     }
     struct task *t = &b->tasks[task_id];
-    if (t->held) {
+    if (t->late > 0) {
+        // Timed out, and still running: the bytes land after this report.
+        status->status = S_TIMEOUT;
+        status->transferred_bytes = 0;
+        if (--t->late == 0) run(e, t);
+    } else if (t->held) {
         status->status = e->timeout_mode ? S_TIMEOUT : (task_id % 2 ? S_PENDING : S_WAITING);
         status->transferred_bytes = 0;
     } else {
@@ -425,6 +439,17 @@ EXPORT void fake_hold(transfer_engine_t engine, int hold, int timeout) {
     pthread_mutex_lock(&mu);
     e->hold = hold;
     e->timeout_mode = timeout;
+    pthread_mutex_unlock(&mu);
+}
+
+// fake_late makes later submissions of e late, as Mooncake's tasks whose
+// slices outlive MC_SLICE_TIMEOUT: each task reports TIMEOUT to its first
+// polls status calls, runs (moves its bytes) right after the last of them,
+// and reports its end state from then on. 0 turns it off.
+EXPORT void fake_late(transfer_engine_t engine, int polls) {
+    struct engine *e = check_engine(engine);
+    pthread_mutex_lock(&mu);
+    e->late_polls = polls;
     pthread_mutex_unlock(&mu);
 }
 
