@@ -25,7 +25,7 @@ func BenchmarkVerify(b *testing.B) {
 	f := rdma.NewFabric()
 	po, vo, uo := o, o, o
 	po.role, vo.role, uo.role = connector.RoleProducer, connector.RoleConsumer, connector.RoleConsumer
-	uo.extra = map[string]any{"verify": false}
+	uo.extra = map[string]any{"verify": "none"}
 	p := newNode(b, f, "prefill", po)
 	v := newNode(b, f, "verified", vo)
 	u := newNode(b, f, "unverified", uo)

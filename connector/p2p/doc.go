@@ -61,7 +61,7 @@
 // blocks into a table in their registered memory before they arm the
 // offer (its address travels in the transfer parameters), and the
 // consumer's workers read them with the blocks. A block that differs fails
-// the load from that block on (Worker.VerifyFailures counts them); it is
+// the load from that block on (Stats.Corrupt counts them, the reason is ReasonCorrupt); it is
 // never reported loaded. KV in device memory is not verified, nor loads
 // from a producer that publishes no digests.
 //
@@ -86,7 +86,8 @@
 // keeps an offer's blocks, "120s"), "mailbox_slots" (offers a producer
 // worker holds at once, 1024), "open_timeout" (opening a producer's
 // segment, "10s"), "verify" (a producer publishes the CRC-32 of each block
-// it offers, a consumer checks each block it reads against it; true).
+// it offers, a consumer checks each block it reads against it: "checksum",
+// the default, or "none"). Any other key is an error naming it.
 //
 // # Concurrency
 //

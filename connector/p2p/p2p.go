@@ -38,8 +38,15 @@ type options struct {
 	verify      bool          // "verify": check each block read against the producer's CRC-32
 }
 
+// extraKeys are the kv_connector_extra_config keys the connector reads;
+// any other key is an error.
+var extraKeys = []string{"keep_timeout", "mailbox_slots", "open_timeout", "verify"}
+
 func parseOptions(cfg connector.Config) (options, error) {
 	var o options
+	if err := cfg.CheckExtra(extraKeys...); err != nil {
+		return o, err
+	}
 	var err error
 	if o.keepTimeout, err = cfg.ExtraDuration("keep_timeout", 120*time.Second); err != nil {
 		return o, err
@@ -53,8 +60,16 @@ func parseOptions(cfg connector.Config) (options, error) {
 	if o.openTimeout <= 0 {
 		return o, fmt.Errorf("%w: kv_connector_extra_config.open_timeout = %v, want > 0", connector.ErrConfig, o.openTimeout)
 	}
-	if o.verify, err = cfg.ExtraBool("verify", true); err != nil {
+	v, err := cfg.ExtraString("verify", "checksum")
+	if err != nil {
 		return o, err
+	}
+	switch v {
+	case "checksum":
+		o.verify = true
+	case "none":
+	default:
+		return o, fmt.Errorf("%w: kv_connector_extra_config.verify = %q, want checksum or none", connector.ErrConfig, v)
 	}
 	if o.slots, err = cfg.ExtraInt("mailbox_slots", 1024); err != nil {
 		return o, err

@@ -44,10 +44,10 @@ func TestVerify(t *testing.T) {
 				}
 				var mismatches int64
 				for _, w := range c.workers {
-					mismatches += w.VerifyFailures()
+					mismatches += w.Stats().Corrupt
 				}
 				if mismatches != 1 {
-					t.Errorf("VerifyFailures over the consumer's workers = %d, want 1", mismatches)
+					t.Errorf("Stats().Corrupt over the consumer's workers = %d, want 1", mismatches)
 				}
 				if st := c.workers[rank].Stats(); st.LoadFailures != 3 {
 					t.Errorf("rank %d LoadFailures = %d, want 3 (blocks 2 to 4)", rank, st.LoadFailures)
@@ -98,12 +98,12 @@ func TestWithdrawnWhileDigesting(t *testing.T) {
 	}
 }
 
-// TestVerifyOff: a producer with "verify": false publishes no digest
+// TestVerifyOff: a producer with "verify": "none" publishes no digest
 // table, and its consumer loads without checking; a consumer with
-// "verify": false allocates no digest cells.
+// "verify": "none" allocates no digest cells.
 func TestVerifyOff(t *testing.T) {
 	off := opts(1, 1, 4, connector.BlockMajor)
-	off.extra = map[string]any{"verify": false}
+	off.extra = map[string]any{"verify": "none"}
 	p, c := pair(t, off, opts(1, 1, 4, connector.BlockMajor))
 	tokens := prompt(81, 6*4)
 	params := p.prefill("r", tokens)

@@ -35,8 +35,8 @@ import (
 // a digest table beside its mailbox before it arms the offer; a consumer
 // worker reads the digests of a load's blocks with the blocks, and once
 // the slot check passed, checks each block it read. A block that does not
-// match fails its load from that block on, is counted (VerifyFailures),
-// and is never reported loaded. kv_connector_extra_config "verify": false
+// match fails its load from that block on, is counted (Stats.Corrupt),
+// and is never reported loaded. kv_connector_extra_config "verify": "none"
 // turns verification off: a producer then publishes no digests (its
 // consumers read without checking), a consumer checks none.
 //
@@ -82,11 +82,10 @@ type Worker struct {
 	}
 	mu struct {
 		sync.Mutex
-		done       []loadResult
-		stats      connector.Stats
-		unsettled  int                 // loads left unreported: transfers whose end the engine could not tell
-		mismatches int64               // blocks read whose bytes did not match the producer's digest
-		arming     map[uint64]struct{} // producer: offers whose digests are being computed, not yet armed
+		done      []loadResult
+		stats     connector.Stats
+		unsettled int                 // loads left unreported: transfers whose end the engine could not tell
+		arming    map[uint64]struct{} // producer: offers whose digests are being computed, not yet armed
 	}
 	// life serializes the engine-facing calls with Close, which may come
 	// from another goroutine.
@@ -382,15 +381,6 @@ func (w *Worker) blockSum(b connector.BlockID) uint32 {
 	return sum
 }
 
-// VerifyFailures returns the number of blocks this worker read whose bytes
-// did not match the producer's CRC-32 of them; each failed its load from
-// that block on.
-func (w *Worker) VerifyFailures() int64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.mu.mismatches
-}
-
 // Save implements connector.Worker. Consumers read the blocks a producer
 // offers, so there is nothing to push.
 func (w *Worker) Save(ctx context.Context, ready connector.Event) error {
@@ -599,20 +589,21 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	}
 	// The offer stood while the blocks and their digests were read:
 	// every block that arrived must be the producer's.
+	reason := connector.ReasonIO
 	if sums != nil {
 		for i := range failAt {
 			if got, want := w.blockSum(blocks[i]), binary.LittleEndian.Uint32(sums[i*4:]); got != want {
 				w.log.Warn("p2p: block differs from the producer's", "offer", p.Offer, "index", i, "block", blocks[i], "crc32", got, "producer crc32", want)
 				w.mu.Lock()
-				w.mu.mismatches++
+				w.mu.stats.Corrupt++
 				w.mu.Unlock()
-				failAt = i
+				failAt, reason = i, connector.ReasonCorrupt
 				break
 			}
 		}
 	}
 	if failAt < n {
-		return failRange(nil, id, failAt, n, connector.ReasonIO), bytes, false
+		return failRange(nil, id, failAt, n, reason), bytes, false
 	}
 	return nil, bytes, false
 }
