@@ -214,8 +214,14 @@ func (c *Chain) finishBlock() {
 // block has one (whether any multimodal item overlaps it). Call it only
 // while c.mmNext < len(c.mm).
 func (c *Chain) blockExtras() bool {
-	start := len(c.hashes) * c.n
-	end := start + c.n
+	return c.blockExtrasAt(int64(len(c.hashes)) * int64(c.n))
+}
+
+// blockExtrasAt is blockExtras for the block whose first token is at
+// start. Positions are int64: an item may end at 2^31, and a chain may pass
+// 2^31 tokens, even where int has 32 bits.
+func (c *Chain) blockExtrasAt(start int64) bool {
+	end := start + int64(c.n)
 	for c.mmNext < len(c.mm) && c.mm[c.mmNext].off+c.mm[c.mmNext].n <= start {
 		c.mmNext++
 	}
@@ -232,7 +238,7 @@ func (c *Chain) blockExtras() bool {
 	for _, it := range items {
 		b = append(b, extraMultiModal)
 		b = append(b, it.hash[:]...)
-		b = binary.LittleEndian.AppendUint64(b, uint64(int64(it.off-start)))
+		b = binary.LittleEndian.AppendUint64(b, uint64(it.off-start))
 		b = binary.LittleEndian.AppendUint64(b, uint64(it.n))
 	}
 	c.xbuf = b

@@ -29,7 +29,7 @@ type Extra struct {
 	kind   byte
 	s1, s2 string   // salt | adapter name | opaque tag; opaque data
 	h      [32]byte // adapter fingerprint | multimodal content hash
-	off, n int      // multimodal item: absolute token offset and length
+	off, n int64    // multimodal item: absolute token offset and length
 }
 
 // CacheSalt is a per-request cache salt (like vLLM's cache_salt): requests
@@ -55,7 +55,7 @@ func Adapter(name string, fingerprint [32]byte) Extra {
 // first token (negative when the item began in an earlier block) and the
 // length. Items of one request must not overlap one another.
 func MultiModal(contentHash [32]byte, offset, length int) Extra {
-	return Extra{kind: extraMultiModal, h: contentHash, off: offset, n: length}
+	return Extra{kind: extraMultiModal, h: contentHash, off: int64(offset), n: int64(length)}
 }
 
 // Opaque is an engine-defined extra key that applies to every block: tag
@@ -96,14 +96,17 @@ func kindName(k byte) string {
 	return "zero"
 }
 
-// mmItem is a validated multimodal item.
+// mmItem is a validated multimodal item. Offsets and lengths are int64 so
+// that offset+length (up to 2^31) and block positions are computed alike
+// on 32-bit and 64-bit platforms.
 type mmItem struct {
 	hash   [32]byte
-	off, n int
+	off, n int64
 }
 
-// maxOffset bounds multimodal offsets and lengths (a billion tokens, far
-// beyond any context) so that their sums never overflow, even in 32 bits.
+// maxOffset bounds multimodal offsets and lengths: a billion tokens, far
+// beyond any context. An item's end, offset+length, is at most 2^31, one
+// more than a 32-bit int holds, so positions are computed in int64.
 const maxOffset = 1 << 30
 
 // compileExtras validates extras and returns the chain seed and the

@@ -60,7 +60,7 @@ func genExtras(maxTokens int) *rapid.Generator[[]refExtra] {
 		for i := rapid.IntRange(0, 4).Draw(t, "items"); i > 0; i-- {
 			pos += rapid.IntRange(0, maxTokens/4+1).Draw(t, "gap")
 			n := rapid.IntRange(1, maxTokens/3+1).Draw(t, "length")
-			ex = append(ex, refExtra{kind: "multimodal", hash: genHash32().Draw(t, "content"), off: pos, n: n})
+			ex = append(ex, refExtra{kind: "multimodal", hash: genHash32().Draw(t, "content"), off: int64(pos), n: int64(n)})
 			pos += n
 		}
 		// Shuffle: the order in which extras are given must not matter.
