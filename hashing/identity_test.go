@@ -24,6 +24,22 @@ func TestIdentityValidate(t *testing.T) {
 			id.Format.MLADType = FP8E4M3
 			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 8, 8
 		}, "", ""},
+		{"valid mla tp 1", func(id *Identity) {
+			id.Format.MLADType = BF16
+			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 1, 1
+		}, "", ""},
+		{"mla with several heads", func(id *Identity) {
+			id.Format.MLADType = FP8E4M3
+			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 8, 8, 8
+		}, "Layout.KVHeads", "8"},
+		{"mla without replication", func(id *Identity) {
+			id.Format.MLADType = FP8E4M3
+			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 8, 1
+		}, "Layout.Replication", "1"},
+		{"mla with half replication", func(id *Identity) {
+			id.Format.MLADType = BF16
+			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 8, 4
+		}, "Layout.KVHeads", "2"},
 		{"valid replicated heads", func(id *Identity) { id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 8, 4 }, "", ""},
 		{"valid tenant chars", func(id *Identity) { id.Tenant = "Team-1.prod_a" }, "", ""},
 		{"empty tenant", func(id *Identity) { id.Tenant = "" }, "Tenant", `""`},
@@ -108,6 +124,26 @@ func TestValidateMessages(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("Validate() = %q\nwant it to contain %q", got, want)
 		}
+	}
+}
+
+func TestValidateMLAMessages(t *testing.T) {
+	id := validIdentity()
+	id.Format.MLADType = FP8E4M3
+	id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 8, 4
+	got := id.Validate().Error()
+	for _, want := range []string{
+		`hashing: Layout.KVHeads = 2: must be 1 with MLA (Format.MLADType "fp8_e4m3")`,
+		`hashing: Layout.Replication = 4: must equal Layout.TPSize 8 with MLA (Format.MLADType "fp8_e4m3")`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Validate() = %q\nwant it to contain %q", got, want)
+		}
+	}
+	// Without MLA the same layout is valid: 2 shards of one KV head each.
+	id.Format.MLADType = ""
+	if err := id.Validate(); err != nil {
+		t.Errorf("Validate() of the layout without MLA = %v, want nil", err)
 	}
 }
 
