@@ -20,7 +20,8 @@ import (
 //
 // The struct tags give the field names of its JSON form, as configuration
 // files and testdata/vectors.json write it; dtypes in JSON may use the
-// aliases that [ParseDType] accepts.
+// aliases that [ParseDType] accepts (SPEC.md lists them all), and an empty
+// string is no dtype, as an absent member is.
 type Identity struct {
 	// Tenant is the cache prefix that partitions a shared store: 1 to 64
 	// bytes of ASCII letters, digits, '.', '_' and '-', starting with a
@@ -225,7 +226,7 @@ func checkDType(field string, d DType, optional bool) error {
 	if d == "" {
 		return fieldErr(field, d, "required")
 	}
-	return fieldErr(field, d, "%s", dtypeHint(strings.ToLower(string(d))))
+	return fieldErr(field, d, "%s", dtypeHint(normDType(string(d))))
 }
 
 func checkQuant(s string) error {

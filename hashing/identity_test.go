@@ -275,6 +275,17 @@ func TestIdentityJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(`{"format":{"kv_dtype":"auto"}}`), &id); err == nil || !strings.Contains(err.Error(), `"auto"`) {
 		t.Errorf("json.Unmarshal of kv_dtype auto: %v, want an error naming it", err)
 	}
+	// An empty dtype is no dtype, as an absent one: valid for MLA, not for
+	// the KV dtype.
+	id = want
+	if err := json.Unmarshal([]byte(`{"format":{"device":"cuda","model_dtype":"bf16","kv_dtype":"fp8_e4m3","mla_dtype":""}}`), &id); err != nil || id != want {
+		t.Errorf("json.Unmarshal with mla_dtype \"\" = %v, %+v; want nil, %+v", err, id, want)
+	}
+	if err := json.Unmarshal([]byte(`{"format":{"kv_dtype":""}}`), &id); err != nil {
+		t.Errorf("json.Unmarshal of kv_dtype \"\": %v", err)
+	} else if err := id.Validate(); err == nil || !strings.Contains(err.Error(), `Format.KVDType = "": required`) {
+		t.Errorf("Validate with kv_dtype \"\" = %v, want Format.KVDType required", err)
+	}
 }
 
 func TestParseDType(t *testing.T) {
