@@ -11,7 +11,9 @@ import (
 )
 
 // MaxExtraLen is the longest string or byte field of an [Extra] (a salt, an
-// adapter name, an opaque tag or its data), in bytes.
+// adapter name, an opaque tag or its data), in bytes. These fields may hold
+// any bytes (NUL and bytes that are not UTF-8 included) and are hashed as
+// given, never checked or normalised.
 const MaxExtraLen = 1 << 20
 
 // Extra is one per-request extra key of a [Chain]: something besides the

@@ -28,11 +28,15 @@ type Identity struct {
 	// letter or digit. Keys of one tenant never share a prefix with keys of
 	// another (see [TenantPrefix]).
 	Tenant string `json:"tenant"`
-	// Model names the model, such as "meta-llama/Llama-3.1-8B-Instruct".
+	// Model names the model, such as "meta-llama/Llama-3.1-8B-Instruct":
+	// 1 to 1024 bytes of UTF-8 without control characters (Unicode category
+	// Cc: U+0000-U+001F and U+007F-U+009F). It is hashed as given, never
+	// normalised: NFC and NFD spellings are different models.
 	Model string `json:"model"`
 	// WeightsVersion names the revision of the weights (a commit hash, a
 	// checkpoint tag). Required: without it an updated checkpoint under the
-	// same model name would be served its predecessor's KV.
+	// same model name would be served its predecessor's KV. The same
+	// characters as Model are allowed.
 	WeightsVersion string `json:"weights_version"`
 	// Generation counts online weight updates; bump it with
 	// [Identity.Rotate] after every update so that no older entry is ever
@@ -182,6 +186,9 @@ func replicationHint(l Layout) string {
 	return ""
 }
 
+// checkName checks Model and WeightsVersion. unicode.IsControl is true for
+// exactly the code points of category Cc, U+0000-U+001F and U+007F-U+009F
+// (SPEC.md, "Strings of the identity").
 func checkName(field, s string) error {
 	switch {
 	case s == "":

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/google/go-cmp/cmp"
 	"pgregory.net/rapid"
@@ -310,6 +311,104 @@ func TestParseDType(t *testing.T) {
 	for _, d := range DTypes() {
 		if got, err := ParseDType(d.String()); got != d || err != nil || !d.Known() {
 			t.Errorf("ParseDType(%q) = %q, %v; Known = %v", d, got, err, d.Known())
+		}
+	}
+}
+
+// TestNameCharacters pins which model names and weights versions Validate
+// accepts, as SPEC.md says: well-formed UTF-8 without a code point of
+// category Cc (U+0000-U+001F, U+007F-U+009F), every code point checked.
+func TestNameCharacters(t *testing.T) {
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if 0xd800 <= r && r <= 0xdfff {
+			continue // surrogates: below, as bytes
+		}
+		s := "a" + string(r) + "b"
+		want := !(r <= 0x1f || 0x7f <= r && r <= 0x9f)
+		if got := checkName("Model", s) == nil; got != want {
+			t.Errorf("checkName(%q) accepts = %v, want %v", s, got, want)
+		}
+	}
+	for r := 0xd800; r <= 0xdfff; r++ {
+		s := string([]byte{0xed, byte(0x80 | r>>6&0x3f), byte(0x80 | r&0x3f)})
+		if checkName("Model", s) == nil {
+			t.Errorf("checkName accepts the surrogate U+%04X encoded as %x", r, s)
+		}
+	}
+	tests := []struct {
+		name string
+		in   string
+		ok   bool
+	}{
+		{"space", "Llama 3", true},
+		{"no-break space", "a\u00a0b", true},
+		{"zero width space", "a\u200bb", true},
+		{"right-to-left override", "a\u202eb", true},
+		{"line separator", "a\u2028b", true},
+		{"byte order mark", "\ufeffa", true},
+		{"noncharacter", "a\ufffe", true},
+		{"largest code point", "\U0010ffff", true},
+		{"CJK", "Qwen/通义千问-7B", true},
+		{"NFD", "re\u0301vision", true},
+		{"tab", "a\tb", false},
+		{"NUL", "a\x00", false},
+		{"DEL", "a\x7f", false},
+		{"C1 first", "a\u0080", false},
+		{"C1 last", "a\u009f", false},
+		{"lone continuation byte", "a\x80", false},
+		{"overlong slash", "a\xc0\xaf", false},
+		{"overlong NUL", "\xc0\x80", false},
+		{"above U+10FFFF", "\xf4\x90\x80\x80", false},
+		{"truncated", "\xe6\x97", false},
+		{"0xff", "\xff", false},
+		{"1024 bytes", strings.Repeat("é", 512), true},
+		{"1025 bytes", strings.Repeat("é", 512) + "a", false},
+	}
+	for _, tt := range tests {
+		id := validIdentity()
+		id.Model, id.WeightsVersion = tt.in, tt.in
+		err := id.Validate()
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: Validate with model and weights version %q = %v, want ok = %v", tt.name, tt.in, err, tt.ok)
+		}
+		if !tt.ok && (err == nil || !strings.Contains(err.Error(), "hashing: Model = ") || !strings.Contains(err.Error(), "hashing: WeightsVersion = ")) {
+			t.Errorf("%s: Validate error %v does not name Model and WeightsVersion", tt.name, err)
+		}
+	}
+	// Never normalised: NFC and NFD spellings are different identities.
+	a, b := validIdentity(), validIdentity()
+	a.Model, b.Model = "r\u00e9vision", "re\u0301vision"
+	na, _ := a.Namespace()
+	nb, _ := b.Namespace()
+	if na.ID() == nb.ID() {
+		t.Errorf("NFC and NFD model names share the namespace %s", na.ID())
+	}
+}
+
+// TestASCIIFields pins the bytes the tenant, the device and the KV
+// quantization policy may hold, every byte value checked in the first and
+// in a later position.
+func TestASCIIFields(t *testing.T) {
+	digit := func(c byte) bool { return '0' <= c && c <= '9' }
+	lower := func(c byte) bool { return 'a' <= c && c <= 'z' }
+	letter := func(c byte) bool { return lower(c) || 'A' <= c && c <= 'Z' }
+	for i := 0; i < 256; i++ {
+		c := byte(i)
+		for _, tt := range []struct {
+			field       string
+			check       func(string) error
+			first, rest bool
+		}{
+			{"Tenant", ValidateTenant, letter(c) || digit(c), letter(c) || digit(c) || c == '.' || c == '_' || c == '-'},
+			{"Format.Device", checkDevice, lower(c), lower(c) || digit(c) || c == '_'},
+			{"Format.KVQuant", checkQuant, 0x21 <= c && c <= 0x7e, 0x21 <= c && c <= 0x7e},
+		} {
+			if got := tt.check(string(c)+"a") == nil; got != tt.first {
+				t.Errorf("%s %q: accepted = %v, want %v", tt.field, string(c)+"a", got, tt.first)
+			}
+			if got := tt.check("a"+string(c)) == nil; got != tt.rest {
+				t.Errorf("%s %q: accepted = %v, want %v", tt.field, "a"+string(c), got, tt.rest)
+			}
 		}
 	}
 }
