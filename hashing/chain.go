@@ -53,7 +53,8 @@ const (
 )
 
 // NewChain returns an empty chain over blocks of blockSize tokens (1 to
-// [MaxBlockSize]) with the given extra keys. It returns a [*FieldError] (or
+// [MaxBlockSize]) with the given extra keys. For keys of a [Namespace],
+// blockSize must be the namespace's [Namespace.BlockSize]. It returns a [*FieldError] (or
 // several, joined) naming the block size or the extra and the value when
 // they are invalid: an empty salt, adapter name or opaque tag, an all-zero
 // fingerprint or content hash, a second salt or adapter, a repeated opaque

@@ -43,7 +43,9 @@ func CacheSalt(salt string) Extra { return Extra{kind: extraCacheSalt, s1: salt}
 // Adapter identifies the LoRA adapter a request runs with: its name and a
 // fingerprint of its weights (for example a BLAKE3 or SHA-256 digest of the
 // adapter files), so that reloading an adapter under the same name with
-// other weights does not reuse its blocks. It applies to every block. The
+// other weights does not reuse its blocks. The package never sees the
+// weights: the fingerprint is the engine's, derived the same way by all
+// that share a store (SPEC.md, "What the engine supplies"). It applies to every block. The
 // name must not be empty and the fingerprint must not be all zeros.
 func Adapter(name string, fingerprint [32]byte) Extra {
 	return Extra{kind: extraAdapter, s1: name, h: fingerprint}
@@ -52,10 +54,16 @@ func Adapter(name string, fingerprint [32]byte) Extra {
 // MultiModal binds a multimodal item (an image, an audio clip) to the blocks
 // whose tokens it overlaps: contentHash identifies the item's content,
 // offset is the absolute index of its first placeholder token in the
-// request and length the number of its placeholder tokens. Each block it
+// request and length the number of its placeholder tokens (for vLLM, the
+// item's PlaceholderRange offset and length, unchanged). Each block it
 // overlaps includes the content hash, the offset relative to the block's
 // first token (negative when the item began in an earlier block) and the
 // length. Items of one request must not overlap one another.
+//
+// The content hash is the engine's: a collision-resistant digest of
+// whatever decides the item's KV. The package never sees the item; SPEC.md
+// ("What the engine supplies") says what to put there, and how to turn a
+// string identifier such as vLLM's into one.
 func MultiModal(contentHash [32]byte, offset, length int) Extra {
 	return Extra{kind: extraMultiModal, h: contentHash, off: int64(offset), n: int64(length)}
 }

@@ -296,12 +296,25 @@ func workedExample(t testing.TB, basicID Identity, basic Namespace) []workedValu
 	add("B.block0_message", stepsB[0].msg)
 	add("B.block0_hash", stepsB[0].hash[:])
 
-	// C: the "basic" identity and a key of block 1 of A.
+	// C: the "basic" identity.
 	enc, _ := basicID.MarshalBinary()
 	add("C.encoding", enc)
 	d := basic.Digest()
 	add("C.digest", d[:])
-	w = append(w, workedValue{"C.key", hex.EncodeToString([]byte(basic.Key(1, steps[1].hash)))})
+
+	// D: a key of that identity, whose block size is 16: block 0 of tokens
+	// 1..16 with the salt of A, in shard 1.
+	exD := []refExtra{{kind: "cache_salt", str: "s"}}
+	tokensD := seq(17)[1:]
+	_, stepsD := refChain(16, tokensD, exD)
+	add("D.block0_message", stepsD[0].msg)
+	add("D.block0_hash", stepsD[0].hash[:])
+	key := basic.Key(1, stepsD[0].hash)
+	w = append(w, workedValue{"D.key", hex.EncodeToString([]byte(key))})
+	gotD, _ := HashBlocks(basic.BlockSize(), tokensD, CacheSalt("s"))
+	if len(gotD) != 1 || gotD[0] != stepsD[0].hash {
+		t.Fatalf("worked example D: package %v, reference %v", gotD, stepsD[0].hash)
+	}
 	return w
 }
 
@@ -358,7 +371,9 @@ func TestVectors(t *testing.T) {
 		}
 	}
 	hashes := map[string][]BlockHash{}
+	blockSizes := map[string]int{}
 	for _, v := range vf.Chains {
+		blockSizes[v.Name] = v.BlockSize
 		var extras []Extra
 		for _, e := range v.Extras {
 			extras = append(extras, e.extra(t))
@@ -382,6 +397,10 @@ func TestVectors(t *testing.T) {
 		if ns.IsZero() || v.Block >= len(h) {
 			t.Errorf("key vector %+v names no identity or block", v)
 			continue
+		}
+		if ns.BlockSize() != blockSizes[v.Chain] {
+			t.Errorf("key vector %+v: chain of block size %d under an identity of block size %d (SPEC.md, \"Block size of keys\")",
+				v, blockSizes[v.Chain], ns.BlockSize())
 		}
 		if s := ns.Shard(v.Rank); s != v.Shard {
 			t.Errorf("key vector %+v: Shard(%d) = %d", v, v.Rank, s)
@@ -412,7 +431,7 @@ func TestSpecWorkedExample(t *testing.T) {
 	}
 	for _, w := range vf.Worked {
 		want := w.Hex
-		if w.Name == "C.key" {
+		if w.Name == "D.key" {
 			b, _ := hex.DecodeString(w.Hex)
 			want = string(b)
 		}
