@@ -53,7 +53,8 @@ const (
 )
 
 // NewChain returns an empty chain over blocks of blockSize tokens (1 to
-// [MaxBlockSize]) with the given extra keys. It returns a [*FieldError] (or
+// [MaxBlockSize]) with the given extra keys. For keys of a [Namespace],
+// blockSize must be the namespace's [Namespace.BlockSize]. It returns a [*FieldError] (or
 // several, joined) naming the block size or the extra and the value when
 // they are invalid: an empty salt, adapter name or opaque tag, an all-zero
 // fingerprint or content hash, a second salt or adapter, a repeated opaque
@@ -214,8 +215,14 @@ func (c *Chain) finishBlock() {
 // block has one (whether any multimodal item overlaps it). Call it only
 // while c.mmNext < len(c.mm).
 func (c *Chain) blockExtras() bool {
-	start := len(c.hashes) * c.n
-	end := start + c.n
+	return c.blockExtrasAt(int64(len(c.hashes)) * int64(c.n))
+}
+
+// blockExtrasAt is blockExtras for the block whose first token is at
+// start. Positions are int64: an item may end at 2^31, and a chain may pass
+// 2^31 tokens, even where int has 32 bits.
+func (c *Chain) blockExtrasAt(start int64) bool {
+	end := start + int64(c.n)
 	for c.mmNext < len(c.mm) && c.mm[c.mmNext].off+c.mm[c.mmNext].n <= start {
 		c.mmNext++
 	}
@@ -232,7 +239,7 @@ func (c *Chain) blockExtras() bool {
 	for _, it := range items {
 		b = append(b, extraMultiModal)
 		b = append(b, it.hash[:]...)
-		b = binary.LittleEndian.AppendUint64(b, uint64(int64(it.off-start)))
+		b = binary.LittleEndian.AppendUint64(b, uint64(it.off-start))
 		b = binary.LittleEndian.AppendUint64(b, uint64(it.n))
 	}
 	c.xbuf = b

@@ -1,6 +1,7 @@
 package hashing
 
 import (
+	"bytes"
 	"errors"
 	"slices"
 	"strings"
@@ -70,6 +71,12 @@ func TestNewChainErrors(t *testing.T) {
 		{"multimodal empty", 16, []Extra{MultiModal(h1, 3, 0)}, "extras[0] (multimodal).length", "0"},
 		{"multimodal overlap", 16, []Extra{MultiModal(h1, 10, 5), MultiModal(h2, 3, 8)}, "extras (multimodal).offset", "10"},
 		{"multimodal same range", 16, []Extra{MultiModal(h1, 3, 5), MultiModal(h1, 3, 5)}, "extras (multimodal).offset", "3"},
+		{"multimodal offset too big", 16, []Extra{MultiModal(h1, maxOffset+1, 1)}, "extras[0] (multimodal).offset", "1073741825"},
+		{"multimodal length too big", 16, []Extra{MultiModal(h1, 0, maxOffset+1)}, "extras[0] (multimodal).length", "1073741825"},
+		// offset+length = 2^31 does not fit a 32-bit int: the overlap must
+		// still be seen there.
+		{"multimodal same range ending at 2^31", 16, []Extra{MultiModal(h1, maxOffset, maxOffset), MultiModal(h2, maxOffset, maxOffset)},
+			"extras (multimodal).offset", "1073741824"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -217,6 +224,51 @@ func TestMultiModalBlocks(t *testing.T) {
 		if got := steps[i].extrasMsg != nil; got != want {
 			t.Errorf("block %d has extras = %v, want %v", i, got, want)
 		}
+	}
+}
+
+// TestMultiModalEndAt2To31 checks that an item ending at token 2^31, past
+// what a 32-bit int holds, is bound into the blocks it overlaps and only
+// those, on every platform (GOARCH=386 go test runs this with 32-bit ints).
+// Hashing 2^30 tokens to reach it would take too long, so the test asks the
+// chain for the extras of blocks at those positions directly.
+func TestMultiModalEndAt2To31(t *testing.T) {
+	var h [32]byte
+	h[0] = 1
+	item := refExtra{kind: "multimodal", hash: h, off: maxOffset, n: maxOffset}
+	for _, tt := range []struct {
+		start int64 // first token of the block
+		want  bool  // whether the item overlaps it
+	}{
+		{0, false},
+		{maxOffset - 16, false},
+		{maxOffset, true},
+		{1<<31 - 16, true},
+		{1 << 31, false},
+		{1<<32 + 16, false},
+	} {
+		c, err := NewChain(16, item.extra())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := c.blockExtrasAt(tt.start)
+		if got != tt.want {
+			t.Errorf("block at token %d: has extras = %v, want %v", tt.start, got, tt.want)
+			continue
+		}
+		want := refBlockExtrasMessage([]refExtra{item}, tt.start, 16)
+		if got && !bytes.Equal(c.xbuf, want) {
+			t.Errorf("block at token %d: extras message %x, want %x", tt.start, c.xbuf, want)
+		}
+	}
+	// Appending a block before the item must not drop it.
+	c, err := NewChain(16, item.extra())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Append(nil, seq(16)...)
+	if !c.blockExtrasAt(maxOffset) {
+		t.Errorf("after block 0, the item at %d (length %d) is no longer bound into the block at %d", item.off, item.n, maxOffset)
 	}
 }
 

@@ -29,29 +29,52 @@ const (
 	FP4E2M1     DType = "fp4_e2m1"
 )
 
-// dtypeAlias returns the canonical dtype that a lower-case alias names.
+// alias is a name that [ParseDType] accepts for a canonical dtype.
+type alias struct {
+	name  string // normalised: see normDType
+	dtype DType
+}
+
+// dtypeAliases returns every alias that ParseDType accepts, with the dtype
+// each names, in the order of SPEC.md's table (which a test checks against
+// this list).
+func dtypeAliases() []alias {
+	return []alias{
+		{"float32", FP32}, {"float", FP32},
+		{"float16", FP16}, {"half", FP16},
+		{"bfloat16", BF16},
+		{"float8_e4m3fn", FP8E4M3}, {"fp8_e4m3fn", FP8E4M3}, {"e4m3", FP8E4M3},
+		{"float8_e5m2", FP8E5M2}, {"e5m2", FP8E5M2},
+		{"float8_e4m3fnuz", FP8E4M3FNUZ},
+		{"float8_e5m2fnuz", FP8E5M2FNUZ},
+		{"uint4", INT4},
+		{"float4_e2m1fn_x2", FP4E2M1}, {"fp4", FP4E2M1}, {"e2m1", FP4E2M1},
+	}
+}
+
+// dtypeAlias returns the canonical dtype that a normalised alias names.
 func dtypeAlias(l string) (DType, bool) {
-	switch l {
-	case "float32", "float":
-		return FP32, true
-	case "float16", "half":
-		return FP16, true
-	case "bfloat16":
-		return BF16, true
-	case "float8_e4m3fn", "fp8_e4m3fn", "e4m3":
-		return FP8E4M3, true
-	case "float8_e5m2", "e5m2":
-		return FP8E5M2, true
-	case "float8_e4m3fnuz":
-		return FP8E4M3FNUZ, true
-	case "float8_e5m2fnuz":
-		return FP8E5M2FNUZ, true
-	case "uint4":
-		return INT4, true
-	case "float4_e2m1fn_x2", "fp4", "e2m1":
-		return FP4E2M1, true
+	for _, a := range dtypeAliases() {
+		if a.name == l {
+			return a.dtype, true
+		}
 	}
 	return "", false
+}
+
+// normDType normalises a dtype name as ParseDType does before looking it
+// up: leading and trailing ASCII white space (tab, newline, vertical tab,
+// form feed, carriage return, space) removed and ASCII letters A-Z
+// lower-cased. Nothing else changes: other bytes, and non-ASCII letters in
+// particular, stay as they are, so "İNT8" is not "int8".
+func normDType(s string) string {
+	b := []byte(strings.Trim(s, " \t\n\v\f\r"))
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + ('a' - 'A')
+		}
+	}
+	return string(b)
 }
 
 // DTypes returns the canonical dtypes, in a fixed order.
@@ -75,8 +98,14 @@ func (d DType) Known() bool {
 func (d DType) MarshalText() ([]byte, error) { return []byte(d), nil }
 
 // UnmarshalText parses a dtype as [ParseDType] does, so configuration files
-// may use aliases.
+// may use aliases. The empty string is the empty DType (no dtype, as for a
+// model without MLA), the value MarshalText gives for it; [Identity.Validate]
+// reports it where a dtype is required.
 func (d *DType) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*d = ""
+		return nil
+	}
 	v, err := ParseDType(string(b))
 	if err != nil {
 		return err
@@ -85,12 +114,14 @@ func (d *DType) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// ParseDType returns the canonical dtype that s names, ignoring case and
-// accepting common aliases ("float16", "half", "bfloat16", "float8_e4m3fn",
-// ...). It rejects "auto" and the ambiguous "fp8" with an error saying what
-// to give instead, and any other unknown name with the list of known ones.
+// ParseDType returns the canonical dtype that s names, ignoring ASCII case
+// and surrounding ASCII white space, and accepting common aliases
+// ("float16", "half", "bfloat16", "float8_e4m3fn", ...: the complete table
+// is in SPEC.md, section 5). It rejects "auto", the empty string and the
+// ambiguous "fp8" with an error saying what to give instead, and any other
+// unknown name with the list of known ones.
 func ParseDType(s string) (DType, error) {
-	l := strings.ToLower(strings.TrimSpace(s))
+	l := normDType(s)
 	if d := DType(l); d.Known() {
 		return d, nil
 	}
@@ -100,7 +131,7 @@ func ParseDType(s string) (DType, error) {
 	return "", &FieldError{Field: "dtype", Value: quoteTrunc(s), Reason: dtypeHint(l)}
 }
 
-// dtypeHint explains why a lower-cased name is not a dtype.
+// dtypeHint explains why a normalised name is not a dtype.
 func dtypeHint(l string) string {
 	switch l {
 	case "auto", "":

@@ -11,7 +11,9 @@ import (
 )
 
 // MaxExtraLen is the longest string or byte field of an [Extra] (a salt, an
-// adapter name, an opaque tag or its data), in bytes.
+// adapter name, an opaque tag or its data), in bytes. These fields may hold
+// any bytes (NUL and bytes that are not UTF-8 included) and are hashed as
+// given, never checked or normalised.
 const MaxExtraLen = 1 << 20
 
 // Extra is one per-request extra key of a [Chain]: something besides the
@@ -29,7 +31,7 @@ type Extra struct {
 	kind   byte
 	s1, s2 string   // salt | adapter name | opaque tag; opaque data
 	h      [32]byte // adapter fingerprint | multimodal content hash
-	off, n int      // multimodal item: absolute token offset and length
+	off, n int64    // multimodal item: absolute token offset and length
 }
 
 // CacheSalt is a per-request cache salt (like vLLM's cache_salt): requests
@@ -41,7 +43,9 @@ func CacheSalt(salt string) Extra { return Extra{kind: extraCacheSalt, s1: salt}
 // Adapter identifies the LoRA adapter a request runs with: its name and a
 // fingerprint of its weights (for example a BLAKE3 or SHA-256 digest of the
 // adapter files), so that reloading an adapter under the same name with
-// other weights does not reuse its blocks. It applies to every block. The
+// other weights does not reuse its blocks. The package never sees the
+// weights: the fingerprint is the engine's, derived the same way by all
+// that share a store (SPEC.md, "What the engine supplies"). It applies to every block. The
 // name must not be empty and the fingerprint must not be all zeros.
 func Adapter(name string, fingerprint [32]byte) Extra {
 	return Extra{kind: extraAdapter, s1: name, h: fingerprint}
@@ -50,12 +54,18 @@ func Adapter(name string, fingerprint [32]byte) Extra {
 // MultiModal binds a multimodal item (an image, an audio clip) to the blocks
 // whose tokens it overlaps: contentHash identifies the item's content,
 // offset is the absolute index of its first placeholder token in the
-// request and length the number of its placeholder tokens. Each block it
+// request and length the number of its placeholder tokens (for vLLM, the
+// item's PlaceholderRange offset and length, unchanged). Each block it
 // overlaps includes the content hash, the offset relative to the block's
 // first token (negative when the item began in an earlier block) and the
 // length. Items of one request must not overlap one another.
+//
+// The content hash is the engine's: a collision-resistant digest of
+// whatever decides the item's KV. The package never sees the item; SPEC.md
+// ("What the engine supplies") says what to put there, and how to turn a
+// string identifier such as vLLM's into one.
 func MultiModal(contentHash [32]byte, offset, length int) Extra {
-	return Extra{kind: extraMultiModal, h: contentHash, off: offset, n: length}
+	return Extra{kind: extraMultiModal, h: contentHash, off: int64(offset), n: int64(length)}
 }
 
 // Opaque is an engine-defined extra key that applies to every block: tag
@@ -96,14 +106,17 @@ func kindName(k byte) string {
 	return "zero"
 }
 
-// mmItem is a validated multimodal item.
+// mmItem is a validated multimodal item. Offsets and lengths are int64 so
+// that offset+length (up to 2^31) and block positions are computed alike
+// on 32-bit and 64-bit platforms.
 type mmItem struct {
 	hash   [32]byte
-	off, n int
+	off, n int64
 }
 
-// maxOffset bounds multimodal offsets and lengths (a billion tokens, far
-// beyond any context) so that their sums never overflow, even in 32 bits.
+// maxOffset bounds multimodal offsets and lengths: a billion tokens, far
+// beyond any context. An item's end, offset+length, is at most 2^31, one
+// more than a 32-bit int holds, so positions are computed in int64.
 const maxOffset = 1 << 30
 
 // compileExtras validates extras and returns the chain seed and the

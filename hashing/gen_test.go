@@ -60,7 +60,7 @@ func genExtras(maxTokens int) *rapid.Generator[[]refExtra] {
 		for i := rapid.IntRange(0, 4).Draw(t, "items"); i > 0; i-- {
 			pos += rapid.IntRange(0, maxTokens/4+1).Draw(t, "gap")
 			n := rapid.IntRange(1, maxTokens/3+1).Draw(t, "length")
-			ex = append(ex, refExtra{kind: "multimodal", hash: genHash32().Draw(t, "content"), off: pos, n: n})
+			ex = append(ex, refExtra{kind: "multimodal", hash: genHash32().Draw(t, "content"), off: int64(pos), n: int64(n)})
 			pos += n
 		}
 		// Shuffle: the order in which extras are given must not matter.
@@ -97,7 +97,18 @@ func genIdentity() *rapid.Generator[Identity] {
 		dtype := rapid.SampledFrom(DTypes())
 		tp := rapid.SampledFrom([]int{1, 2, 4, 8}).Draw(t, "tp")
 		repl := rapid.SampledFrom([]int{1, 2, 4, 8}).Filter(func(r int) bool { return tp%r == 0 }).Draw(t, "replication")
+		var mla DType // one identity in four is MLA
+		if rapid.IntRange(0, 3).Draw(t, "mla?") == 0 {
+			mla = rapid.SampledFrom(DTypes()).Draw(t, "mla dtype")
+		}
+		if mla != "" {
+			repl = tp // one latent, held by every rank
+		}
 		shards := tp / repl
+		headsPerShard := rapid.IntRange(1, 16)
+		if mla != "" {
+			headsPerShard = rapid.Just(1)
+		}
 		id := Identity{
 			Tenant:         rapid.SampledFrom([]string{"a", "T", "7"}).Draw(t, "tenant0") + tenantTail.Draw(t, "tenant"),
 			Model:          name.Draw(t, "model"),
@@ -108,11 +119,11 @@ func genIdentity() *rapid.Generator[Identity] {
 				ModelDType: dtype.Draw(t, "model dtype"),
 				KVDType:    dtype.Draw(t, "kv dtype"),
 				KVQuant:    rapid.SampledFrom([]string{"", "per_token_head", "group64"}).Draw(t, "quant"),
-				MLADType:   rapid.SampledFrom(append([]DType{""}, DTypes()...)).Draw(t, "mla dtype"),
+				MLADType:   mla,
 			},
 			Layout: Layout{
 				Layers:      rapid.IntRange(1, maxLayoutValue).Draw(t, "layers"),
-				KVHeads:     shards * rapid.IntRange(1, 16).Draw(t, "heads per shard"),
+				KVHeads:     shards * headsPerShard.Draw(t, "heads per shard"),
 				HeadDim:     rapid.IntRange(1, maxLayoutValue).Draw(t, "head dim"),
 				BlockSize:   rapid.IntRange(1, MaxBlockSize).Draw(t, "block size"),
 				TPSize:      tp,

@@ -20,18 +20,23 @@ import (
 //
 // The struct tags give the field names of its JSON form, as configuration
 // files and testdata/vectors.json write it; dtypes in JSON may use the
-// aliases that [ParseDType] accepts.
+// aliases that [ParseDType] accepts (SPEC.md lists them all), and an empty
+// string is no dtype, as an absent member is.
 type Identity struct {
 	// Tenant is the cache prefix that partitions a shared store: 1 to 64
 	// bytes of ASCII letters, digits, '.', '_' and '-', starting with a
 	// letter or digit. Keys of one tenant never share a prefix with keys of
 	// another (see [TenantPrefix]).
 	Tenant string `json:"tenant"`
-	// Model names the model, such as "meta-llama/Llama-3.1-8B-Instruct".
+	// Model names the model, such as "meta-llama/Llama-3.1-8B-Instruct":
+	// 1 to 1024 bytes of UTF-8 without control characters (Unicode category
+	// Cc: U+0000-U+001F and U+007F-U+009F). It is hashed as given, never
+	// normalised: NFC and NFD spellings are different models.
 	Model string `json:"model"`
 	// WeightsVersion names the revision of the weights (a commit hash, a
 	// checkpoint tag). Required: without it an updated checkpoint under the
-	// same model name would be served its predecessor's KV.
+	// same model name would be served its predecessor's KV. The same
+	// characters as Model are allowed.
 	WeightsVersion string `json:"weights_version"`
 	// Generation counts online weight updates; bump it with
 	// [Identity.Rotate] after every update so that no older entry is ever
@@ -59,22 +64,24 @@ type Format struct {
 	// spaces, at most 256 bytes.
 	KVQuant string `json:"kv_quant,omitempty"`
 	// MLADType is the dtype of the latent cache of multi-head latent
-	// attention; empty when the model does not use MLA.
+	// attention (DeepSeek-V2/V3 style); empty when the model does not use
+	// MLA. With MLA, Layout.KVHeads must be 1 and Layout.Replication must
+	// equal Layout.TPSize.
 	MLADType DType `json:"mla_dtype,omitempty"`
 }
 
 // Layout is the shape and shard schema of the KV cache.
 type Layout struct {
 	Layers    int `json:"layers"`     // attention layers that hold KV, 1 to 65536
-	KVHeads   int `json:"kv_heads"`   // KV heads of the whole model (1 for MLA), 1 to 65536
+	KVHeads   int `json:"kv_heads"`   // KV heads of the whole model (exactly 1 for MLA), 1 to 65536
 	HeadDim   int `json:"head_dim"`   // elements per head, 1 to 65536
 	BlockSize int `json:"block_size"` // tokens per block, 1 to MaxBlockSize
 	TPSize    int `json:"tp_size"`    // tensor-parallel ranks, 1 to 65536
 	// Replication is how many TP ranks hold the same KV heads (1 when every
 	// rank holds its own heads; TPSize/KVHeads when there are fewer KV heads
-	// than ranks; TPSize for MLA, whose latent cache every rank holds). It
-	// must divide TPSize, and the TPSize/Replication shards must split
-	// KVHeads evenly. See [Namespace.Shard].
+	// than ranks; exactly TPSize for MLA, whose latent cache every rank
+	// holds). It must divide TPSize, and the TPSize/Replication shards must
+	// split KVHeads evenly. See [Namespace.Shard].
 	Replication int `json:"replication"`
 }
 
@@ -113,7 +120,8 @@ func ValidateTenant(tenant string) error {
 // weights version, a tenant outside its alphabet, an unknown dtype (or
 // "auto"), a device with an index, a layout value out of range, a
 // replication that does not divide the TP size or a shard count that does
-// not divide the KV heads. The error is a [*FieldError], or several joined
+// not divide the KV heads, and for MLA (a non-empty Format.MLADType) KV
+// heads other than 1 or a replication other than the TP size. The error is a [*FieldError], or several joined
 // with [errors.Join], each naming the field and its value.
 func (id Identity) Validate() error {
 	var errs []error
@@ -145,7 +153,19 @@ func (id Identity) Validate() error {
 	rng("Layout.BlockSize", l.BlockSize, MaxBlockSize)
 	rng("Layout.TPSize", l.TPSize, maxLayoutValue)
 	rng("Layout.Replication", l.Replication, maxLayoutValue)
-	if ok {
+	switch {
+	case !ok:
+	case id.Format.MLADType != "":
+		// Multi-head latent attention caches one latent vector per token
+		// and layer, shared by all heads, and every TP rank holds all of
+		// it: one KV head, one shard.
+		if l.KVHeads != 1 {
+			add(fieldErr("Layout.KVHeads", l.KVHeads, "must be 1 with MLA (Format.MLADType %s): the latent cache is one vector per token, shared by all heads", quoteTrunc(string(id.Format.MLADType))))
+		}
+		if l.Replication != l.TPSize {
+			add(fieldErr("Layout.Replication", l.Replication, "must equal Layout.TPSize %d with MLA (Format.MLADType %s): every rank holds the same latent cache, so there is one shard", l.TPSize, quoteTrunc(string(id.Format.MLADType))))
+		}
+	default:
 		switch shards := l.TPSize / l.Replication; {
 		case l.TPSize%l.Replication != 0:
 			add(fieldErr("Layout.Replication", l.Replication, "does not divide Layout.TPSize %d", l.TPSize))
@@ -166,6 +186,9 @@ func replicationHint(l Layout) string {
 	return ""
 }
 
+// checkName checks Model and WeightsVersion. unicode.IsControl is true for
+// exactly the code points of category Cc, U+0000-U+001F and U+007F-U+009F
+// (SPEC.md, "Strings of the identity").
 func checkName(field, s string) error {
 	switch {
 	case s == "":
@@ -210,7 +233,7 @@ func checkDType(field string, d DType, optional bool) error {
 	if d == "" {
 		return fieldErr(field, d, "required")
 	}
-	return fieldErr(field, d, "%s", dtypeHint(strings.ToLower(string(d))))
+	return fieldErr(field, d, "%s", dtypeHint(normDType(string(d))))
 }
 
 func checkQuant(s string) error {

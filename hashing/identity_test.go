@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/google/go-cmp/cmp"
 	"pgregory.net/rapid"
@@ -24,6 +25,22 @@ func TestIdentityValidate(t *testing.T) {
 			id.Format.MLADType = FP8E4M3
 			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 8, 8
 		}, "", ""},
+		{"valid mla tp 1", func(id *Identity) {
+			id.Format.MLADType = BF16
+			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 1, 1
+		}, "", ""},
+		{"mla with several heads", func(id *Identity) {
+			id.Format.MLADType = FP8E4M3
+			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 8, 8, 8
+		}, "Layout.KVHeads", "8"},
+		{"mla without replication", func(id *Identity) {
+			id.Format.MLADType = FP8E4M3
+			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 8, 1
+		}, "Layout.Replication", "1"},
+		{"mla with half replication", func(id *Identity) {
+			id.Format.MLADType = BF16
+			id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 8, 4
+		}, "Layout.KVHeads", "2"},
 		{"valid replicated heads", func(id *Identity) { id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 8, 4 }, "", ""},
 		{"valid tenant chars", func(id *Identity) { id.Tenant = "Team-1.prod_a" }, "", ""},
 		{"empty tenant", func(id *Identity) { id.Tenant = "" }, "Tenant", `""`},
@@ -108,6 +125,26 @@ func TestValidateMessages(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("Validate() = %q\nwant it to contain %q", got, want)
 		}
+	}
+}
+
+func TestValidateMLAMessages(t *testing.T) {
+	id := validIdentity()
+	id.Format.MLADType = FP8E4M3
+	id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 8, 4
+	got := id.Validate().Error()
+	for _, want := range []string{
+		`hashing: Layout.KVHeads = 2: must be 1 with MLA (Format.MLADType "fp8_e4m3")`,
+		`hashing: Layout.Replication = 4: must equal Layout.TPSize 8 with MLA (Format.MLADType "fp8_e4m3")`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Validate() = %q\nwant it to contain %q", got, want)
+		}
+	}
+	// Without MLA the same layout is valid: 2 shards of one KV head each.
+	id.Format.MLADType = ""
+	if err := id.Validate(); err != nil {
+		t.Errorf("Validate() of the layout without MLA = %v, want nil", err)
 	}
 }
 
@@ -239,6 +276,17 @@ func TestIdentityJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(`{"format":{"kv_dtype":"auto"}}`), &id); err == nil || !strings.Contains(err.Error(), `"auto"`) {
 		t.Errorf("json.Unmarshal of kv_dtype auto: %v, want an error naming it", err)
 	}
+	// An empty dtype is no dtype, as an absent one: valid for MLA, not for
+	// the KV dtype.
+	id = want
+	if err := json.Unmarshal([]byte(`{"format":{"device":"cuda","model_dtype":"bf16","kv_dtype":"fp8_e4m3","mla_dtype":""}}`), &id); err != nil || id != want {
+		t.Errorf("json.Unmarshal with mla_dtype \"\" = %v, %+v; want nil, %+v", err, id, want)
+	}
+	if err := json.Unmarshal([]byte(`{"format":{"kv_dtype":""}}`), &id); err != nil {
+		t.Errorf("json.Unmarshal of kv_dtype \"\": %v", err)
+	} else if err := id.Validate(); err == nil || !strings.Contains(err.Error(), `Format.KVDType = "": required`) {
+		t.Errorf("Validate with kv_dtype \"\" = %v, want Format.KVDType required", err)
+	}
 }
 
 func TestParseDType(t *testing.T) {
@@ -263,6 +311,104 @@ func TestParseDType(t *testing.T) {
 	for _, d := range DTypes() {
 		if got, err := ParseDType(d.String()); got != d || err != nil || !d.Known() {
 			t.Errorf("ParseDType(%q) = %q, %v; Known = %v", d, got, err, d.Known())
+		}
+	}
+}
+
+// TestNameCharacters pins which model names and weights versions Validate
+// accepts, as SPEC.md says: well-formed UTF-8 without a code point of
+// category Cc (U+0000-U+001F, U+007F-U+009F), every code point checked.
+func TestNameCharacters(t *testing.T) {
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if 0xd800 <= r && r <= 0xdfff {
+			continue // surrogates: below, as bytes
+		}
+		s := "a" + string(r) + "b"
+		want := !(r <= 0x1f || 0x7f <= r && r <= 0x9f)
+		if got := checkName("Model", s) == nil; got != want {
+			t.Errorf("checkName(%q) accepts = %v, want %v", s, got, want)
+		}
+	}
+	for r := 0xd800; r <= 0xdfff; r++ {
+		s := string([]byte{0xed, byte(0x80 | r>>6&0x3f), byte(0x80 | r&0x3f)})
+		if checkName("Model", s) == nil {
+			t.Errorf("checkName accepts the surrogate U+%04X encoded as %x", r, s)
+		}
+	}
+	tests := []struct {
+		name string
+		in   string
+		ok   bool
+	}{
+		{"space", "Llama 3", true},
+		{"no-break space", "a\u00a0b", true},
+		{"zero width space", "a\u200bb", true},
+		{"right-to-left override", "a\u202eb", true},
+		{"line separator", "a\u2028b", true},
+		{"byte order mark", "\ufeffa", true},
+		{"noncharacter", "a\ufffe", true},
+		{"largest code point", "\U0010ffff", true},
+		{"CJK", "Qwen/通义千问-7B", true},
+		{"NFD", "re\u0301vision", true},
+		{"tab", "a\tb", false},
+		{"NUL", "a\x00", false},
+		{"DEL", "a\x7f", false},
+		{"C1 first", "a\u0080", false},
+		{"C1 last", "a\u009f", false},
+		{"lone continuation byte", "a\x80", false},
+		{"overlong slash", "a\xc0\xaf", false},
+		{"overlong NUL", "\xc0\x80", false},
+		{"above U+10FFFF", "\xf4\x90\x80\x80", false},
+		{"truncated", "\xe6\x97", false},
+		{"0xff", "\xff", false},
+		{"1024 bytes", strings.Repeat("é", 512), true},
+		{"1025 bytes", strings.Repeat("é", 512) + "a", false},
+	}
+	for _, tt := range tests {
+		id := validIdentity()
+		id.Model, id.WeightsVersion = tt.in, tt.in
+		err := id.Validate()
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: Validate with model and weights version %q = %v, want ok = %v", tt.name, tt.in, err, tt.ok)
+		}
+		if !tt.ok && (err == nil || !strings.Contains(err.Error(), "hashing: Model = ") || !strings.Contains(err.Error(), "hashing: WeightsVersion = ")) {
+			t.Errorf("%s: Validate error %v does not name Model and WeightsVersion", tt.name, err)
+		}
+	}
+	// Never normalised: NFC and NFD spellings are different identities.
+	a, b := validIdentity(), validIdentity()
+	a.Model, b.Model = "r\u00e9vision", "re\u0301vision"
+	na, _ := a.Namespace()
+	nb, _ := b.Namespace()
+	if na.ID() == nb.ID() {
+		t.Errorf("NFC and NFD model names share the namespace %s", na.ID())
+	}
+}
+
+// TestASCIIFields pins the bytes the tenant, the device and the KV
+// quantization policy may hold, every byte value checked in the first and
+// in a later position.
+func TestASCIIFields(t *testing.T) {
+	digit := func(c byte) bool { return '0' <= c && c <= '9' }
+	lower := func(c byte) bool { return 'a' <= c && c <= 'z' }
+	letter := func(c byte) bool { return lower(c) || 'A' <= c && c <= 'Z' }
+	for i := 0; i < 256; i++ {
+		c := byte(i)
+		for _, tt := range []struct {
+			field       string
+			check       func(string) error
+			first, rest bool
+		}{
+			{"Tenant", ValidateTenant, letter(c) || digit(c), letter(c) || digit(c) || c == '.' || c == '_' || c == '-'},
+			{"Format.Device", checkDevice, lower(c), lower(c) || digit(c) || c == '_'},
+			{"Format.KVQuant", checkQuant, 0x21 <= c && c <= 0x7e, 0x21 <= c && c <= 0x7e},
+		} {
+			if got := tt.check(string(c)+"a") == nil; got != tt.first {
+				t.Errorf("%s %q: accepted = %v, want %v", tt.field, string(c)+"a", got, tt.first)
+			}
+			if got := tt.check("a"+string(c)) == nil; got != tt.rest {
+				t.Errorf("%s %q: accepted = %v, want %v", tt.field, "a"+string(c), got, tt.rest)
+			}
 		}
 	}
 }

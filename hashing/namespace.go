@@ -63,8 +63,11 @@ func (ns Namespace) IsZero() bool { return ns.tenant == "" }
 // String returns "tenant/id", for logs.
 func (ns Namespace) String() string { return ns.tenant + "/" + ns.id }
 
-// BlockSize returns the identity's block size in tokens; chains of this
-// namespace must use it.
+// BlockSize returns the identity's block size in tokens. The chains whose
+// hashes go into keys of ns must have this block size (SPEC.md, "Block
+// size of keys"): build them with NewChain(ns.BlockSize(), ...). A
+// [BlockHash] does not record its block size, so [Namespace.Key] cannot
+// check it.
 func (ns Namespace) BlockSize() int { return ns.blockSize }
 
 // Prefix returns the prefix that every key of ns starts with, and no key of
@@ -115,8 +118,11 @@ func (ns Namespace) Shard(rank int) int {
 
 // Key returns the store key of block h in shard shard of ns:
 // "tenant/id/shard/hash", with the shard in decimal and the hash in 64
-// lowercase hexadecimal digits. Key panics unless 0 <= shard < ns.Shards();
-// map a TP rank to its shard with [Namespace.Shard].
+// lowercase hexadecimal digits. h must come from a [Chain] of
+// ns.BlockSize() tokens per block; Key cannot tell, so a hash of another
+// block size gives a key that no correct reader asks for. Key panics
+// unless 0 <= shard < ns.Shards(); map a TP rank to its shard with
+// [Namespace.Shard].
 func (ns Namespace) Key(shard int, h BlockHash) string {
 	var buf [MaxKeyLen]byte
 	return string(ns.AppendKey(buf[:0], shard, h))

@@ -171,7 +171,7 @@ func TestPropExtrasDiffer(t *testing.T) {
 			h := packageHash(t, n, []Extra{e})(tokens)
 			return h[len(h)-1]
 		}
-		if hashed := len(tokens) / n * n; ka == "multimodal" && a.off >= hashed || kb == "multimodal" && b.off >= hashed {
+		if hashed := len(tokens) / n * n; ka == "multimodal" && a.off >= int64(hashed) || kb == "multimodal" && b.off >= int64(hashed) {
 			t.Skip("an item beyond the hashed blocks binds nothing yet")
 		}
 		checkExtrasDiffer(t, hash, a, b)
@@ -205,10 +205,17 @@ func mutateIdentity(t *rapid.T, id Identity, i int) Identity {
 	case 7:
 		id.Format.KVQuant = other(id.Format.KVQuant)
 	case 8:
+		if id.Format.MLADType == "" {
+			// MLA needs one KV head held by every rank.
+			id.Layout.KVHeads, id.Layout.Replication = 1, id.Layout.TPSize
+		}
 		id.Format.MLADType = otherDType(id.Format.MLADType)
 	case 9:
 		id.Layout.Layers = id.Layout.Layers%maxLayoutValue + 1
 	case 10:
+		if id.Format.MLADType != "" {
+			t.Skip("MLA has exactly one KV head")
+		}
 		id.Layout.KVHeads *= 2
 	case 11:
 		id.Layout.HeadDim = id.Layout.HeadDim%maxLayoutValue + 1
@@ -218,6 +225,9 @@ func mutateIdentity(t *rapid.T, id Identity, i int) Identity {
 		id.Layout.TPSize *= 2
 		id.Layout.Replication *= 2
 	case 14:
+		if id.Format.MLADType != "" {
+			t.Skip("MLA has exactly one KV head, and Replication = TPSize")
+		}
 		id.Layout.KVHeads *= 2
 		id.Layout.TPSize *= 2
 	}

@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"slices"
 	"strings"
@@ -19,7 +20,7 @@ type refExtra struct {
 	kind      string // "cache_salt", "adapter", "opaque", "multimodal"
 	str, data string
 	hash      [32]byte
-	off, n    int
+	off, n    int64
 }
 
 func (r refExtra) extra() Extra {
@@ -31,7 +32,7 @@ func (r refExtra) extra() Extra {
 	case "opaque":
 		return Opaque(r.str, []byte(r.data))
 	case "multimodal":
-		return MultiModal(r.hash, r.off, r.n)
+		return MultiModal(r.hash, int(r.off), int(r.n))
 	}
 	return Extra{}
 }
@@ -78,7 +79,7 @@ func refSeedMessage(extras []refExtra) []byte {
 
 // refBlockExtrasMessage is the block extras message of block [start,
 // start+n), or nil when no multimodal item overlaps it.
-func refBlockExtrasMessage(extras []refExtra, start, n int) []byte {
+func refBlockExtrasMessage(extras []refExtra, start, n int64) []byte {
 	var items []refExtra
 	for _, e := range extras {
 		if e.kind == "multimodal" && e.off < start+n && e.off+e.n > start {
@@ -88,14 +89,14 @@ func refBlockExtrasMessage(extras []refExtra, start, n int) []byte {
 	if len(items) == 0 {
 		return nil
 	}
-	slices.SortFunc(items, func(a, b refExtra) int { return a.off - b.off })
+	slices.SortFunc(items, func(a, b refExtra) int { return cmp.Compare(a.off, b.off) })
 	var b bytes.Buffer
 	b.Write([]byte{1, 0x05})
 	_ = binary.Write(&b, binary.LittleEndian, uint32(len(items)))
 	for _, it := range items {
 		b.WriteByte(0x24)
 		b.Write(it.hash[:])
-		_ = binary.Write(&b, binary.LittleEndian, int64(it.off-start))
+		_ = binary.Write(&b, binary.LittleEndian, it.off-start)
 		_ = binary.Write(&b, binary.LittleEndian, uint64(it.n))
 	}
 	return b.Bytes()
@@ -127,7 +128,7 @@ func refChain(n int, tokens []Token, extras []refExtra) (seed [32]byte, steps []
 			blake3.DeriveKey("kvconnect hashing v1 block tokens", tb.Bytes(), st.tokenDigest)
 			payload = st.tokenDigest
 		}
-		st.extrasMsg = refBlockExtrasMessage(extras, i*n, n)
+		st.extrasMsg = refBlockExtrasMessage(extras, int64(i)*int64(n), int64(n))
 		if st.extrasMsg != nil {
 			flags = 1
 		}

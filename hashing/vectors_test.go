@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"flag"
+	"math"
 	"os"
 	"regexp"
 	"strings"
@@ -21,13 +22,18 @@ const vectorsPath = "testdata/vectors.json"
 // vectorFile is the layout of testdata/vectors.json (described in SPEC.md,
 // "Test vectors").
 type vectorFile struct {
-	Comment      string           `json:"comment"`
-	SpecVersion  int              `json:"spec_version"`
-	TokenContext string           `json:"token_context"`
-	Identities   []identityVector `json:"identities"`
-	Chains       []chainVector    `json:"chains"`
-	Keys         []keyVector      `json:"keys"`
-	Worked       []workedValue    `json:"worked_example"`
+	Comment           string            `json:"comment"`
+	SpecVersion       int               `json:"spec_version"`
+	TokenContext      string            `json:"token_context"`
+	Identities        []identityVector  `json:"identities"`
+	Chains            []chainVector     `json:"chains"`
+	Keys              []keyVector       `json:"keys"`
+	DTypes            []dtypeVector     `json:"dtypes"`
+	InvalidIdentities []invalidIdentity `json:"invalid_identities"`
+	InvalidEncodings  []invalidEncoding `json:"invalid_encodings"`
+	InvalidChains     []invalidChain    `json:"invalid_chains"`
+	InvalidKeys       []invalidKey      `json:"invalid_keys"`
+	Worked            []workedValue     `json:"worked_example"`
 }
 
 type identityVector struct {
@@ -42,12 +48,13 @@ type identityVector struct {
 }
 
 type extraVector struct {
-	Kind   string `json:"kind"`             // cache_salt, adapter, opaque, multimodal
-	Value  string `json:"value,omitempty"`  // salt, adapter name or opaque tag
-	Data   string `json:"data,omitempty"`   // opaque data, hex
-	Hash   string `json:"hash,omitempty"`   // adapter fingerprint or content hash, hex
-	Offset *int   `json:"offset,omitempty"` // multimodal
-	Length int    `json:"length,omitempty"` // multimodal
+	Kind     string `json:"kind"`                // cache_salt, adapter, opaque, multimodal
+	Value    string `json:"value,omitempty"`     // salt, adapter name or opaque tag
+	ValueHex string `json:"value_hex,omitempty"` // the same, in hex, for bytes that are not UTF-8
+	Data     string `json:"data,omitempty"`      // opaque data, hex
+	Hash     string `json:"hash,omitempty"`      // adapter fingerprint or content hash, hex
+	Offset   *int   `json:"offset,omitempty"`    // multimodal
+	Length   *int   `json:"length,omitempty"`    // multimodal
 }
 
 type chainVector struct {
@@ -81,22 +88,30 @@ func (e extraVector) extra(t testing.TB) Extra {
 			t.Fatalf("extra %+v: %v", e, err)
 		}
 	}
+	value := e.Value
+	if e.ValueHex != "" {
+		b, err := hex.DecodeString(e.ValueHex)
+		if err != nil || e.Value != "" {
+			t.Fatalf("extra %+v: value_hex %v, or both value and value_hex", e, err)
+		}
+		value = string(b)
+	}
 	switch e.Kind {
 	case "cache_salt":
-		return CacheSalt(e.Value)
+		return CacheSalt(value)
 	case "adapter":
-		return Adapter(e.Value, h)
+		return Adapter(value, h)
 	case "opaque":
 		data, err := hex.DecodeString(e.Data)
 		if err != nil {
 			t.Fatalf("extra %+v: %v", e, err)
 		}
-		return Opaque(e.Value, data)
+		return Opaque(value, data)
 	case "multimodal":
-		if e.Offset == nil {
-			t.Fatalf("extra %+v: no offset", e)
+		if e.Offset == nil || e.Length == nil {
+			t.Fatalf("extra %+v: no offset or length", e)
 		}
-		return MultiModal(h, *e.Offset, e.Length)
+		return MultiModal(h, *e.Offset, *e.Length)
 	}
 	t.Fatalf("extra of unknown kind %q", e.Kind)
 	return Extra{}
@@ -156,12 +171,30 @@ func generateVectors(t testing.TB) vectorFile {
 		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: FP8E4M3, MLADType: FP8E4M3},
 		Layout: Layout{Layers: 61, KVHeads: 1, HeadDim: 576, BlockSize: 256, TPSize: 8, Replication: 8},
 	}
+	utf8 := basic
+	utf8.Model, utf8.WeightsVersion = "Qwen/通义千问-7B", "révision 2 🚀"
+	utf8NFD := utf8
+	utf8NFD.WeightsVersion = "re\u0301vision 2 🚀"
+	edge := basic
+	edge.WeightsVersion = " \u00a0\u200b\u202e\ufeff\ufffe\U0010ffff~ "
+	gen32 := basic
+	gen32.Generation = 1 << 32
+	genMax := basic
+	genMax.Generation = math.MaxUint64
+	largest := Identity{
+		Tenant: "T" + strings.Repeat("0123456789._-", 4) + "abcdefghijk", Model: "m", WeightsVersion: "w",
+		Format: Format{Device: "npu_2", ModelDType: FP4E2M1, KVDType: INT4, KVQuant: "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"},
+		Layout: Layout{Layers: maxLayoutValue, KVHeads: maxLayoutValue, HeadDim: maxLayoutValue, BlockSize: MaxBlockSize,
+			TPSize: maxLayoutValue, Replication: 1},
+	}
 	ids := []struct {
 		name string
 		id   Identity
 	}{
 		{"basic", basic}, {"basic-rotated", basic.Rotate()}, {"basic-kv-fp8", fp8},
 		{"replicated", replicated}, {"mla", mla},
+		{"utf8", utf8}, {"utf8-nfd", utf8NFD}, {"edge-code-points", edge},
+		{"generation-2^32", gen32}, {"generation-max", genMax}, {"largest", largest},
 	}
 	nss := map[string]Namespace{}
 	for _, x := range ids {
@@ -196,9 +229,9 @@ func generateVectors(t testing.TB) vectorFile {
 		{"bs16-all-kinds", 16, vectorTokens(48, 2), []extraVector{
 			{Kind: "opaque", Value: "vision_tower", Data: hex.EncodeToString([]byte("siglip-400m"))},
 			salt, adapter,
-			{Kind: "multimodal", Hash: b3hex("image 1"), Offset: intp(10), Length: 12},
+			{Kind: "multimodal", Hash: b3hex("image 1"), Offset: intp(10), Length: intp(12)},
 			{Kind: "opaque", Value: "prompt_adapter", Data: ""},
-			{Kind: "multimodal", Hash: b3hex("image 2"), Offset: intp(40), Length: 3},
+			{Kind: "multimodal", Hash: b3hex("image 2"), Offset: intp(40), Length: intp(3)},
 		}},
 		{"bs64", 64, vectorTokens(3*64+5, 3), nil},
 		{"bs64-adapter", 64, vectorTokens(2*64, 3), []extraVector{adapter}},
@@ -206,7 +239,42 @@ func generateVectors(t testing.TB) vectorFile {
 		{"bs129", 129, vectorTokens(2*129, 4), nil},
 		{"bs256", 256, vectorTokens(3*256, 5), nil},
 		{"bs256-salt-multimodal", 256, vectorTokens(2*256+1, 5), []extraVector{
-			salt, {Kind: "multimodal", Hash: b3hex("audio"), Offset: intp(200), Length: 100},
+			salt, {Kind: "multimodal", Hash: b3hex("audio"), Offset: intp(200), Length: intp(100)},
+		}},
+		// Token bytes over several 1 KiB BLAKE3 chunks.
+		{"bs257", 257, vectorTokens(2*257, 6), nil},
+		{"bs512", 512, vectorTokens(2*512+7, 7), nil},
+		{"bs1024-multimodal", 1024, vectorTokens(2*1024, 8), []extraVector{
+			{Kind: "multimodal", Hash: b3hex("video"), Offset: intp(1000), Length: intp(100)},
+			{Kind: "multimodal", Hash: b3hex("image 3"), Offset: intp(1100), Length: intp(1)},
+		}},
+		{"bs4096", 4096, vectorTokens(4096, 9), nil},
+		// Several items in one block: three in block 0 (one of a single
+		// token, one ending at the block's end), one starting at block 1's
+		// first token next to the previous one, one over blocks 1 to 3.
+		{"bs16-multimodal-many", 16, vectorTokens(64+3, 10), []extraVector{
+			{Kind: "multimodal", Hash: b3hex("e"), Offset: intp(30), Length: intp(20)},
+			{Kind: "multimodal", Hash: b3hex("c"), Offset: intp(8), Length: intp(8)},
+			{Kind: "multimodal", Hash: b3hex("a"), Offset: intp(0), Length: intp(1)},
+			{Kind: "multimodal", Hash: b3hex("d"), Offset: intp(16), Length: intp(1)},
+			{Kind: "multimodal", Hash: b3hex("b"), Offset: intp(3), Length: intp(5)},
+		}},
+		// The largest item, far past the tokens: valid, in no block yet.
+		{"bs16-multimodal-largest", 16, vectorTokens(32, 11), []extraVector{
+			{Kind: "multimodal", Hash: b3hex("far"), Offset: intp(maxOffset), Length: intp(maxOffset)},
+		}},
+		{"bs16-utf8-extras", 16, vectorTokens(32, 12), []extraVector{
+			{Kind: "cache_salt", Value: "sel-é"},
+			{Kind: "adapter", Value: "lora-日本語", Hash: b3hex("lora-日本語 weights")},
+			{Kind: "opaque", Value: "視覚", Data: hex.EncodeToString([]byte("ViT-ß"))},
+			{Kind: "opaque", Value: "vision", Data: "00ff"},
+		}},
+		// Extras are bytes: NUL, control characters, bytes that are not UTF-8.
+		{"bs16-raw-bytes-extras", 16, vectorTokens(16, 13), []extraVector{
+			{Kind: "cache_salt", ValueHex: "00ff0a80"},
+			{Kind: "adapter", ValueHex: "c0af", Hash: b3hex("raw adapter")},
+			{Kind: "opaque", ValueHex: "ff", Data: ""},
+			{Kind: "opaque", ValueHex: "fe", Data: "00"},
 		}},
 	}
 	hashes := map[string][]BlockHash{}
@@ -247,6 +315,10 @@ func generateVectors(t testing.TB) vectorFile {
 		{"basic-kv-fp8", "bs16", 1, []int{0}},
 		{"replicated", "bs64", 0, []int{0, 3, 4, 7}},
 		{"mla", "bs256", 2, []int{0, 5}},
+		{"utf8", "bs16-multimodal-many", 2, []int{1}},
+		{"generation-2^32", "bs16", 0, []int{0}},
+		{"generation-max", "bs16", 0, []int{1}},
+		{"largest", "bs4096", 0, []int{0, maxLayoutValue - 1}},
 	}
 	for _, k := range keys {
 		ns := nss[k.identity]
@@ -257,6 +329,7 @@ func generateVectors(t testing.TB) vectorFile {
 		}
 	}
 
+	generateRejects(t, &vf, basic, mla)
 	vf.Worked = workedExample(t, basic, nss["basic"])
 	return vf
 }
@@ -296,12 +369,25 @@ func workedExample(t testing.TB, basicID Identity, basic Namespace) []workedValu
 	add("B.block0_message", stepsB[0].msg)
 	add("B.block0_hash", stepsB[0].hash[:])
 
-	// C: the "basic" identity and a key of block 1 of A.
+	// C: the "basic" identity.
 	enc, _ := basicID.MarshalBinary()
 	add("C.encoding", enc)
 	d := basic.Digest()
 	add("C.digest", d[:])
-	w = append(w, workedValue{"C.key", hex.EncodeToString([]byte(basic.Key(1, steps[1].hash)))})
+
+	// D: a key of that identity, whose block size is 16: block 0 of tokens
+	// 1..16 with the salt of A, in shard 1.
+	exD := []refExtra{{kind: "cache_salt", str: "s"}}
+	tokensD := seq(17)[1:]
+	_, stepsD := refChain(16, tokensD, exD)
+	add("D.block0_message", stepsD[0].msg)
+	add("D.block0_hash", stepsD[0].hash[:])
+	key := basic.Key(1, stepsD[0].hash)
+	w = append(w, workedValue{"D.key", hex.EncodeToString([]byte(key))})
+	gotD, _ := HashBlocks(basic.BlockSize(), tokensD, CacheSalt("s"))
+	if len(gotD) != 1 || gotD[0] != stepsD[0].hash {
+		t.Fatalf("worked example D: package %v, reference %v", gotD, stepsD[0].hash)
+	}
 	return w
 }
 
@@ -358,7 +444,9 @@ func TestVectors(t *testing.T) {
 		}
 	}
 	hashes := map[string][]BlockHash{}
+	blockSizes := map[string]int{}
 	for _, v := range vf.Chains {
+		blockSizes[v.Name] = v.BlockSize
 		var extras []Extra
 		for _, e := range v.Extras {
 			extras = append(extras, e.extra(t))
@@ -383,6 +471,10 @@ func TestVectors(t *testing.T) {
 			t.Errorf("key vector %+v names no identity or block", v)
 			continue
 		}
+		if ns.BlockSize() != blockSizes[v.Chain] {
+			t.Errorf("key vector %+v: chain of block size %d under an identity of block size %d (SPEC.md, \"Block size of keys\")",
+				v, blockSizes[v.Chain], ns.BlockSize())
+		}
 		if s := ns.Shard(v.Rank); s != v.Shard {
 			t.Errorf("key vector %+v: Shard(%d) = %d", v, v.Rank, s)
 		}
@@ -393,7 +485,17 @@ func TestVectors(t *testing.T) {
 			t.Errorf("key vector %+v: ParseKey = %+v, %v", v, k, err)
 		}
 	}
-	if diff := cmp.Diff(generateVectors(t), vf); diff != "" {
+	checkRejects(t, vf)
+	// The file indents the raw JSON of invalid identities; compare it
+	// compacted.
+	compact := cmp.Transformer("compact", func(r json.RawMessage) string {
+		var b bytes.Buffer
+		if err := json.Compact(&b, r); err != nil {
+			return "invalid JSON: " + err.Error()
+		}
+		return b.String()
+	})
+	if diff := cmp.Diff(generateVectors(t), vf, compact); diff != "" {
 		t.Errorf("%s is not what the generator writes; regenerate with -update if the change is intended (-generator +file):\n%s", vectorsPath, diff)
 	}
 }
@@ -412,7 +514,7 @@ func TestSpecWorkedExample(t *testing.T) {
 	}
 	for _, w := range vf.Worked {
 		want := w.Hex
-		if w.Name == "C.key" {
+		if w.Name == "D.key" {
 			b, _ := hex.DecodeString(w.Hex)
 			want = string(b)
 		}

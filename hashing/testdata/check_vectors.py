@@ -1,0 +1,456 @@
+#!/usr/bin/env python3
+"""Checks vectors.json against SPEC.md, independently of the Go package.
+
+This is a second implementation of hashing/SPEC.md in another language,
+written from the document: it recomputes every identity encoding, digest,
+seed, block hash and key of vectors.json from the file's inputs, parses
+every dtype name, rejects every invalid input, and recomputes the worked
+example. BLAKE3 is the b3sum tool (the BLAKE3 team's Rust implementation;
+Debian package b3sum, or `cargo install b3sum`), so no Go code and no Go
+BLAKE3 library is involved.
+
+Usage (from the repository root, or anywhere):
+
+    python3 hashing/testdata/check_vectors.py [--b3sum PATH]
+
+It needs only the Python 3 standard library and b3sum. It prints one line
+per section and exits non-zero on the first mismatch. The Go test
+TestIndependentChecker runs it when python3 and b3sum are installed.
+"""
+
+import argparse
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import unicodedata
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+V = 1
+TOKEN_CONTEXT = "kvconnect hashing v1 block tokens"
+B3SUM = "b3sum"
+
+
+class Reject(Exception):
+    """An input the spec rejects; field names the rule's field as Go does."""
+
+    def __init__(self, field, why):
+        super().__init__(f"{field}: {why}")
+        self.field = field
+
+
+# --- section 1 -------------------------------------------------------------
+
+
+def H(b):
+    out = subprocess.run([B3SUM, "--no-names", "--raw"], input=b, capture_output=True, check=True).stdout
+    assert len(out) == 32
+    return out
+
+
+def DK(ctx, b):
+    out = subprocess.run([B3SUM, "--derive-key", ctx, "--raw"], input=b, capture_output=True, check=True).stdout
+    assert len(out) == 32
+    return out
+
+
+def u32(v):
+    return struct.pack("<I", v)
+
+
+def u64(v):
+    return struct.pack("<Q", v)
+
+
+def i64(v):
+    return struct.pack("<q", v)
+
+
+def s(b):
+    return u32(len(b)) + b
+
+
+def tokens_bytes(ts):
+    return b"".join(u32(t) for t in ts)
+
+
+# --- section 3 and 4 -------------------------------------------------------
+
+MAX_EXTRA = 1 << 20
+MAX_OFFSET = 1 << 30
+
+
+def extra_value(e):
+    if "value_hex" in e:
+        assert "value" not in e
+        return bytes.fromhex(e["value_hex"])
+    return e.get("value", "").encode("utf-8")
+
+
+def compile_extras(extras):
+    """Returns (seed message, multimodal items) or raises Reject."""
+    salt = adapter = None
+    opaque = {}
+    items = []
+    for i, e in enumerate(extras or []):
+        k = e["kind"]
+        v = extra_value(e)
+        h = bytes.fromhex(e.get("hash", "00" * 32))
+        if k == "cache_salt":
+            f = f"extras[{i}] (cache salt).salt"
+            if not v or len(v) > MAX_EXTRA or salt is not None:
+                raise Reject(f, "empty, too long or a second salt")
+            salt = v
+        elif k == "adapter":
+            if not v or len(v) > MAX_EXTRA or adapter is not None:
+                raise Reject(f"extras[{i}] (adapter).name", "empty, too long or a second adapter")
+            if h == bytes(32):
+                raise Reject(f"extras[{i}] (adapter).fingerprint", "all zeros")
+            adapter = (v, h)
+        elif k == "opaque":
+            data = bytes.fromhex(e.get("data", ""))
+            if not v or len(v) > MAX_EXTRA:
+                raise Reject(f"extras[{i}] (opaque).tag", "empty or too long")
+            if len(data) > MAX_EXTRA:
+                raise Reject(f"extras[{i}] (opaque).data", "too long")
+            if v in opaque:
+                raise Reject("extras (opaque).tag", "given twice")
+            opaque[v] = data
+        elif k == "multimodal":
+            off, n = e["offset"], e["length"]
+            if h == bytes(32):
+                raise Reject(f"extras[{i}] (multimodal).contentHash", "all zeros")
+            if not 0 <= off <= MAX_OFFSET:
+                raise Reject(f"extras[{i}] (multimodal).offset", "out of range")
+            if not 1 <= n <= MAX_OFFSET:
+                raise Reject(f"extras[{i}] (multimodal).length", "out of range")
+            items.append((off, n, h))
+        else:
+            raise ValueError(f"unknown kind {k}")
+    items.sort()
+    for (o1, n1, _), (o2, _, _) in zip(items, items[1:]):
+        if o1 + n1 > o2:  # Python integers: no overflow
+            raise Reject("extras (multimodal).offset", "items overlap")
+    msg = bytes([V, 0x02]) + u32((salt is not None) + (adapter is not None) + len(opaque))
+    if salt is not None:
+        msg += b"\x21" + s(salt)
+    if adapter is not None:
+        msg += b"\x22" + s(adapter[0]) + adapter[1]
+    for tag in sorted(opaque):  # bytes compare bytewise
+        msg += b"\x23" + s(tag) + s(opaque[tag])
+    return msg, items
+
+
+def block_extras_message(items, i, n):
+    over = [(o, l, h) for (o, l, h) in items if o < (i + 1) * n and o + l > i * n]
+    if not over:
+        return None
+    msg = bytes([V, 0x05]) + u32(len(over))
+    for o, l, h in over:
+        msg += b"\x24" + h + i64(o - i * n) + u64(l)
+    return msg
+
+
+def chain(n, tokens, extras):
+    """Returns (seed, [(extras message, token digest, block message, hash)])."""
+    if not 1 <= n <= 4096:
+        raise Reject("blockSize", "out of range")
+    seed_msg, items = compile_extras(extras)
+    parent = seed = H(seed_msg)
+    steps = []
+    for i in range(len(tokens) // n):
+        tb = tokens_bytes(tokens[i * n:(i + 1) * n])
+        kind, digest, payload = 0x03, None, tb
+        if n > 128:
+            kind, digest = 0x04, DK(TOKEN_CONTEXT, tb)
+            payload = digest
+        xm = block_extras_message(items, i, n)
+        msg = bytes([V, kind, 1 if xm else 0, 0]) + u32(n)
+        if xm:
+            msg += H(xm)
+        msg += parent + payload
+        parent = H(msg)
+        steps.append((xm, digest, msg, parent))
+    return seed, steps, seed_msg
+
+
+# --- section 5 -------------------------------------------------------------
+
+
+def spec_dtypes():
+    """The dtype table of SPEC.md: {canonical: [aliases]}, in order."""
+    with open(os.path.join(HERE, "..", "SPEC.md"), encoding="utf-8") as f:
+        text = f.read()
+    table = text.split("| dtype | aliases | elements |\n| --- | --- | --- |\n", 1)[1].split("\n\n", 1)[0]
+    out = {}
+    for row in table.split("\n"):
+        cells = row.split("|")
+        out[re.findall(r"`([^`]*)`", cells[1])[0]] = re.findall(r"`([^`]*)`", cells[2])
+    return out
+
+
+DTYPES = spec_dtypes()
+ALIASES = {a: d for d, al in DTYPES.items() for a in al}
+
+
+def parse_dtype(name):
+    """Section 5, "Dtypes": normalise in ASCII, then canonical or alias."""
+    b = name.encode("utf-8").strip(b"\t\n\v\f\r ")
+    b = bytes(c + 0x20 if 0x41 <= c <= 0x5A else c for c in b)
+    l = b.decode("utf-8")
+    if l in DTYPES:
+        return l
+    if l in ALIASES:
+        return ALIASES[l]
+    raise Reject("dtype", f"not a dtype: {name!r}")
+
+
+def json_dtype(field, v, optional):
+    if v == "":
+        if optional:
+            return ""
+        raise Reject(field, "required")
+    return parse_dtype(v)
+
+
+TENANT = set(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz._-")
+ALNUM = set(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+def check_tenant(t):
+    if not 1 <= len(t) <= 64 or t[0] not in ALNUM or any(c not in TENANT for c in t):
+        raise Reject("Tenant", "outside the tenant alphabet or length")
+
+
+def check_name(field, b):
+    try:
+        text = b.decode("utf-8")  # strict: no surrogates, overlongs or > U+10FFFF
+    except UnicodeDecodeError:
+        raise Reject(field, "not UTF-8")
+    if not 1 <= len(b) <= 1024 or any(unicodedata.category(c) == "Cc" for c in text):
+        raise Reject(field, "length or a control character")
+
+
+def check_identity(x):
+    """x: dict of bytes / str / int fields. Raises Reject for the first bad field."""
+    check_tenant(x["tenant"])
+    check_name("Model", x["model"])
+    check_name("WeightsVersion", x["weights_version"])
+    if not 0 <= x["generation"] < 1 << 64:
+        raise Reject("Generation", "out of range")
+    d = x["device"]
+    if not 1 <= len(d) <= 32 or not (0x61 <= d[0] <= 0x7A) or any(
+            not (0x61 <= c <= 0x7A or 0x30 <= c <= 0x39 or c == 0x5F) for c in d):
+        raise Reject("Format.Device", "outside the device alphabet")
+    for f, k, opt in (("Format.ModelDType", "model_dtype", False), ("Format.KVDType", "kv_dtype", False),
+                      ("Format.MLADType", "mla_dtype", True)):
+        v = x[k]
+        if not (v == b"" and opt) and v.decode("utf-8", "replace") not in DTYPES:
+            raise Reject(f, "not a canonical dtype")
+    q = x["kv_quant"]
+    if len(q) > 256 or any(not 0x21 <= c <= 0x7E for c in q):
+        raise Reject("Format.KVQuant", "not printable ASCII without space")
+    names = [("Layout.Layers", "layers", 65536), ("Layout.KVHeads", "kv_heads", 65536), ("Layout.HeadDim", "head_dim", 65536),
+             ("Layout.BlockSize", "block_size", 4096), ("Layout.TPSize", "tp_size", 65536),
+             ("Layout.Replication", "replication", 65536)]
+    for f, k, hi in names:
+        if not 1 <= x[k] <= hi:
+            raise Reject(f, "out of range")
+    p, r, k = x["tp_size"], x["replication"], x["kv_heads"]
+    if x["mla_dtype"]:
+        if k != 1:
+            raise Reject("Layout.KVHeads", "must be 1 with MLA")
+        if r != p:
+            raise Reject("Layout.Replication", "must equal TP size with MLA")
+    if p % r or k % (p // r):
+        raise Reject("Layout.Replication", "does not divide TP size or split KV heads")
+
+
+def identity_from_json(j):
+    f, l = j.get("format", {}), j.get("layout", {})
+    b = lambda v: v.encode("utf-8")
+    return {
+        "tenant": b(j.get("tenant", "")), "model": b(j.get("model", "")), "weights_version": b(j.get("weights_version", "")),
+        "generation": j.get("generation", 0), "device": b(f.get("device", "")),
+        "model_dtype": b(json_dtype("Format.ModelDType", f.get("model_dtype", ""), False)),
+        "kv_dtype": b(json_dtype("Format.KVDType", f.get("kv_dtype", ""), False)),
+        "kv_quant": b(f.get("kv_quant", "")), "mla_dtype": b(json_dtype("Format.MLADType", f.get("mla_dtype", ""), True)),
+        **{k: l.get(k, 0) for k in ("layers", "kv_heads", "head_dim", "block_size", "tp_size", "replication")},
+    }
+
+
+def encode_identity(x):
+    check_identity(x)
+    out = bytes([V, 0x01]) + s(x["tenant"]) + s(x["model"]) + s(x["weights_version"]) + u64(x["generation"])
+    for k in ("device", "model_dtype", "kv_dtype", "kv_quant", "mla_dtype"):
+        out += s(x[k])
+    for k in ("layers", "kv_heads", "head_dim", "block_size", "tp_size", "replication"):
+        out += u32(x[k])
+    return out
+
+
+def decode_identity(b):
+    """Decodes an identity encoding; raises Reject (or ValueError) unless canonical and valid."""
+    pos = 0
+
+    def take(n):
+        nonlocal pos
+        if len(b) - pos < n:
+            raise Reject("encoding", "truncated")
+        pos += n
+        return b[pos - n:pos]
+
+    if take(1) != bytes([V]) or take(1) != b"\x01":
+        raise Reject("encoding", "version or kind")
+    x = {}
+    limits = {"tenant": 64, "model": 1024, "weights_version": 1024}
+    for k in ("tenant", "model", "weights_version"):
+        n = struct.unpack("<I", take(4))[0]
+        if n > limits[k]:
+            raise Reject("encoding", "length over its limit")
+        x[k] = take(n)
+    x["generation"] = struct.unpack("<Q", take(8))[0]
+    for k, lim in (("device", 32), ("model_dtype", 32), ("kv_dtype", 32), ("kv_quant", 256), ("mla_dtype", 32)):
+        n = struct.unpack("<I", take(4))[0]
+        if n > lim:
+            raise Reject("encoding", "length over its limit")
+        x[k] = take(n)
+    for k in ("layers", "kv_heads", "head_dim", "block_size", "tp_size", "replication"):
+        x[k] = struct.unpack("<I", take(4))[0]
+    if pos != len(b):
+        raise Reject("encoding", "trailing bytes")
+    check_identity(x)
+    return x
+
+
+# --- section 7 -------------------------------------------------------------
+
+HEX = set("0123456789abcdef")
+
+
+def parse_key(k):
+    if len(k.encode("utf-8")) > 512:
+        raise Reject("key", "too long")
+    parts = k.split("/")
+    if len(parts) != 4:
+        raise Reject("key", "not 4 fields")
+    t, i, sh, h = parts
+    check_tenant(t.encode("utf-8"))
+    if len(i) != 32 or set(i) - HEX or len(h) != 64 or set(h) - HEX:
+        raise Reject("key", "not lowercase hex")
+    if not sh or not sh.isascii() or not sh.isdigit() or (len(sh) > 1 and sh[0] == "0") or int(sh) > 65535:
+        raise Reject("key", "not a canonical shard")
+    return t, i, int(sh), h
+
+
+# --- the checks ------------------------------------------------------------
+
+
+def expect(cond, what):
+    if not cond:
+        sys.exit(f"MISMATCH: {what}")
+
+
+def rejects(fn, field=None):
+    try:
+        fn()
+    except Reject as r:
+        return field is None or r.field == field
+    return False
+
+
+def main():
+    global B3SUM
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--b3sum", default="b3sum", help="the b3sum binary")
+    ap.add_argument("--vectors", default=os.path.join(HERE, "vectors.json"))
+    args = ap.parse_args()
+    B3SUM = args.b3sum
+    with open(args.vectors, encoding="utf-8") as f:
+        vf = json.load(f)
+    expect(vf["spec_version"] == V and vf["token_context"] == TOKEN_CONTEXT, "spec version and token context")
+    expect(H(b"abc").hex() == "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85", "b3sum is BLAKE3")
+
+    ids = {}
+    for v in vf["identities"]:
+        x = identity_from_json(v["identity"])
+        enc = encode_identity(x)
+        d = H(enc)
+        ids[v["name"]] = (x, d)
+        tenant = x["tenant"].decode()
+        got = dict(encoding=enc.hex(), digest=d.hex(), id=d[:16].hex(), prefix=f"{tenant}/{d[:16].hex()}/",
+                   tenant_prefix=tenant + "/", shards=x["tp_size"] // x["replication"])
+        for k, want in got.items():
+            expect(v[k] == want, f"identity {v['name']}: {k} {v[k]}, computed {want}")
+        expect(decode_identity(enc) == x, f"identity {v['name']}: decoding")
+    print(f"identities: {len(vf['identities'])} ok")
+
+    hashes = {}
+    for v in vf["chains"]:
+        seed, steps, _ = chain(v["block_size"], v["tokens"], v["extras"])
+        expect(v["seed"] == seed.hex(), f"chain {v['name']}: seed")
+        got = [st[3].hex() for st in steps]
+        expect(v["hashes"] == got, f"chain {v['name']}: hashes {v['hashes']}, computed {got}")
+        hashes[v["name"]] = (v["block_size"], got)
+    print(f"chains: {len(vf['chains'])} ok")
+
+    for v in vf["keys"]:
+        x, d = ids[v["identity"]]
+        n, hs = hashes[v["chain"]]
+        expect(n == x["block_size"], f"key {v}: chain of block size {n} under an identity of block size {x['block_size']}")
+        shard = v["rank"] // x["replication"]
+        key = f"{x['tenant'].decode()}/{d[:16].hex()}/{shard}/{hs[v['block']]}"
+        expect(v["shard"] == shard and v["key"] == key, f"key {v}: computed shard {shard}, key {key}")
+        expect(parse_key(key)[2] == shard, f"key {key}: parse")
+    print(f"keys: {len(vf['keys'])} ok")
+
+    for v in vf["dtypes"]:
+        if "dtype" in v:
+            expect(parse_dtype(v["input"]) == v["dtype"], f"dtype {v['input']!r}")
+        else:
+            expect(rejects(lambda: parse_dtype(v["input"])), f"dtype {v['input']!r} accepted")
+    expect({v["input"] for v in vf["dtypes"] if "dtype" in v} >= set(DTYPES) | set(ALIASES), "dtypes: the table is not all in the vectors")
+    print(f"dtypes: {len(vf['dtypes'])} ok")
+
+    for v in vf["invalid_identities"]:
+        expect(rejects(lambda: encode_identity(identity_from_json(v["identity"])), v["field"]),
+               f"invalid identity {v['name']}: not rejected for {v['field']}")
+    print(f"invalid identities: {len(vf['invalid_identities'])} rejected")
+    for v in vf["invalid_encodings"]:
+        expect(rejects(lambda: decode_identity(bytes.fromhex(v["encoding"]))), f"invalid encoding {v['name']}: decoded")
+    print(f"invalid encodings: {len(vf['invalid_encodings'])} rejected")
+    for v in vf["invalid_chains"]:
+        expect(rejects(lambda: chain(v["block_size"], [], v["extras"]), v["field"]),
+               f"invalid chain {v['name']}: not rejected for {v['field']}")
+    print(f"invalid chains: {len(vf['invalid_chains'])} rejected")
+    for v in vf["invalid_keys"]:
+        expect(rejects(lambda: parse_key(v["key"])), f"invalid key {v['key']!r}: parsed")
+    print(f"invalid keys: {len(vf['invalid_keys'])} rejected")
+
+    w = {x["name"]: x["hex"] for x in vf["worked_example"]}
+    img = H(b"img")
+    ex_a = [{"kind": "cache_salt", "value": "s"}, {"kind": "multimodal", "hash": img.hex(), "offset": 6, "length": 3}]
+    seed, steps, seed_msg = chain(4, list(range(1, 10)), ex_a)
+    seed_b, steps_b, seed_msg_b = chain(129, list(range(129)), [])
+    basic, basic_d = ids["basic"]
+    _, steps_d, _ = chain(16, list(range(1, 17)), ex_a[:1])
+    got = {
+        "A.content_hash": img, "A.seed_message": seed_msg, "A.seed": seed, "A.block0_message": steps[0][2],
+        "A.block0_hash": steps[0][3], "A.block1_extras_message": steps[1][0], "A.block1_extras_digest": H(steps[1][0]),
+        "A.block1_message": steps[1][2], "A.block1_hash": steps[1][3],
+        "B.seed_message": seed_msg_b, "B.seed": seed_b, "B.token_digest": steps_b[0][1], "B.block0_message": steps_b[0][2],
+        "B.block0_hash": steps_b[0][3],
+        "C.encoding": encode_identity(basic), "C.digest": basic_d,
+        "D.block0_message": steps_d[0][2], "D.block0_hash": steps_d[0][3],
+        "D.key": f"acme/{basic_d[:16].hex()}/1/{steps_d[0][3].hex()}".encode(),
+    }
+    expect(set(got) == set(w), f"worked example: names {sorted(w)}")
+    for k, want in got.items():
+        expect(w[k] == want.hex(), f"worked example {k}")
+    print(f"worked example: {len(w)} ok")
+
+
+if __name__ == "__main__":
+    main()
