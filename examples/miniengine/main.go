@@ -348,6 +348,8 @@ type Run struct {
 	BlocksSaved  int64   `json:"blocks_saved"`
 	Failures     int64   `json:"transfer_failures"`
 	ConnectorMs  float64 `json:"connector_ms"` // lookups and transfers, summed over goroutines
+	LookupMs     float64 `json:"lookup_ms"`    // of which lookups
+	Lookups      int64   `json:"lookups"`
 	LoadBytes    int64   `json:"bytes_loaded"`
 	stats        Stats
 }
@@ -363,6 +365,7 @@ func newRun(name string, on bool, blocks int, st Stats) Run {
 		LocalHitRate: st.HitRate(st.LocalTokens), ExtHitRate: st.HitRate(st.ExternalTokens),
 		Computed: st.ComputedTokens, BlocksLoaded: st.ConnLoads, BlocksSaved: st.ConnSaves, Failures: st.ConnFailures,
 		ConnectorMs: float64(st.ConnNanos) / 1e6, LoadBytes: st.ConnLoadBytes,
+		LookupMs: float64(st.ConnLookupNanos) / 1e6, Lookups: st.ConnLookups,
 		stats: st,
 	}
 }

@@ -71,6 +71,8 @@ type Stats struct {
 	ConnFailures      int64 // blocks whose transfer failed
 	ConnCorrupt       int64 // loaded blocks that failed verification (also in ConnFailures)
 	ConnNanos         int64 // time the connector spent in lookups and transfers
+	ConnLookupNanos   int64 // of which lookups: on the engine's goroutine with "lookup": "sync"
+	ConnLookups       int64 // lookups (one batch exists each)
 	outputs           map[turnKey][]hashing.Token
 	prompts           map[turnKey][]hashing.Token
 	gens              map[turnKey]uint64 // the weights generation a turn was submitted under
@@ -221,6 +223,8 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 		st.ConnFailures += wk.LoadFailures + s.SaveFailures
 		st.ConnCorrupt += wk.Corrupt
 		st.ConnNanos += s.LookupNanos + wk.TransferNanos
+		st.ConnLookupNanos += s.LookupNanos
+		st.ConnLookups += s.Lookups
 	}
 	return st, nil
 }
