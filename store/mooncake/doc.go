@@ -47,8 +47,13 @@
 // # Calls
 //
 // Each batch is one native call for all of its valid keys
-// (batch_is_exist, batch_put_from, batch_get_into); a key repeated within
-// a put is sent once. As the C API reports presence and not size, Exists
+// (batch_is_exist, batch_put_from, batch_get_into), and names each key
+// once: a key repeated within a put is sent once (first writer wins), and
+// one repeated within a get is read once, into its longest destination,
+// and copied from there into the others, as Mooncake would otherwise fill
+// only one destination and report success for all (repeats in device
+// memory are read again, one more call per repeat). Finding repeats costs
+// about 15 ns per key. As the C API reports presence and not size, Exists
 // asks the size of each key found with one get_size call each, unless
 // Config.PresenceOnly is set (then Result.N is 0 and the batch is one
 // call). Per-key codes become [Error] values that match the store
