@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvconnect/kvconnect/internal/mapped"
 	"github.com/kvconnect/kvconnect/rdma"
@@ -42,9 +43,20 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
-// Force passed to every removal: exists and get leave a read lease on a
-// key (10 s by default) during which a plain removal fails with -706.
-const force = 1
+// Force passed to every removal: none. Exists and get leave a read lease
+// on a key (10 s by default) during which a removal without force fails
+// with -706 (remove) or skips the key (remove_by_regex, remove_all). With
+// force, Mooncake frees the value's memory at once, and a put may reuse it
+// while a get in flight still reads it: that get then returns another
+// key's bytes as success.
+const force = 0
+
+// Pauses between the tries of a Remove of a key under a lease: doubling
+// from the first to the last.
+const (
+	removePauseFirst = time.Millisecond
+	removePauseMax   = 100 * time.Millisecond
+)
 
 // Open loads the Mooncake Store C library (cfg.Library, else
 // MOONCAKE_STORE_LIBRARY, else libmooncake_store.so on the loader path),
@@ -591,9 +603,16 @@ func (s *Store) checkRegion(r rdma.Region) error {
 	return nil
 }
 
-// Remove deletes key (mooncake_store_remove with force: a read lease does
-// not hold it back). It returns an error matching store.ErrNotFound when
-// the key is absent.
+// Remove deletes key (mooncake_store_remove without force). It returns an
+// error matching store.ErrNotFound when the key is absent.
+//
+// A key under a read lease (Mooncake grants one for
+// --default_kv_lease_ttl, 10 s by default, on every exists or get that
+// finds it) or being read is not removed: Remove tries again, with pauses
+// from 1 ms doubling to 100 ms, for up to Config.RemoveLeaseWait, and then
+// returns an error matching store.ErrHasLease; the key stays, whole and
+// readable. Remove holds no lock while it pauses, and returns ctx's error
+// when ctx ends during a pause.
 func (s *Store) Remove(ctx context.Context, key string) error {
 	if err := store.ValidateKey(key); err != nil {
 		return fmt.Errorf("mooncake: remove: %w", err)
@@ -601,26 +620,55 @@ func (s *Store) Remove(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("mooncake: remove: %w", err)
 	}
-	if err := s.lockCall("remove"); err != nil {
-		return err
-	}
-	defer s.mu.RUnlock()
 	a, err := s.arenas.get(len(key) + 1)
 	if err != nil {
 		return err
 	}
 	defer s.arenas.put(a)
 	a.cstring(0, key)
-	if rc := s.lib.remove(s.handle, a.addr(0), force); rc != 0 {
-		return fmt.Errorf("mooncake: remove %q: %w", key, Error{Op: opRemove, Code: int(rc)})
+	var waited time.Duration
+	pause := removePauseFirst
+	for tries := 1; ; tries++ {
+		if err := s.lockCall("remove"); err != nil {
+			return err
+		}
+		rc := s.lib.remove(s.handle, a.addr(0), force)
+		s.mu.RUnlock()
+		switch {
+		case rc == 0:
+			return nil
+		case rc != CodeObjectHasLease:
+			return fmt.Errorf("mooncake: remove %q: %w", key, Error{Op: opRemove, Code: int(rc)})
+		case waited >= s.cfg.RemoveLeaseWait:
+			return fmt.Errorf("mooncake: remove %q: the key is under a read lease or being read, still after %d tries in %v "+
+				"(Config.RemoveLeaseWait %v; a lease lasts the master's --default_kv_lease_ttl, 10 s by default, after the last exists or get): %w",
+				key, tries, waited, s.cfg.RemoveLeaseWait, Error{Op: opRemove, Code: int(rc)})
+		}
+		d := min(pause, s.cfg.RemoveLeaseWait-waited)
+		timer := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("mooncake: remove %q: waiting for a read lease to end: %w", key, ctx.Err())
+		case <-timer.C:
+		}
+		waited += d
+		pause = min(2*pause, removePauseMax)
 	}
-	return nil
 }
 
 // RemovePrefix deletes every key that starts with prefix through
-// mooncake_store_remove_by_regex with the anchored, escaped prefix
-// ("^" + prefix with every regular-expression metacharacter escaped), with
-// force. The prefix follows the rules of keys (store.ValidateKey).
+// mooncake_store_remove_by_regex without force, with the anchored,
+// escaped prefix ("^" + prefix with every regular-expression
+// metacharacter escaped). The prefix follows the rules of keys
+// (store.ValidateKey).
+//
+// Keys under a read lease, or being read, are left in place, whole and
+// readable, and are not counted: Mooncake's master skips them and reports
+// only how many it removed, so the binding cannot say how many it left.
+// They go with a later RemovePrefix once their leases end (the master's
+// --default_kv_lease_ttl after their last exists or get), or by eviction.
+// Purge by rotating the key identity first (see package store).
 func (s *Store) RemovePrefix(ctx context.Context, prefix string) (int, error) {
 	if prefix == "" {
 		return 0, fmt.Errorf("mooncake: remove prefix: %w: empty prefix (use RemoveAll)", store.ErrInvalidKey)
@@ -669,7 +717,9 @@ func prefixPattern(prefix string) string {
 }
 
 // RemoveAll deletes every key in the cluster (mooncake_store_remove_all
-// with force), not only this client's, and returns how many it deleted.
+// without force), not only this client's, and returns how many it
+// deleted. Keys under a read lease, or being read, are left and not
+// counted, as by [Store.RemovePrefix].
 func (s *Store) RemoveAll(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("mooncake: remove all: %w", err)
