@@ -57,12 +57,34 @@
 // present key succeeds and keeps the first value. Context errors
 // (context.Canceled, context.DeadlineExceeded) are returned as they are.
 //
+// # Removal
+//
+// Removing keys is a physical clean-up, not the way to withdraw blocks.
+// To make a tenant's or a generation's blocks unreachable, change the
+// identity their keys are built from: keys are tenant/namespace/shard/hash
+// (package hashing), and a rotated identity has a new namespace, so from
+// then on no lookup names an old key, whatever the store still holds. The
+// old keys are deleted later with RemovePrefix of the old namespace's
+// prefix, and meanwhile age out like any cold entry.
+//
+// A removal never tears a read. A Get that overlaps a Remove,
+// RemovePrefix or RemoveAll of its key copies the value whole or reports
+// the key absent (or another per-key error); it never returns success with
+// another key's bytes or a mix. Stores differ in how: memstore takes the
+// key away at once and frees its memory when the last copy out of it ends;
+// Mooncake grants a read lease on each key found by an exists or read by a
+// get, and store/mooncake removes without overriding leases, so a key under
+// a lease stays (Remove fails with ErrHasLease after a bounded wait,
+// RemovePrefix and RemoveAll skip it) until the lease ends. Callers that
+// remove keys treat what is left as stale, never as withdrawn.
+//
 // # Concurrency
 //
 // Every Store is safe for concurrent use by multiple goroutines, and every
 // batch call may run at the same time as any other, including calls on the
-// same keys. Close waits for calls already running and makes later ones
-// return [ErrClosed]. Slices passed to a call are read (or, for results,
+// same keys, and a key may be named more than once in one batch (see
+// [Store.Put] and [Store.Get]). Close waits for calls already running and
+// makes later ones return [ErrClosed]. Slices passed to a call are read (or, for results,
 // written) only during the call. The bytes of a region must not be changed
 // by the caller while a put reads them, nor read while a get writes them.
 package store

@@ -38,22 +38,54 @@ type Store interface {
 	// wins). res[i].N is the number of bytes stored (len of the region) on
 	// success. Per-key errors: [ErrInvalidKey], [ErrInvalidRegion],
 	// [ErrNoSpace] (nothing stored for that key; the caller may retry later).
+	//
+	// First writer wins within a batch too: a key named more than once in
+	// keys is stored from its first occurrence that is stored, and every
+	// later occurrence is a put of a present key: its bytes are not kept,
+	// and it reports success with res[i].N the length of its own region.
 	Put(ctx context.Context, keys []string, src []rdma.Region, res []Result) error
 
 	// Get copies the value of keys[i] into dst[i]. res[i].N is the number
 	// of bytes copied (the value's size). Per-key errors: [ErrNotFound],
 	// [ErrBufferTooSmall] (dst[i] is shorter than the value; dst[i] is not
 	// written), [ErrLeaseExpired], [ErrInvalidKey], [ErrInvalidRegion].
+	//
+	// A key named more than once in keys fills the destination of every
+	// occurrence with the value, each occurrence judged on its own: one
+	// whose destination is too short gets [ErrBufferTooSmall] and is not
+	// written, whatever the others get.
+	//
+	// A Get that runs while a Remove, RemovePrefix or RemoveAll deletes
+	// its key, or while an eviction drops it, reports for that key either
+	// the value whole, exactly as it was stored, or [ErrNotFound] (or
+	// another per-key error such as [ErrLeaseExpired]). It never reports
+	// success with other bytes: not a value torn by a removal, nor another
+	// key's value stored in memory freed under the read.
 	Get(ctx context.Context, keys []string, dst []rdma.Region, res []Result) error
 
 	// Remove deletes key. It returns [ErrNotFound] if the key is absent.
+	//
+	// A store that grants read leases (see [Store.Exists]) does not take a
+	// key from under a lease: Remove of a leased key may wait a bounded
+	// time for the lease to end, and then fails with an error matching
+	// [ErrHasLease], leaving the key whole and readable until a later
+	// removal, eviction or the lease's end lets it go. Removal never frees
+	// memory a Get is copying out of (see [Store.Get]).
 	Remove(ctx context.Context, key string) error
 
 	// RemovePrefix deletes every key that starts with prefix, and returns
 	// how many it deleted. An empty prefix is an error: use RemoveAll.
+	//
+	// A store that grants read leases leaves the keys under a lease in
+	// place, whole and readable, as Remove does. It counts only the keys it
+	// deleted, and where it can tell that it left some, it also returns an
+	// error matching [ErrHasLease] that says how many; the implementation's
+	// doc says which it does. Call again once the leases have ended to
+	// delete the rest.
 	RemovePrefix(ctx context.Context, prefix string) (int, error)
 
-	// RemoveAll deletes every key and returns how many it deleted.
+	// RemoveAll deletes every key and returns how many it deleted. Keys
+	// under a read lease are left as by RemovePrefix.
 	RemoveAll(ctx context.Context) (int, error)
 
 	// Register makes r available as a source or destination of Put and Get.

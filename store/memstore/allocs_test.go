@@ -11,8 +11,8 @@ import (
 )
 
 // TestNoAllocations checks that the steady-state calls allocate nothing on
-// the Go heap: Get and Exists of present and absent keys, and Put of keys
-// already present.
+// the Go heap: Get and Exists of present and absent keys, Put of keys
+// already present, and GetV and PutV likewise.
 func TestNoAllocations(t *testing.T) {
 	const n, size = 64, 4096
 	s := open(t, memstore.Config{Capacity: 4 << 20})
@@ -35,6 +35,12 @@ func TestNoAllocations(t *testing.T) {
 	if err := s.Put(ctx, keys, regions, res); err != nil {
 		t.Fatal(err)
 	}
+	vregions := make([][]rdma.Region, n) // each value in two regions
+	for i := range vregions {
+		a, _ := regions[i].Sub(0, size/4)
+		b, _ := regions[i].Sub(size/4, size-size/4)
+		vregions[i] = []rdma.Region{a, b}
+	}
 	for _, tc := range []struct {
 		name string
 		call func() error
@@ -44,6 +50,8 @@ func TestNoAllocations(t *testing.T) {
 		{"Exists", func() error { return s.Exists(ctx, keys, res) }},
 		{"ExistsMissing", func() error { return s.Exists(ctx, missing, res) }},
 		{"PutExisting", func() error { return s.Put(ctx, keys, regions, res) }},
+		{"GetV", func() error { return s.GetV(ctx, keys, vregions, res) }},
+		{"PutVExisting", func() error { return s.PutV(ctx, keys, vregions, res) }},
 	} {
 		var callErr error
 		allocs := testing.AllocsPerRun(20, func() {

@@ -253,3 +253,73 @@ func BenchmarkExists(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkGetV measures a batch GetV of values split across several
+// regions each (a block and its trailer, or a block's layers) against a
+// batch Get of the same values into one region each, the same bytes, in
+// the same iterations (alternating which goes first). x-get is the time
+// of GetV over the time of Get: 1 means that scattering costs nothing.
+func BenchmarkGetV(b *testing.B) {
+	for _, sz := range benchSizes {
+		for _, parts := range []int{2, 8} {
+			b.Run(fmt.Sprintf("size=%s/regions=%d", sz.name, parts), func(b *testing.B) {
+				s, err := memstore.New(memstore.Config{Capacity: 2 * batchBytes})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				c := newCopier(b, 0, 1, sz.size)
+				ctx := b.Context()
+				c.check(b, "put", s.Put(ctx, c.keys[0], c.src, c.res))
+				// The same destination bytes, cut into parts: a short last
+				// part (a trailer) when there are two, equal parts otherwise.
+				vdst := make([][]rdma.Region, len(c.dst))
+				for i, d := range c.dst {
+					cuts := []int{0}
+					if parts == 2 {
+						cuts = append(cuts, d.Len-64)
+					} else {
+						for p := 1; p < parts; p++ {
+							cuts = append(cuts, p*d.Len/parts)
+						}
+					}
+					cuts = append(cuts, d.Len)
+					for p := range parts {
+						r, err := d.Sub(cuts[p], cuts[p+1]-cuts[p])
+						if err != nil {
+							b.Fatal(err)
+						}
+						vdst[i] = append(vdst[i], r)
+					}
+				}
+				var inGet, inGetV time.Duration
+				get := func() {
+					t0 := time.Now()
+					c.check(b, "get", s.Get(ctx, c.keys[0], c.dst, c.res))
+					inGet += time.Since(t0)
+				}
+				getV := func() {
+					t0 := time.Now()
+					c.check(b, "getv", s.GetV(ctx, c.keys[0], vdst, c.res))
+					inGetV += time.Since(t0)
+				}
+				iter := 0
+				b.ReportAllocs()
+				for b.Loop() {
+					if iter%2 == 0 {
+						get()
+						getV()
+					} else {
+						getV()
+						get()
+					}
+					iter++
+				}
+				bytes := float64(iter) * batchBytes
+				b.ReportMetric(bytes/inGetV.Seconds()/1e9, "getv-GB/s")
+				b.ReportMetric(bytes/inGet.Seconds()/1e9, "get-GB/s")
+				b.ReportMetric(inGetV.Seconds()/inGet.Seconds(), "x-get")
+			})
+		}
+	}
+}

@@ -32,6 +32,16 @@
 // Store does: tests that must catch a missing registration use it. Device
 // regions are refused with store.ErrInvalidRegion.
 //
+// memstore implements [store.Vectored]: PutV gathers a value from several
+// regions and GetV scatters it into several, each region copied straight
+// to or from the arena with no staging buffer, so that a block and a
+// trailer kept apart in memory travel as one value (a GetV of a value in
+// two or eight regions ran at 0.99 to 1.06 times the time of a Get of the
+// same bytes into one region: BenchmarkGetV).
+//
+// Keys are copied when an entry is made, so an entry never keeps alive
+// the string a caller cut a batch's keys from.
+//
 // # Eviction
 //
 // memstore is a cache. When a put would take the memory in use above
@@ -45,12 +55,15 @@
 // approximate across shards: one store-wide clock stamps every use, and an
 // eviction repeatedly takes from the shard whose oldest entry is oldest.
 //
-// # Leases
+// # Leases and removal
 //
 // memstore grants no leases. An entry is pinned only while a Get copies its
-// bytes out: it cannot be evicted during the copy, and a Remove during the
-// copy takes the key away at once but frees its memory only when the copy
-// ends. Exists pins nothing, so probing many keys never holds memory: a key
+// bytes out: it cannot be evicted during the copy, and a Remove,
+// RemovePrefix or RemoveAll during the copy takes the key away at once but
+// frees its memory only when the copy ends, so no put can reuse it under
+// the read. A Get that overlaps a removal of its key therefore copies the
+// value whole or finds the key absent, as [store.Store] requires, and a
+// removal never fails or leaves a key because of a read. Exists pins nothing, so probing many keys never holds memory: a key
 // reported present may be evicted before the Get that follows, which then
 // returns store.ErrNotFound and counts as a miss. Mooncake instead grants a
 // read lease (10 s by default) on exists and get; leased entries cannot be

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -16,7 +17,10 @@ import (
 	"github.com/kvconnect/kvconnect/store"
 )
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store    = (*Store)(nil)
+	_ store.Vectored = (*Store)(nil)
+)
 
 // Store is the embedded in-process store. Create one with [New]; it is safe
 // for concurrent use by multiple goroutines.
@@ -318,6 +322,44 @@ func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res [
 			failRest(res[i:], ctx.Err())
 			break
 		}
+		n, dup, err := s.put(key, src[i:i+1], stamp+uint64(i))
+		res[i] = store.Result{N: n, Err: err}
+		switch {
+		case err == nil && dup:
+			dups++
+		case err == nil:
+			puts++
+			bytesIn += int64(n)
+		case isNoSpace(err):
+			rejected++
+		}
+	}
+	s.counters.puts.Add(puts)
+	s.counters.duplicates.Add(dups)
+	s.counters.rejected.Add(rejected)
+	s.counters.bytesIn.Add(bytesIn)
+	return nil
+}
+
+// PutV stores under each keys[i] the concatenation of the regions src[i],
+// copied straight from each region into the store's memory, one after the
+// other, as [Store.Put] stores one region: the same first-writer-wins rule,
+// eviction and errors, and res[i].N the total length. An empty src[i] is
+// store.ErrInvalidRegion for that key, as is any region of it that Put
+// would refuse (the error names which). It implements [store.Vectored].
+func (s *Store) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
+	if err := s.start(ctx, "put", len(keys), len(src), len(res)); err != nil {
+		return err
+	}
+	defer s.exit()
+	done := ctx.Done()
+	stamp := s.ticks(len(keys))
+	var puts, dups, rejected, bytesIn int64
+	for i, key := range keys {
+		if canceled(done) {
+			failRest(res[i:], ctx.Err())
+			break
+		}
 		n, dup, err := s.put(key, src[i], stamp+uint64(i))
 		res[i] = store.Result{N: n, Err: err}
 		switch {
@@ -337,11 +379,37 @@ func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res [
 	return nil
 }
 
-func (s *Store) put(key string, src rdma.Region, stamp uint64) (n int, dup bool, err error) {
+// regions checks the regions of one key of a put or get (role "source"
+// or "destination") and returns their total length (math.MaxInt if the
+// sum would overflow: more than any value).
+func (s *Store) regions(op, key, role string, rs []rdma.Region) (int, error) {
+	if len(rs) == 0 {
+		return 0, fmt.Errorf("%w: %s %.64q: no %s regions", store.ErrInvalidRegion, op, key, role)
+	}
+	total := 0
+	for j, r := range rs {
+		if err := s.checkRegion(op, key, role, r); err != nil {
+			if len(rs) > 1 {
+				err = fmt.Errorf("%w (region %d of %d)", err, j, len(rs))
+			}
+			return 0, err
+		}
+		if r.Len > math.MaxInt-total {
+			total = math.MaxInt
+		} else {
+			total += r.Len
+		}
+	}
+	return total, nil
+}
+
+// put stores the concatenation of src under key, unless the key is present.
+func (s *Store) put(key string, src []rdma.Region, stamp uint64) (n int, dup bool, err error) {
 	if err := store.ValidateKey(key); err != nil {
 		return 0, false, err
 	}
-	if err := s.checkRegion("put", key, "source", src); err != nil {
+	size, err := s.regions("put", key, "source", src)
+	if err != nil {
 		return 0, false, err
 	}
 	sh := s.shard(key)
@@ -349,29 +417,37 @@ func (s *Store) put(key string, src rdma.Region, stamp uint64) (n int, dup bool,
 	if sl, ok := sh.m[key]; ok {
 		sh.touch(sl.e, stamp)
 		sh.mu.Unlock()
-		return src.Len, true, nil
+		return size, true, nil
 	}
 	sh.mu.Unlock()
 
-	node, off, err := s.allocate(key, int64(src.Len))
+	node, off, err := s.allocate(key, int64(size))
 	if err != nil {
 		return 0, false, err
 	}
-	copy(s.buf[off:off+int64(src.Len)], src.Bytes())
+	at := off
+	for _, r := range src {
+		copy(s.buf[at:at+int64(r.Len)], r.Bytes())
+		at += int64(r.Len)
+	}
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if _, ok := sh.m[key]; ok { // a concurrent put of the key won
 		s.freeNode(node)
-		return src.Len, true, nil
+		return size, true, nil
 	}
+	// The caller's key may be a substring of a larger string (a batch's
+	// keys often are): keep a copy of its own, so that the entry does not
+	// hold the rest of that string alive.
+	key = strings.Clone(key)
 	e := sh.newEntry()
-	*e = entry{key: key, off: off, size: src.Len, node: node, stamp: stamp}
-	sh.m[key] = slot{e: e, size: src.Len}
+	*e = entry{key: key, off: off, size: size, node: node, stamp: stamp}
+	sh.m[key] = slot{e: e, size: size}
 	sh.pushFront(e)
 	sh.keys++
-	sh.bytes += int64(src.Len)
-	return src.Len, false, nil
+	sh.bytes += int64(size)
+	return size, false, nil
 }
 
 // Get copies the value of each keys[i] straight from the store's memory
@@ -381,6 +457,42 @@ func (s *Store) put(key string, src rdma.Region, stamp uint64) (n int, dup bool,
 // store.ErrBufferTooSmall (dst[i] is not written), store.ErrInvalidKey,
 // store.ErrInvalidRegion. memstore never returns store.ErrLeaseExpired.
 func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if err := s.start(ctx, "get", len(keys), len(dst), len(res)); err != nil {
+		return err
+	}
+	defer s.exit()
+	done := ctx.Done()
+	stamp := s.ticks(len(keys))
+	var hits, misses, bytesOut int64
+	for i, key := range keys {
+		if canceled(done) {
+			failRest(res[i:], ctx.Err())
+			break
+		}
+		n, err := s.get(key, dst[i:i+1], stamp+uint64(i))
+		res[i] = store.Result{N: n, Err: err}
+		switch {
+		case err == nil:
+			hits++
+			bytesOut += int64(n)
+		case err == store.ErrNotFound:
+			misses++
+		}
+	}
+	s.counters.hits.Add(hits)
+	s.counters.misses.Add(misses)
+	s.counters.bytesOut.Add(bytesOut)
+	return nil
+}
+
+// GetV copies the value of each keys[i] straight from the store's memory
+// across the regions dst[i], filling each before the next, and sets
+// res[i].N to its size; a value shorter than the regions together fills a
+// prefix of them and leaves the rest unchanged. A value longer than the
+// regions together is store.ErrBufferTooSmall and nothing is written; an
+// empty dst[i] is store.ErrInvalidRegion. Otherwise as [Store.Get]: the
+// value is pinned while it is copied. It implements [store.Vectored].
+func (s *Store) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
 	if err := s.start(ctx, "get", len(keys), len(dst), len(res)); err != nil {
 		return err
 	}
@@ -409,11 +521,14 @@ func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res [
 	return nil
 }
 
-func (s *Store) get(key string, dst rdma.Region, stamp uint64) (int, error) {
+// get copies the value of key across dst, filling each region before the
+// next, with the entry pinned.
+func (s *Store) get(key string, dst []rdma.Region, stamp uint64) (int, error) {
 	if err := store.ValidateKey(key); err != nil {
 		return 0, err
 	}
-	if err := s.checkRegion("get", key, "destination", dst); err != nil {
+	room, err := s.regions("get", key, "destination", dst)
+	if err != nil {
 		return 0, err
 	}
 	sh := s.shard(key)
@@ -425,9 +540,9 @@ func (s *Store) get(key string, dst rdma.Region, stamp uint64) (int, error) {
 	}
 	e := sl.e
 	off, size := e.off, e.size
-	if size > dst.Len {
+	if size > room {
 		sh.mu.Unlock()
-		return 0, fmt.Errorf("%w: get %.64q: value of %d bytes, destination of %d", store.ErrBufferTooSmall, key, size, dst.Len)
+		return 0, fmt.Errorf("%w: get %.64q: value of %d bytes, destination of %d", store.ErrBufferTooSmall, key, size, room)
 	}
 	e.pins++
 	sh.touch(e, stamp)
@@ -436,7 +551,16 @@ func (s *Store) get(key string, dst rdma.Region, stamp uint64) (int, error) {
 	if s.copyHook != nil {
 		s.copyHook(key)
 	}
-	copy(dst.Bytes()[:size], s.buf[off:off+int64(size)])
+	at, left := off, int64(size)
+	for _, r := range dst {
+		if left == 0 {
+			break
+		}
+		n := min(int64(r.Len), left)
+		copy(r.Bytes()[:n], s.buf[at:at+n])
+		at += n
+		left -= n
+	}
 
 	sh.mu.Lock()
 	e.pins--

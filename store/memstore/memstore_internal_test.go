@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -436,5 +438,51 @@ func TestCancelMidBatch(t *testing.T) {
 	}
 	if st := r.s.Stats(); st.Hits != 2 {
 		t.Errorf("Stats().Hits = %d, want 2", st.Hits)
+	}
+}
+
+// TestKeysDoNotPinTheBatchString puts keys that are substrings of one
+// string, as callers build a batch's keys: the store keeps copies of its
+// own, so no entry shares (and keeps alive) the memory of that string.
+func TestKeysDoNotPinTheBatchString(t *testing.T) {
+	r := newRig(t, Config{Capacity: 1 << 20, Shards: 2}, 4, 64)
+	batch := strings.Repeat("x", 1000) + "tenant/ns/0/aa" + "tenant/ns/0/bb" + "tenant/ns/1/aa"
+	var keys []string
+	for i := range 3 {
+		keys = append(keys, batch[1000+14*i:1000+14*(i+1)])
+	}
+	src := []rdma.Region{r.slot(0), r.slot(1), r.slot(2)}
+	res := make([]store.Result, 3)
+	if err := r.s.Put(bg, keys, src, res); err != nil {
+		t.Fatal(err)
+	}
+	vsrc := [][]rdma.Region{{r.slot(3)}}
+	vkey := batch[1000 : 1000+13] // "tenant/ns/0/a", through PutV
+	if err := r.s.PutV(bg, []string{vkey}, vsrc, res[:1]); err != nil {
+		t.Fatal(err)
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.StringData(batch)))
+	hi := lo + uintptr(len(batch))
+	inBatch := func(s string) bool {
+		p := uintptr(unsafe.Pointer(unsafe.StringData(s)))
+		return p >= lo && p < hi
+	}
+	found := 0
+	for i := range r.s.shards {
+		sh := &r.s.shards[i]
+		sh.mu.Lock()
+		for k, sl := range sh.m {
+			found++
+			if inBatch(k) || inBatch(sl.e.key) {
+				t.Errorf("entry %q: index key in the batch string %v, entry key in it %v; want neither", k, inBatch(k), inBatch(sl.e.key))
+			}
+		}
+		sh.mu.Unlock()
+	}
+	if found != 4 {
+		t.Fatalf("found %d entries, want 4", found)
+	}
+	if !inBatch(keys[0]) {
+		t.Fatal("the test's keys are not substrings of the batch string; the check cannot fail")
 	}
 }

@@ -19,7 +19,7 @@ type rawBatch struct {
 	keys, bufs, sizes, results uintptr
 }
 
-func newRawBatch(b *testing.B, keys []string, regs []rdma.Region) *rawBatch {
+func newRawBatch(b testing.TB, keys []string, regs []rdma.Region) *rawBatch {
 	n := len(keys)
 	l := newLayout(n, 0)
 	text := 0

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -22,6 +23,15 @@ const (
 	DefaultMetadataServer         = "P2PHANDSHAKE"
 	DefaultProtocol               = "tcp"
 	DefaultLocalHostname          = "localhost"
+
+	// DefaultRemoveLeaseWait is how long Remove waits by default for the
+	// read lease on a key to end: far longer than a transfer in flight
+	// takes, far shorter than a lease granted by an exists or a get lasts
+	// (the master's --default_kv_lease_ttl, 10 s by default).
+	DefaultRemoveLeaseWait = time.Second
+	// NoRemoveWait, as Config.RemoveLeaseWait, makes Remove fail at once
+	// when the key is under a read lease.
+	NoRemoveWait time.Duration = -1
 )
 
 // Environment variables read by [ConfigFromEnv] and [Open].
@@ -106,6 +116,16 @@ type Config struct {
 	// store.Store's contract asks. Connector lookups need presence only:
 	// set it for them. JSON presence_only (read by this package only).
 	PresenceOnly bool `json:"presence_only,omitempty"`
+	// RemoveLeaseWait bounds how long Remove retries a key that is under a
+	// read lease (Mooncake refuses a removal without force while a lease
+	// granted by an exists or a get lasts), with growing pauses between
+	// tries; then Remove fails with an error matching store.ErrHasLease.
+	// The binding never removes with force, which would free memory that a
+	// get in flight still reads. Zero means DefaultRemoveLeaseWait;
+	// NoRemoveWait (any negative value) does not retry. JSON
+	// remove_lease_wait (read by this package only): a duration such as
+	// "250ms" or a number of seconds, where 0 means no retry.
+	RemoveLeaseWait time.Duration `json:"-"`
 	// Logger receives the client's life-cycle events; nil discards them.
 	Logger *slog.Logger `json:"-"`
 }
@@ -129,8 +149,9 @@ func LoadConfig(path string) (Config, error) {
 // 1 GiB when absent and are numbers of bytes or strings such as "4GB" or
 // "512 MB" (KB, MB, GB, TB or K, M, G, T, powers of 1024, case ignored);
 // protocol defaults to "tcp" and is lower-cased; device_name may be null.
-// replica_num and preferred_segments set the replication of puts, and
-// presence_only makes Exists answer presence alone (see Config). The
+// replica_num and preferred_segments set the replication of puts,
+// presence_only makes Exists answer presence alone, and remove_lease_wait
+// bounds how long Remove waits for a read lease to end (see Config). The
 // fields mode, enable_offload, enable_ssd_offload, ssd_offload_path,
 // enable_client_http_server and client_http_port are ignored, as are
 // unknown fields. The result has [Config.EnsureDefaults] applied and is
@@ -187,6 +208,13 @@ func ParseConfig(data []byte) (Config, error) {
 		if err := json.Unmarshal(raw, &cfg.PresenceOnly); err != nil {
 			return Config{}, fmt.Errorf("mooncake: config: field presence_only: want true or false, got %s", clip(raw))
 		}
+	}
+	if raw, ok := fields["remove_lease_wait"]; ok {
+		d, err := parseWait(raw)
+		if err != nil {
+			return Config{}, fmt.Errorf("mooncake: config: field remove_lease_wait: %w", err)
+		}
+		cfg.RemoveLeaseWait = d
 	}
 	if raw, ok := fields["replica_num"]; ok {
 		if err := json.Unmarshal(raw, &cfg.ReplicaNum); err != nil {
@@ -250,10 +278,11 @@ func ConfigFromEnv() (Config, error) {
 }
 
 // EnsureDefaults fills the empty fields that have a default: LocalHostname
-// "localhost", MetadataServer "P2PHANDSHAKE", Protocol "tcp"; it lower-cases
-// Protocol and trims spaces around the strings. Sizes are left alone: zero
-// means none (see [DefaultGlobalSegmentSize]). MasterServerAddress has no
-// default.
+// "localhost", MetadataServer "P2PHANDSHAKE", Protocol "tcp",
+// RemoveLeaseWait [DefaultRemoveLeaseWait]; it lower-cases Protocol and
+// trims spaces around the strings; a negative RemoveLeaseWait becomes
+// [NoRemoveWait]. Sizes are left alone: zero means none (see
+// [DefaultGlobalSegmentSize]). MasterServerAddress has no default.
 func (c *Config) EnsureDefaults() {
 	c.LocalHostname = strings.TrimSpace(c.LocalHostname)
 	c.MetadataServer = strings.TrimSpace(c.MetadataServer)
@@ -268,6 +297,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Protocol == "" {
 		c.Protocol = DefaultProtocol
+	}
+	switch {
+	case c.RemoveLeaseWait == 0:
+		c.RemoveLeaseWait = DefaultRemoveLeaseWait
+	case c.RemoveLeaseWait < 0:
+		c.RemoveLeaseWait = NoRemoveWait
 	}
 }
 
@@ -421,6 +456,39 @@ func (s Size) String() string {
 		}
 	}
 	return strconv.FormatUint(uint64(s), 10)
+}
+
+// maxWaitSeconds bounds remove_lease_wait: an hour is longer than any
+// lease worth waiting out.
+const maxWaitSeconds = 3600
+
+// parseWait reads remove_lease_wait: a Go duration string or a number of
+// seconds, from 0 (no retry, NoRemoveWait) to an hour.
+func parseWait(raw json.RawMessage) (time.Duration, error) {
+	var d time.Duration
+	var str string
+	var num float64
+	switch {
+	case json.Unmarshal(raw, &str) == nil:
+		var err error
+		if d, err = time.ParseDuration(str); err != nil {
+			return 0, fmt.Errorf("invalid duration %s: want a duration such as \"250ms\" or a number of seconds", clip(raw))
+		}
+	case json.Unmarshal(raw, &num) == nil:
+		if num < 0 || num > maxWaitSeconds {
+			return 0, fmt.Errorf("%s seconds: want 0 to %d", clip(raw), maxWaitSeconds)
+		}
+		d = time.Duration(num * float64(time.Second))
+	default:
+		return 0, fmt.Errorf("invalid duration %s: want a duration such as \"250ms\" or a number of seconds", clip(raw))
+	}
+	if d < 0 || d > maxWaitSeconds*time.Second {
+		return 0, fmt.Errorf("%s: want 0 to %ds", clip(raw), maxWaitSeconds)
+	}
+	if d == 0 {
+		return NoRemoveWait, nil
+	}
+	return d, nil
 }
 
 // clip quotes a raw JSON value for an error message, shortened.

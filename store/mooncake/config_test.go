@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -87,26 +88,44 @@ func TestParseConfig(t *testing.T) {
 		{"vllm", vllmConfig, Config{
 			LocalHostname: "node1", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "10.0.0.1:50051",
 			GlobalSegmentSize: 4 << 30, LocalBufferSize: 1 << 30, Protocol: "rdma", DeviceName: "mlx5_0,mlx5_1",
-			TenantID: "default",
+			TenantID: "default", RemoveLeaseWait: DefaultRemoveLeaseWait,
 		}},
 		{"minimal", `{"local_hostname": "h", "metadata_server": "", "master_server_address": "m:1"}`, Config{
 			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1",
 			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, Protocol: "tcp",
+			RemoveLeaseWait: DefaultRemoveLeaseWait,
 		}},
 		{"nulls and zero sizes", `{"local_hostname": "h", "metadata_server": "http://m:8080/metadata", "master_server_address": "m:1",
 			"device_name": null, "global_segment_size": 0, "local_buffer_size": "0", "protocol": null}`, Config{
 			LocalHostname: "h", MetadataServer: "http://m:8080/metadata", MasterServerAddress: "m:1", Protocol: "tcp",
+			RemoveLeaseWait: DefaultRemoveLeaseWait,
 		}},
 		{"replication", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
 			"replica_num": 2, "preferred_segments": ["h:12300"], "global_segment_size": "512 mb"}`, Config{
 			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
 			GlobalSegmentSize: 512 << 20, LocalBufferSize: DefaultLocalBufferSize,
-			ReplicaNum: 2, PreferredSegments: []string{"h:12300"},
+			ReplicaNum: 2, PreferredSegments: []string{"h:12300"}, RemoveLeaseWait: DefaultRemoveLeaseWait,
 		}},
 		{"presence only", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
 			"presence_only": true}`, Config{
 			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
 			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, PresenceOnly: true,
+			RemoveLeaseWait: DefaultRemoveLeaseWait,
+		}},
+		{"remove lease wait", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
+			"remove_lease_wait": "250ms"}`, Config{
+			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, RemoveLeaseWait: 250 * time.Millisecond,
+		}},
+		{"remove lease wait in seconds", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
+			"remove_lease_wait": 12.5}`, Config{
+			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, RemoveLeaseWait: 12500 * time.Millisecond,
+		}},
+		{"no remove retry", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
+			"remove_lease_wait": 0}`, Config{
+			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, RemoveLeaseWait: NoRemoveWait,
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -151,6 +170,11 @@ func TestParseConfigErrors(t *testing.T) {
 		{"replicas as string", base(`, "replica_num": "2"`), []string{"replica_num", `"2"`}},
 		{"empty segment", base(`, "preferred_segments": ["a", ""]`), []string{"preferred_segments", "entry 1"}},
 		{"device NUL", base(`, "device_name": "mlx\u0000"`), []string{"device_name"}},
+		{"negative wait", base(`, "remove_lease_wait": "-1s"`), []string{"remove_lease_wait", `"-1s"`}},
+		{"negative wait in seconds", base(`, "remove_lease_wait": -3`), []string{"remove_lease_wait", "-3"}},
+		{"wait too long", base(`, "remove_lease_wait": 86400`), []string{"remove_lease_wait", "86400"}},
+		{"wait not a duration", base(`, "remove_lease_wait": "soon"`), []string{"remove_lease_wait", `"soon"`}},
+		{"wait as bool", base(`, "remove_lease_wait": true`), []string{"remove_lease_wait", "true"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseConfig([]byte(tc.in))
@@ -203,6 +227,7 @@ func TestConfigFromEnv(t *testing.T) {
 	want := Config{
 		LocalHostname: "localhost", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "10.0.0.2:50051",
 		GlobalSegmentSize: 1 << 30, LocalBufferSize: DefaultLocalBufferSize, Protocol: "tcp",
+		RemoveLeaseWait: DefaultRemoveLeaseWait,
 	}
 	if diff := cmp.Diff(want, cfg); err != nil || diff != "" {
 		t.Errorf("ConfigFromEnv() = %v, (-want +got):\n%s", err, diff)
@@ -232,6 +257,18 @@ func TestValidateGoConfig(t *testing.T) {
 	cfg.GlobalSegmentSize = maxSize + 1
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "global_segment_size") {
 		t.Errorf("Validate(huge segment) = %v", err)
+	}
+	for _, tc := range []struct{ in, want time.Duration }{
+		{0, DefaultRemoveLeaseWait},
+		{-time.Second, NoRemoveWait},
+		{NoRemoveWait, NoRemoveWait},
+		{time.Minute, time.Minute},
+	} {
+		c := Config{MasterServerAddress: "m:1", RemoveLeaseWait: tc.in}
+		c.EnsureDefaults()
+		if c.RemoveLeaseWait != tc.want {
+			t.Errorf("EnsureDefaults(RemoveLeaseWait %v) = %v, want %v", tc.in, c.RemoveLeaseWait, tc.want)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/storetest"
@@ -14,15 +15,33 @@ import (
 // TestConformance runs the store conformance harness against the binding
 // over the fake library: it checks the binding's side of the ABI (layout
 // of the arrays, C strings, results) and its mapping of codes to errors.
+// The fake grants leases as Mooncake does, in two shapes: for the time of a
+// read only (removals wait for reads in flight), and for an hour, so that
+// every key the harness has read or probed stays (removals fail with
+// store.ErrHasLease, at once).
 func TestConformance(t *testing.T) {
-	cfg := fakeConfig(t)
-	storetest.Run(t, func(t testing.TB) store.Store {
-		s, err := Open(context.Background(), cfg)
-		if err != nil {
-			t.Fatalf("Open(fake) = %v", err)
-		}
-		return s
-	}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096})
+	for _, tc := range []struct {
+		name  string
+		lease time.Duration
+		wait  time.Duration
+	}{
+		{"ReadLeases", 0, 0},
+		{"LongLeases", time.Hour, NoRemoveWait},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := fakeHooks(t)
+			cfg := fakeConfig(t)
+			cfg.RemoveLeaseWait = tc.wait
+			storetest.Run(t, func(t testing.TB) store.Store {
+				s, err := Open(context.Background(), cfg)
+				if err != nil {
+					t.Fatalf("Open(fake) = %v", err)
+				}
+				h.setLease(s.handle, int64(tc.lease), 0)
+				return s
+			}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096, Leases: true})
+		})
+	}
 }
 
 // TestConformanceReal runs the same harness against a real Mooncake Store
@@ -33,13 +52,14 @@ func TestConformance(t *testing.T) {
 // use a master of its own.
 func TestConformanceReal(t *testing.T) {
 	cfg := realConfig(t)
+	cfg.RemoveLeaseWait = NoRemoveWait // every key read stays leased for the master's TTL
 	storetest.Run(t, func(t testing.TB) store.Store {
 		s, err := Open(context.Background(), cfg)
 		if err != nil {
 			t.Fatalf("Open(%s) = %v", cfg.MasterServerAddress, err)
 		}
 		return s
-	}, storetest.Options{Evicts: true, Capacity: 16 << 20, MaxValueSize: 64 << 10})
+	}, storetest.Options{Evicts: true, Capacity: 16 << 20, MaxValueSize: 64 << 10, Leases: true})
 }
 
 // realConfig returns the config of a real Mooncake cluster from the

@@ -79,6 +79,9 @@ type hooks struct {
 	setupSeen func(store uintptr) int32
 	keys      func(store, bytes uintptr) uint64
 	replicate func(store, out, seg0, seg0Len uintptr) int32
+	setLease  func(store uintptr, ns int64, refusals int32)
+	refused   func(store uintptr) uint64
+	gateGet   func(store uintptr, r, w int32)
 	scratch   *rdma.HostMemory // outputs of the hooks, outside the Go heap
 }
 
@@ -95,6 +98,9 @@ func fakeHooks(t testing.TB) *hooks {
 		{Name: "fake_setup_seen", Fn: &h.setupSeen},
 		{Name: "fake_keys", Fn: &h.keys},
 		{Name: "fake_replicate", Fn: &h.replicate},
+		{Name: "fake_set_lease", Fn: &h.setLease},
+		{Name: "fake_refused", Fn: &h.refused},
+		{Name: "fake_gate_get", Fn: &h.gateGet},
 	}
 	for _, s := range h.api.symbols() {
 		syms = append(syms, dl.Symbol{Name: s.name, Fn: s.fn})

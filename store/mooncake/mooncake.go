@@ -3,11 +3,13 @@ package mooncake
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvconnect/kvconnect/internal/mapped"
 	"github.com/kvconnect/kvconnect/rdma"
@@ -25,7 +27,6 @@ type Store struct {
 	persist []byte  // setup strings and the replication config, for the store's life
 	repl    uintptr // address of the replication config in persist, or 0 for NULL
 	arenas  arenaPool
-	seen    sync.Pool // map[string]int32 for finding repeated keys in a put
 
 	mu struct {
 		// Batch calls hold the read lock for their whole native call;
@@ -42,9 +43,20 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
-// Force passed to every removal: exists and get leave a read lease on a
-// key (10 s by default) during which a plain removal fails with -706.
-const force = 1
+// Force passed to every removal: none. Exists and get leave a read lease
+// on a key (10 s by default) during which a removal without force fails
+// with -706 (remove) or skips the key (remove_by_regex, remove_all). With
+// force, Mooncake frees the value's memory at once, and a put may reuse it
+// while a get in flight still reads it: that get then returns another
+// key's bytes as success.
+const force = 0
+
+// Pauses between the tries of a Remove of a key under a lease: doubling
+// from the first to the last.
+const (
+	removePauseFirst = time.Millisecond
+	removePauseMax   = 100 * time.Millisecond
+)
 
 // Open loads the Mooncake Store C library (cfg.Library, else
 // MOONCAKE_STORE_LIBRARY, else libmooncake_store.so on the loader path),
@@ -85,7 +97,6 @@ func open(ctx context.Context, cfg Config, lib *api) (*Store, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	s.seen.New = func() any { return make(map[string]int32) }
 	strs := []string{cfg.LocalHostname, cfg.MetadataServer, cfg.Protocol, cfg.DeviceName, cfg.MasterServerAddress}
 	size := replicateSize + 8*len(cfg.PreferredSegments)
 	for _, v := range append(strs, cfg.PreferredSegments...) {
@@ -187,14 +198,59 @@ func (s *Store) lockCall(op string) error {
 }
 
 // layout of a batch of n native entries in an arena: pointer arrays,
-// results, the map back to the caller's indexes, then key bytes.
-type layout struct{ n, keys, bufs, sizes, res, idx, text, size int }
+// results, the map back to the caller's indexes, then key bytes, then
+// (for batches of more than one key) the table that finds repeated keys.
+type layout struct{ n, keys, bufs, sizes, res, idx, text, tbl, slots, size int }
 
 func newLayout(n, keyBytes int) layout {
 	l := layout{n: n, keys: 0, bufs: 8 * n, sizes: 16 * n, res: 24 * n, idx: 32 * n}
 	l.text = (36*n + 7) &^ 7
-	l.size = l.text + keyBytes
+	l.tbl = (l.text + keyBytes + 7) &^ 7
+	if n > 1 {
+		l.slots = 16
+		for l.slots < 2*n {
+			l.slots *= 2
+		}
+	}
+	l.size = l.tbl + 8*l.slots
 	return l
+}
+
+// markRepeats finds the valid keys (res[i].Err nil) named more than once
+// and marks every occurrence but one with res[i].N = -1 - slot, the slot
+// of t holding the occurrence that goes to the native call: the first,
+// or with longest the one with the longest region. It returns how many
+// it marked.
+func markRepeats(t repeatTable, keys []string, regions []rdma.Region, res []store.Result, longest bool) int {
+	marked := 0
+	mask := uint64(len(t) - 1)
+	for i, k := range keys {
+		if res[i].Err != nil {
+			continue
+		}
+		h := keyHash(k)
+		tag := h &^ 0xffffffff
+		for p := h & mask; ; p = (p + 1) & mask {
+			e := t[p]
+			if e == 0 {
+				t[p] = tag | uint64(i+1)
+				break
+			}
+			j := int(uint32(e)) - 1
+			if e&^0xffffffff != tag || keys[j] != k {
+				continue
+			}
+			marked++
+			if longest && regions[i].Len > regions[j].Len {
+				t[p] = tag | uint64(i+1)
+				res[j].N = -1 - int(p)
+			} else {
+				res[i].N = -1 - int(p)
+			}
+			break
+		}
+	}
+	return marked
 }
 
 // Exists looks up keys with one mooncake_store_batch_is_exist call for
@@ -282,31 +338,17 @@ func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res [
 		return err
 	}
 	defer s.mu.RUnlock()
-	var seen map[string]int32
-	if len(keys) > 1 {
-		seen = s.seen.Get().(map[string]int32)
-		defer func() { clear(seen); s.seen.Put(seen) }()
-	}
-	n, kb, dups := 0, 0, 0
+	n, kb := 0, 0
 	for i, k := range keys {
 		err := store.ValidateKey(k)
 		if err == nil {
 			err = s.checkRegion(src[i])
 		}
 		res[i] = store.Result{Err: err}
-		if err != nil {
-			continue
+		if err == nil {
+			n++
+			kb += len(k) + 1
 		}
-		if seen != nil {
-			if first, ok := seen[k]; ok {
-				res[i].N = -1 - int(first) // resolved after the call
-				dups++
-				continue
-			}
-			seen[k] = int32(i)
-		}
-		n++
-		kb += len(k) + 1
 	}
 	if n == 0 {
 		return nil
@@ -317,6 +359,13 @@ func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res [
 		return err
 	}
 	defer s.arenas.put(a)
+	var t repeatTable
+	dups := 0
+	if n > 1 {
+		t = a.table(l)
+		dups = markRepeats(t, keys, src, res, false) // the repeats' N: resolved after the call
+		n -= dups
+	}
 	kp, bp, sp, idx := a.words(l.keys, n), a.words(l.bufs, n), a.words(l.sizes, n), a.int32s(l.idx, n)
 	off, j := l.text, 0
 	for i, k := range keys {
@@ -351,7 +400,7 @@ func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res [
 			if res[i].Err != nil || res[i].N >= 0 {
 				continue
 			}
-			first := -1 - res[i].N
+			first := t.at(-1 - res[i].N)
 			res[i] = store.Result{Err: res[first].Err}
 			if res[i].Err == nil {
 				res[i].N = src[i].Len
@@ -370,6 +419,14 @@ func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res [
 // lie inside a region given to [Store.Register]. A region shorter than the
 // value fails with store.ErrBufferTooSmall; a missing key with
 // store.ErrNotFound. Mooncake grants a read lease on each key read.
+//
+// A key named more than once is named once in the native call (Mooncake
+// keys a batch's transfers by key and would fill only one of the
+// destinations, reporting success for all): the occurrence with the
+// longest region is read, and the value is copied from there into the
+// other occurrences' regions that hold it (host memory), each judged on
+// its own length. An occurrence in device memory is read again instead,
+// in one more native call per repeat.
 func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
 	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
 		return err
@@ -402,41 +459,124 @@ func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res [
 		return err
 	}
 	defer s.arenas.put(a)
-	kp, bp, sp, idx := a.words(l.keys, n), a.words(l.bufs, n), a.words(l.sizes, n), a.int32s(l.idx, n)
-	off, j := l.text, 0
-	for i, k := range keys {
-		if res[i].Err != nil {
-			continue
+	var t repeatTable
+	repeats := 0
+	if n > 1 {
+		t = a.table(l)
+		repeats = markRepeats(t, keys, dst, res, true)
+	}
+	idx := a.int32s(l.idx, n)
+	m := 0
+	for i := range keys {
+		if res[i].Err == nil && res[i].N == 0 {
+			idx[m] = int32(i)
+			m++
 		}
-		kp[j], bp[j], sp[j], idx[j] = a.addr(off), dst[i].Addr, uintptr(dst[i].Len), int32(i)
-		off = a.cstring(off, k)
-		j++
 	}
-	rc := s.lib.batchGetInto(s.handle, a.addr(l.keys), a.addr(l.bufs), a.addr(l.sizes), uintptr(n), a.addr(l.res))
+	var st getStats
+	if err := s.getBatch(a, l, keys, dst, res, idx[:m], &st); err != nil {
+		return err
+	}
+	if repeats > 0 {
+		if err := s.fillRepeats(a, l, t, keys, dst, res, &st); err != nil {
+			return err
+		}
+	}
+	s.stats.hits.Add(st.hits)
+	s.stats.misses.Add(st.misses)
+	s.stats.bytesOut.Add(st.bytesOut)
+	return nil
+}
+
+// getStats are the counters of one Get.
+type getStats struct{ hits, misses, bytesOut int64 }
+
+// getBatch copies the values of keys[i], for each i in idx (no key
+// twice), into dst[i] with one mooncake_store_batch_get_into call laid out
+// in a, and sets res[i]. It returns an error only when the call failed as
+// a whole.
+func (s *Store) getBatch(a *arena, l layout, keys []string, dst []rdma.Region, res []store.Result, idx []int32, st *getStats) error {
+	m := len(idx)
+	kp, bp, sp := a.words(l.keys, m), a.words(l.bufs, m), a.words(l.sizes, m)
+	off := l.text
+	for j, i := range idx {
+		kp[j], bp[j], sp[j] = a.addr(off), dst[i].Addr, uintptr(dst[i].Len)
+		off = a.cstring(off, keys[i])
+	}
+	rc := s.lib.batchGetInto(s.handle, a.addr(l.keys), a.addr(l.bufs), a.addr(l.sizes), uintptr(m), a.addr(l.res))
 	if rc != 0 {
-		return fmt.Errorf("mooncake: batch get of %d keys: %w", n, Error{Op: opGet, Code: int(rc)})
+		return fmt.Errorf("mooncake: batch get of %d keys: %w", m, Error{Op: opGet, Code: int(rc)})
 	}
-	var hits, misses, bytesOut int64
-	for j, r := range a.int64s(l.res, n) {
+	for j, r := range a.int64s(l.res, m) {
 		i := idx[j]
 		switch {
 		case r >= 0 && r <= int64(dst[i].Len):
-			res[i].N = int(r)
-			hits++
-			bytesOut += r
+			res[i] = store.Result{N: int(r)}
+			st.hits++
+			st.bytesOut += r
 		case r > 0:
-			res[i].Err = fmt.Errorf("%w: mooncake: get %q: the library reported %d bytes read into a %d-byte region",
-				store.ErrTransfer, keys[i], r, dst[i].Len)
+			res[i] = store.Result{Err: fmt.Errorf("%w: mooncake: get %q: the library reported %d bytes read into a %d-byte region",
+				store.ErrTransfer, keys[i], r, dst[i].Len)}
 		case r == CodeObjectNotFound || r == CodeReplicaNotReady:
-			misses++
-			res[i].Err = Error{Op: opGet, Code: int(r)}
+			st.misses++
+			res[i] = store.Result{Err: Error{Op: opGet, Code: int(r)}}
 		default:
-			res[i].Err = Error{Op: opGet, Code: int(r)}
+			res[i] = store.Result{Err: Error{Op: opGet, Code: int(r)}}
 		}
 	}
-	s.stats.hits.Add(hits)
-	s.stats.misses.Add(misses)
-	s.stats.bytesOut.Add(bytesOut)
+	return nil
+}
+
+// fillRepeats settles the occurrences of repeated keys that markRepeats
+// left out of the native call. One in host memory gets the outcome of the
+// occurrence read, judged against its own region, and a copy of the value
+// from that occurrence's region (host memory too). The others are read
+// again, in as many more native calls as a key has such occurrences.
+func (s *Store) fillRepeats(a *arena, l layout, t repeatTable, keys []string, dst []rdma.Region, res []store.Result, st *getStats) error {
+	again := 0
+	for i := range res {
+		if res[i].Err != nil || res[i].N >= 0 {
+			continue
+		}
+		j := t.at(-1 - res[i].N)
+		if !dst[i].Loc.IsHost() || !dst[j].Loc.IsHost() {
+			res[i].N = -1 // read again below
+			again++
+			continue
+		}
+		switch r := res[j]; {
+		case r.Err != nil:
+			res[i] = store.Result{Err: r.Err}
+			if errors.Is(r.Err, store.ErrNotFound) {
+				st.misses++
+			}
+		case r.N > dst[i].Len:
+			res[i] = store.Result{Err: Error{Op: opGet, Code: CodeInvalidParams}}
+		default:
+			copy(dst[i].Bytes()[:r.N], dst[j].Bytes()[:r.N])
+			res[i] = store.Result{N: r.N}
+			st.hits++
+			st.bytesOut += int64(r.N)
+		}
+	}
+	for again > 0 {
+		t = a.table(l)
+		idx := a.int32s(l.idx, l.n)
+		m := 0
+		for i := range res {
+			if res[i].Err != nil || res[i].N >= 0 {
+				continue
+			}
+			if _, prev := t.add(keyHash(keys[i]), keys, i); prev < 0 {
+				idx[m] = int32(i)
+				m++
+			}
+		}
+		if err := s.getBatch(a, l, keys, dst, res, idx[:m], st); err != nil {
+			return err
+		}
+		again -= m
+	}
 	return nil
 }
 
@@ -463,9 +603,16 @@ func (s *Store) checkRegion(r rdma.Region) error {
 	return nil
 }
 
-// Remove deletes key (mooncake_store_remove with force: a read lease does
-// not hold it back). It returns an error matching store.ErrNotFound when
-// the key is absent.
+// Remove deletes key (mooncake_store_remove without force). It returns an
+// error matching store.ErrNotFound when the key is absent.
+//
+// A key under a read lease (Mooncake grants one for
+// --default_kv_lease_ttl, 10 s by default, on every exists or get that
+// finds it) or being read is not removed: Remove tries again, with pauses
+// from 1 ms doubling to 100 ms, for up to Config.RemoveLeaseWait, and then
+// returns an error matching store.ErrHasLease; the key stays, whole and
+// readable. Remove holds no lock while it pauses, and returns ctx's error
+// when ctx ends during a pause.
 func (s *Store) Remove(ctx context.Context, key string) error {
 	if err := store.ValidateKey(key); err != nil {
 		return fmt.Errorf("mooncake: remove: %w", err)
@@ -473,26 +620,55 @@ func (s *Store) Remove(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("mooncake: remove: %w", err)
 	}
-	if err := s.lockCall("remove"); err != nil {
-		return err
-	}
-	defer s.mu.RUnlock()
 	a, err := s.arenas.get(len(key) + 1)
 	if err != nil {
 		return err
 	}
 	defer s.arenas.put(a)
 	a.cstring(0, key)
-	if rc := s.lib.remove(s.handle, a.addr(0), force); rc != 0 {
-		return fmt.Errorf("mooncake: remove %q: %w", key, Error{Op: opRemove, Code: int(rc)})
+	var waited time.Duration
+	pause := removePauseFirst
+	for tries := 1; ; tries++ {
+		if err := s.lockCall("remove"); err != nil {
+			return err
+		}
+		rc := s.lib.remove(s.handle, a.addr(0), force)
+		s.mu.RUnlock()
+		switch {
+		case rc == 0:
+			return nil
+		case rc != CodeObjectHasLease:
+			return fmt.Errorf("mooncake: remove %q: %w", key, Error{Op: opRemove, Code: int(rc)})
+		case waited >= s.cfg.RemoveLeaseWait:
+			return fmt.Errorf("mooncake: remove %q: the key is under a read lease or being read, still after %d tries in %v "+
+				"(Config.RemoveLeaseWait %v; a lease lasts the master's --default_kv_lease_ttl, 10 s by default, after the last exists or get): %w",
+				key, tries, waited, s.cfg.RemoveLeaseWait, Error{Op: opRemove, Code: int(rc)})
+		}
+		d := min(pause, s.cfg.RemoveLeaseWait-waited)
+		timer := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("mooncake: remove %q: waiting for a read lease to end: %w", key, ctx.Err())
+		case <-timer.C:
+		}
+		waited += d
+		pause = min(2*pause, removePauseMax)
 	}
-	return nil
 }
 
 // RemovePrefix deletes every key that starts with prefix through
-// mooncake_store_remove_by_regex with the anchored, escaped prefix
-// ("^" + prefix with every regular-expression metacharacter escaped), with
-// force. The prefix follows the rules of keys (store.ValidateKey).
+// mooncake_store_remove_by_regex without force, with the anchored,
+// escaped prefix ("^" + prefix with every regular-expression
+// metacharacter escaped). The prefix follows the rules of keys
+// (store.ValidateKey).
+//
+// Keys under a read lease, or being read, are left in place, whole and
+// readable, and are not counted: Mooncake's master skips them and reports
+// only how many it removed, so the binding cannot say how many it left.
+// They go with a later RemovePrefix once their leases end (the master's
+// --default_kv_lease_ttl after their last exists or get), or by eviction.
+// Purge by rotating the key identity first (see package store).
 func (s *Store) RemovePrefix(ctx context.Context, prefix string) (int, error) {
 	if prefix == "" {
 		return 0, fmt.Errorf("mooncake: remove prefix: %w: empty prefix (use RemoveAll)", store.ErrInvalidKey)
@@ -541,7 +717,9 @@ func prefixPattern(prefix string) string {
 }
 
 // RemoveAll deletes every key in the cluster (mooncake_store_remove_all
-// with force), not only this client's, and returns how many it deleted.
+// without force), not only this client's, and returns how many it
+// deleted. Keys under a read lease, or being read, are left and not
+// counted, as by [Store.RemovePrefix].
 func (s *Store) RemoveAll(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("mooncake: remove all: %w", err)

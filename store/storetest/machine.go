@@ -53,7 +53,11 @@ type machine struct {
 	// store that evicts may also have dropped the key, and after a put of a
 	// key it may have dropped before, holds either value: the list narrows
 	// on the next observation.
-	model   map[string][][]byte
+	model map[string][][]byte
+	// maybe holds the keys of the model that a removal may have taken or
+	// left (a store with leases leaves keys under a lease): the next
+	// observation tells.
+	maybe   map[string]bool
 	version uint64
 }
 
@@ -83,7 +87,7 @@ func (h *harness) stateMachine(t tester) {
 				}
 			}()
 		}
-		m := &machine{s: s, opts: opts, keys: keys, sizes: sizes, src: src, dst: dst, model: map[string][][]byte{}}
+		m := &machine{s: s, opts: opts, keys: keys, sizes: sizes, src: src, dst: dst, model: map[string][][]byte{}, maybe: map[string]bool{}}
 		rt.Repeat(map[string]func(*rapid.T){
 			"Put":          m.put,
 			"PutMore":      m.put,
@@ -98,8 +102,16 @@ func (h *harness) stateMachine(t tester) {
 	})
 }
 
+// drawKeys draws the keys of a batch: distinct, or one time in four with
+// one of them named twice.
 func (m *machine) drawKeys(t *rapid.T) []string {
-	return rapid.SliceOfNDistinct(rapid.SampledFrom(m.keys), 1, batchMax, rapid.ID[string]).Draw(t, "keys")
+	keys := rapid.SliceOfNDistinct(rapid.SampledFrom(m.keys), 1, batchMax, rapid.ID[string]).Draw(t, "keys")
+	if len(keys) < batchMax && rapid.IntRange(0, 3).Draw(t, "repeat") == 0 {
+		k := rapid.SampledFrom(keys).Draw(t, "repeated")
+		at := rapid.IntRange(0, len(keys)).Draw(t, "at")
+		keys = slices.Insert(keys, at, k)
+	}
+	return keys
 }
 
 // modelBytes is the most value bytes the store may hold by the model.
@@ -143,9 +155,10 @@ func (m *machine) put(t *rapid.T) {
 			switch cur := m.model[key]; {
 			case len(cur) == 0:
 				m.model[key] = [][]byte{vals[i]}
-			case m.opts.Evicts:
-				m.model[key] = append(cur, vals[i]) // it may have been evicted first
+			case m.opts.Evicts || m.maybe[key]:
+				m.model[key] = append(cur, vals[i]) // it may have been evicted or removed first
 			}
+			delete(m.maybe, key)
 		case errors.Is(r.Err, store.ErrNoSpace):
 			if !m.opts.Evicts && m.modelBytes()+int64(len(vals[i])) <= m.opts.Capacity {
 				t.Fatalf("Put(%q): key %q: %v, with %d of %d bytes of Capacity in use and no eviction declared", keys, key, r.Err, m.modelBytes(), m.opts.Capacity)
@@ -260,20 +273,27 @@ func (m *machine) remove(t *rapid.T) {
 			t.Fatalf("Remove(%q) = nil, but the key was removed before or never stored", key)
 		}
 		delete(m.model, key)
+		delete(m.maybe, key)
 	case errors.Is(err, store.ErrNotFound):
 		m.sawAbsent(t, "Remove", key)
+	case m.opts.Leases && errors.Is(err, store.ErrHasLease):
+		if len(m.model[key]) == 0 {
+			t.Fatalf("Remove(%q) = %v, but the key was removed before or never stored", key, err)
+		}
+		delete(m.maybe, key) // refused, so present
 	default:
-		t.Fatalf("Remove(%q) = %v, want nil or store.ErrNotFound", key, err)
+		want := "nil or store.ErrNotFound"
+		if m.opts.Leases {
+			want += " or store.ErrHasLease"
+		}
+		t.Fatalf("Remove(%q) = %v, want %s", key, err, want)
 	}
 }
 
 func (m *machine) removePrefix(t *rapid.T) {
 	prefix := rapid.SampledFrom(machinePrefixes).Draw(t, "prefix")
 	n, err := m.s.RemovePrefix(background, prefix)
-	if err != nil {
-		t.Fatalf("RemovePrefix(%q) = %d, %v; want a nil error", prefix, n, err)
-	}
-	m.removed(t, fmt.Sprintf("RemovePrefix(%q)", prefix), n, func(k string) bool { return strings.HasPrefix(k, prefix) })
+	m.removed(t, fmt.Sprintf("RemovePrefix(%q)", prefix), n, err, func(k string) bool { return strings.HasPrefix(k, prefix) })
 }
 
 func (m *machine) removeAll(t *rapid.T) {
@@ -281,28 +301,45 @@ func (m *machine) removeAll(t *rapid.T) {
 		t.Skip("RemoveAll only one time in four")
 	}
 	n, err := m.s.RemoveAll(background)
-	if err != nil {
-		t.Fatalf("RemoveAll() = %d, %v; want a nil error", n, err)
-	}
-	m.removed(t, "RemoveAll()", n, func(string) bool { return true })
+	m.removed(t, "RemoveAll()", n, err, func(string) bool { return true })
 }
 
-// removed checks the count of a prefix or total removal and updates the
-// model: every matching key is gone.
-func (m *machine) removed(t *rapid.T, call string, n int, match func(string) bool) {
+// removed checks the count and error of a prefix or total removal and
+// updates the model: every matching key is gone, or, when the store has
+// leases and may have left some, every matching key may be gone.
+func (m *machine) removed(t *rapid.T, call string, n int, err error, match func(string) bool) {
+	leased := m.opts.Leases && errors.Is(err, store.ErrHasLease)
+	if err != nil && !leased {
+		want := "a nil error"
+		if m.opts.Leases {
+			want += " or one matching store.ErrHasLease"
+		}
+		t.Fatalf("%s = %d, %v; want %s", call, n, err, want)
+	}
 	present := 0
 	for key, vals := range m.model {
 		if match(key) && len(vals) > 0 {
 			present++
-			delete(m.model, key)
 		}
 	}
-	if n < 0 || n > present || (!m.opts.Evicts && n != present) {
+	if n < 0 || n > present || (!m.opts.Evicts && !m.opts.Leases && n != present) {
 		want := fmt.Sprint(present)
-		if m.opts.Evicts {
-			want = fmt.Sprintf("at most %d (some may have been evicted)", present)
+		if m.opts.Evicts || m.opts.Leases {
+			want = fmt.Sprintf("at most %d (some may have been evicted or left under a lease)", present)
 		}
 		t.Fatalf("%s = %d, want %s", call, n, want)
+	}
+	left := m.opts.Leases && (leased || n < present)
+	for key, vals := range m.model {
+		if !match(key) || len(vals) == 0 {
+			continue
+		}
+		if left {
+			m.maybe[key] = true
+		} else {
+			delete(m.model, key)
+			delete(m.maybe, key)
+		}
 	}
 }
 
@@ -328,10 +365,11 @@ func (m *machine) check(t *rapid.T) {
 
 // sawAbsent records that key is absent.
 func (m *machine) sawAbsent(t *rapid.T, op, key string) {
-	if len(m.model[key]) > 0 && !m.opts.Evicts {
+	if len(m.model[key]) > 0 && !m.opts.Evicts && !m.maybe[key] {
 		t.Fatalf("%s: key %q vanished: it was stored and never removed, and the store declares no eviction", op, key)
 	}
 	delete(m.model, key)
+	delete(m.maybe, key)
 }
 
 // sawSize records that key is present with a value of n bytes.
@@ -345,6 +383,7 @@ func (m *machine) sawSize(t *rapid.T, key string, n int) {
 		t.Fatalf("Exists: key %q has N = %d, want %s", key, n, sizesOf(vals))
 	}
 	m.model[key] = kept
+	delete(m.maybe, key)
 }
 
 // sawValue records that key holds got.
@@ -356,6 +395,7 @@ func (m *machine) sawValue(t *rapid.T, op, key string, got []byte) {
 	for _, v := range vals {
 		if bytes.Equal(v, got) {
 			m.model[key] = [][]byte{v}
+			delete(m.maybe, key)
 			return
 		}
 	}

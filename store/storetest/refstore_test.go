@@ -3,9 +3,11 @@ package storetest
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -15,20 +17,25 @@ import (
 type bug int
 
 const (
-	noBug                bug = iota
-	bugServesAfterRemove     // Remove reports success and keeps the key
-	bugLastWriterWins        // a second put replaces the value
-	bugEvictsDuringRead      // Get evicts and poisons the value half way through its copy
-	bugAcceptsSpaces         // keys with spaces are accepted
-	bugIgnoresMismatch       // batch slices of different lengths are served up to the shortest
-	bugWritesShortBuffer     // a too-short destination is written before ErrBufferTooSmall
-	bugVanishes              // every fifth put silently drops the oldest key
-	bugOpenAfterClose        // Close does not close
-	bugPrefixMiscount        // RemovePrefix reports one key more than it removed
-	bugIgnoresContext        // canceled contexts are ignored
-	bugRetainsSource         // Put keeps the source region and Get reads it then
-	bugWritesPastValue       // Get zeroes the destination past the value
-	bugStatsOffByOne         // Stats counts one key too many
+	noBug                  bug = iota
+	bugServesAfterRemove       // Remove reports success and keeps the key
+	bugLastWriterWins          // a second put replaces the value
+	bugEvictsDuringRead        // Get evicts and poisons the value half way through its copy
+	bugAcceptsSpaces           // keys with spaces are accepted
+	bugIgnoresMismatch         // batch slices of different lengths are served up to the shortest
+	bugWritesShortBuffer       // a too-short destination is written before ErrBufferTooSmall
+	bugVanishes                // every fifth put silently drops the oldest key
+	bugOpenAfterClose          // Close does not close
+	bugPrefixMiscount          // RemovePrefix reports one key more than it removed
+	bugIgnoresContext          // canceled contexts are ignored
+	bugRetainsSource           // Put keeps the source region and Get reads it then
+	bugWritesPastValue         // Get zeroes the destination past the value
+	bugStatsOffByOne           // Stats counts one key too many
+	bugRepeatLastWins          // a key repeated within a Put keeps its last occurrence's bytes
+	bugRepeatFillsLast         // a key repeated within a Get fills only its last destination (as Mooncake's batch_get_into)
+	bugTornUnderRemoval        // a Get overlapping a removal copies the rest of its value from another key's memory
+	bugForeignUnderRemoval     // a Get overlapping a removal returns another key's value, whose put reused the memory
+	bugLeaseRefusalLies        // Remove reports store.ErrHasLease but removes the key
 )
 
 // refStore is a simple, correct store on the Go heap, one mutex around
@@ -45,12 +52,16 @@ type refStore struct {
 	puts   int
 	regs   []rdma.Region
 	closed bool
+
+	removals atomic.Int64      // removal calls so far (bugTornUnderRemoval, bugForeignUnderRemoval)
+	lastPut  string            // the key stored last
+	gone     map[string][]byte // the last value of each key dropped
 }
 
 var _ store.Store = (*refStore)(nil)
 
 func newRefStore(b bug, capacity int) *refStore {
-	return &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}}
+	return &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}, gone: map[string][]byte{}}
 }
 
 func (s *refStore) validKey(k string) error {
@@ -115,6 +126,7 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 	if err := s.begin(ctx, "put", len(keys), len(src), len(res)); err != nil {
 		return err
 	}
+	inBatch := map[string]bool{}
 	for i := range batchLen(len(keys), len(src), len(res)) {
 		k := keys[i]
 		if err := s.validKey(k); err != nil {
@@ -125,7 +137,9 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			res[i] = store.Result{Err: err}
 			continue
 		}
-		if _, ok := s.m[k]; ok && s.bug != bugLastWriterWins {
+		again := inBatch[k]
+		inBatch[k] = true
+		if _, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
 			res[i] = store.Result{N: src[i].Len}
 			continue
 		}
@@ -148,6 +162,7 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		}
 		s.m[k] = slices.Clone(src[i].Bytes())
 		s.src[k] = src[i]
+		s.lastPut = k
 		s.order = append(s.order, k)
 		s.used += src[i].Len
 		res[i] = store.Result{N: src[i].Len}
@@ -156,6 +171,7 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 }
 
 func (s *refStore) drop(k string) {
+	s.gone[k] = s.m[k]
 	s.used -= len(s.m[k])
 	delete(s.m, k)
 	delete(s.src, k)
@@ -168,7 +184,8 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 	if err := s.begin(ctx, "get", len(keys), len(dst), len(res)); err != nil {
 		return err
 	}
-	for i := range batchLen(len(keys), len(dst), len(res)) {
+	n := batchLen(len(keys), len(dst), len(res))
+	for i := range n {
 		k := keys[i]
 		if err := s.validKey(k); err != nil {
 			res[i] = store.Result{Err: err}
@@ -179,6 +196,10 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 			continue
 		}
 		v, ok := s.m[k]
+		if ok && s.bug == bugRepeatFillsLast && len(v) <= dst[i].Len && slices.Contains(keys[i+1:n], k) {
+			res[i] = store.Result{N: len(v)} // a later occurrence gets the bytes
+			continue
+		}
 		if !ok {
 			res[i] = store.Result{Err: store.ErrNotFound}
 			continue
@@ -200,6 +221,12 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 			s.drop(k)
 			clear(v)
 		}
+		if s.bug == bugTornUnderRemoval || s.bug == bugForeignUnderRemoval {
+			v = s.underRemoval(k, v)
+			if s.bug == bugForeignUnderRemoval {
+				copy(b, v[:half])
+			}
+		}
 		copy(b[half:], v[half:])
 		if s.bug == bugWritesPastValue {
 			clear(b[len(v):])
@@ -209,9 +236,39 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 	return nil
 }
 
+// underRemoval is the copy of a value, half done, when memory is not held
+// for reads: the store lets go of its lock, as if copying without it, for
+// long enough that a concurrent removal usually runs; if one did, the rest
+// of the copy comes from another key's value of the same size (the last
+// put, another present key or one removed before), as if memory had been
+// reused. The caller holds s.mu.
+func (s *refStore) underRemoval(key string, v []byte) []byte {
+	epoch := s.removals.Load()
+	s.mu.Unlock()
+	for i := 0; i < 1000 && s.removals.Load() == epoch; i++ {
+		runtime.Gosched()
+	}
+	s.mu.Lock()
+	if s.removals.Load() == epoch {
+		return v
+	}
+	if o, ok := s.m[s.lastPut]; ok && s.lastPut != key && len(o) == len(v) {
+		return o
+	}
+	for _, m := range []map[string][]byte{s.m, s.gone} {
+		for k, o := range m {
+			if k != key && len(o) == len(v) {
+				return o
+			}
+		}
+	}
+	return value("storetest: reused", 1, len(v))
+}
+
 func (s *refStore) Remove(ctx context.Context, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.removals.Add(1)
 	if err := s.begin(ctx, "remove", 0, -1, 0); err != nil {
 		return err
 	}
@@ -223,6 +280,9 @@ func (s *refStore) Remove(ctx context.Context, key string) error {
 	}
 	if s.bug != bugServesAfterRemove {
 		s.drop(key)
+	}
+	if s.bug == bugLeaseRefusalLies {
+		return fmt.Errorf("%w: %q", store.ErrHasLease, key)
 	}
 	return nil
 }
@@ -241,6 +301,7 @@ func (s *refStore) RemoveAll(ctx context.Context) (int, error) {
 func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.removals.Add(1)
 	if err := s.begin(ctx, "remove", 0, -1, 0); err != nil {
 		return 0, err
 	}

@@ -34,6 +34,16 @@ type Options struct {
 	// and value bytes the store holds, exactly, whenever no call is in
 	// flight. Run then checks them after every step of its state machine.
 	Stats bool
+
+	// Leases declares that the store grants read leases and that its
+	// removals respect them, as store/mooncake does: Remove of a key under
+	// a lease may fail with an error matching store.ErrHasLease, the key
+	// staying whole, and RemovePrefix and RemoveAll may leave such keys,
+	// counting only what they removed (with a nil error or one matching
+	// store.ErrHasLease). Run then accepts those outcomes, and after a
+	// removal that left keys it learns from the next calls which ones.
+	// Without Leases, every removal removes what it names.
+	Leases bool
 }
 
 func (o *Options) ensureDefaults() error {
@@ -68,6 +78,13 @@ func (o *Options) ensureDefaults() error {
 //     keys, with concurrent readers: every reader sees one winner per key.
 //   - Churn: concurrent puts, gets, exists and removes under eviction
 //     pressure (when the store evicts): every value read is exact.
+//   - RepeatedKeys: a key named more than once in one batch: a put keeps
+//     the first occurrence's bytes and every occurrence succeeds; a get
+//     fills every occurrence's destination, each judged on its own size.
+//   - Removal: gets running while Remove, RemovePrefix and RemoveAll take
+//     their keys away and puts store other keys' values of the same size
+//     in the space freed: every get returns its key's value whole or
+//     reports it absent, never a torn value or another key's bytes.
 //   - BadInput: invalid keys, empty and zero regions, short destinations
 //     and batch slices of different lengths get per-key errors (or the
 //     whole-call error for slices) and change nothing.
@@ -126,6 +143,8 @@ func run(t tester, newStore func(t testing.TB) store.Store, opts Options) {
 	t.run("StateMachine", h.stateMachine)
 	t.run("FirstWriterWins", h.firstWriterWins)
 	t.run("Churn", h.churn)
+	t.run("RepeatedKeys", h.repeatedKeys)
+	t.run("Removal", h.removal)
 	t.run("BadInput", h.badInput)
 	t.run("Register", h.register)
 	t.run("Context", h.context)

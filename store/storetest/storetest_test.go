@@ -140,6 +140,19 @@ func (g *recording) failedUnder(prefix string) []string {
 	return out
 }
 
+// saidUnder reports whether a test whose name starts with prefix logged a
+// line containing text.
+func (g *recording) saidUnder(prefix, text string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, l := range g.lines {
+		if strings.HasPrefix(l, prefix) && strings.Contains(l, text) {
+			return true
+		}
+	}
+	return false
+}
+
 func (g *recording) String() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -172,27 +185,37 @@ func TestRunCatchesBrokenStores(t *testing.T) {
 		evicts bool
 		stats  bool
 		caught string // a subtest that must fail, under Run/
+		reason string // what its failure must say, if anything in particular
+		leases bool
 	}{
-		{"ServesAfterRemove", bugServesAfterRemove, false, false, "StateMachine"},
-		{"LastWriterWins", bugLastWriterWins, false, false, "StateMachine"},
-		{"LastWriterWinsConcurrently", bugLastWriterWins, false, false, "FirstWriterWins"},
-		{"EvictsDuringRead", bugEvictsDuringRead, true, false, "StateMachine"},
-		{"EvictsDuringReadConcurrently", bugEvictsDuringRead, true, false, "Churn"},
-		{"AcceptsSpaces", bugAcceptsSpaces, false, false, "BadInput/Keys"},
-		{"IgnoresMismatch", bugIgnoresMismatch, false, false, "BadInput/Mismatch"},
-		{"WritesShortBuffer", bugWritesShortBuffer, false, false, "BadInput/ShortDestination"},
-		{"WritesShortBufferModel", bugWritesShortBuffer, false, false, "StateMachine"},
-		{"VanishesWithoutEviction", bugVanishes, false, false, "StateMachine"},
-		{"OpenAfterClose", bugOpenAfterClose, false, false, "Close"},
-		{"OpenAfterCloseWhileBusy", bugOpenAfterClose, false, false, "CloseWhileBusy"},
-		{"PrefixMiscount", bugPrefixMiscount, false, false, "StateMachine"},
-		{"IgnoresContext", bugIgnoresContext, false, false, "Context"},
-		{"RetainsSource", bugRetainsSource, false, false, "StateMachine"},
-		{"WritesPastValue", bugWritesPastValue, false, false, "StateMachine"},
-		{"StatsOffByOne", bugStatsOffByOne, false, true, "StateMachine"},
+		{"ServesAfterRemove", bugServesAfterRemove, false, false, "StateMachine", "", false},
+		{"LastWriterWins", bugLastWriterWins, false, false, "StateMachine", "", false},
+		{"LastWriterWinsConcurrently", bugLastWriterWins, false, false, "FirstWriterWins", "", false},
+		{"EvictsDuringRead", bugEvictsDuringRead, true, false, "StateMachine", "", false},
+		{"EvictsDuringReadConcurrently", bugEvictsDuringRead, true, false, "Churn", "", false},
+		{"AcceptsSpaces", bugAcceptsSpaces, false, false, "BadInput/Keys", "", false},
+		{"IgnoresMismatch", bugIgnoresMismatch, false, false, "BadInput/Mismatch", "", false},
+		{"WritesShortBuffer", bugWritesShortBuffer, false, false, "BadInput/ShortDestination", "", false},
+		{"WritesShortBufferModel", bugWritesShortBuffer, false, false, "StateMachine", "", false},
+		{"VanishesWithoutEviction", bugVanishes, false, false, "StateMachine", "", false},
+		{"OpenAfterClose", bugOpenAfterClose, false, false, "Close", "", false},
+		{"OpenAfterCloseWhileBusy", bugOpenAfterClose, false, false, "CloseWhileBusy", "", false},
+		{"PrefixMiscount", bugPrefixMiscount, false, false, "StateMachine", "", false},
+		{"IgnoresContext", bugIgnoresContext, false, false, "Context", "", false},
+		{"RetainsSource", bugRetainsSource, false, false, "StateMachine", "", false},
+		{"WritesPastValue", bugWritesPastValue, false, false, "StateMachine", "", false},
+		{"StatsOffByOne", bugStatsOffByOne, false, true, "StateMachine", "", false},
+		{"RepeatLastWins", bugRepeatLastWins, false, false, "RepeatedKeys", "first writer wins within a batch", false},
+		{"RepeatLastWinsModel", bugRepeatLastWins, false, false, "StateMachine", "", false},
+		{"RepeatFillsLast", bugRepeatFillsLast, false, false, "RepeatedKeys", "fills every occurrence's destination", false},
+		{"RepeatFillsLastModel", bugRepeatFillsLast, false, false, "StateMachine", "", false},
+		{"TornUnderRemoval", bugTornUnderRemoval, false, false, "Removal", "a torn value", false},
+		{"ForeignUnderRemoval", bugForeignUnderRemoval, false, false, "Removal", "another key's bytes", false},
+		{"ForeignUnderRemovalLeases", bugForeignUnderRemoval, false, false, "Removal", "another key's bytes", true},
+		{"LeaseRefusalLies", bugLeaseRefusalLies, false, false, "StateMachine", "vanished", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := Options{Evicts: tc.evicts, Capacity: 256 << 10, MaxValueSize: 2048, Stats: tc.stats}
+			opts := Options{Evicts: tc.evicts, Capacity: 256 << 10, MaxValueSize: 2048, Stats: tc.stats, Leases: tc.leases}
 			capacity := 0
 			if tc.evicts {
 				capacity = int(opts.Capacity)
@@ -200,6 +223,8 @@ func TestRunCatchesBrokenStores(t *testing.T) {
 			got := runRecorded(t, func(testing.TB) store.Store { return newRefStore(tc.bug, capacity) }, opts)
 			if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
 				t.Errorf("Run did not fail in %s for a store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
+			} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
+				t.Errorf("Run failed in %s for a store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
 			}
 		})
 	}

@@ -10,24 +10,42 @@
 // negative code; exists: 1, 0 or a negative code); a put of a key already
 // present succeeds and keeps the first value; a missing key is -704; a
 // buffer shorter than the value is -600; put_from and get_into buffers
-// must lie inside a registered buffer (-600 otherwise); exists and get
-// grant a read lease during which a removal without force fails with
-// -706; remove_by_regex matches keys with a regular expression (POSIX
-// extended here, ECMAScript in Mooncake; the two agree on escaped
-// literals); a value that does not fit in global_segment_size is -200;
-// create blocks SIGINT, SIGTERM, SIGHUP and SIGUSR1 on the calling thread.
+// must lie inside a registered buffer (-600 otherwise); remove_by_regex
+// matches keys with a regular expression (POSIX extended here, ECMAScript
+// in Mooncake; the two agree on escaped literals); a value that does not
+// fit in global_segment_size is -200; create blocks SIGINT, SIGTERM, SIGHUP
+// and SIGUSR1 on the calling thread.
+//
+// batch_get_into with a key named more than once, as Mooncake's does
+// (it keys its transfers by key): each occurrence is checked on its own
+// (-600 for a buffer too small), every other occurrence reports the full
+// size, and only the last of those occurrences' buffers is written.
+//
+// Leases and removal, as in Mooncake: exists and get grant a read lease on
+// each key found, and a get holds its keys while it copies (the copy runs
+// outside the fake's lock, as a transfer does). A removal without force
+// leaves a key under a lease or being read: remove fails with -706,
+// remove_by_regex and remove_all skip it and count only what they removed.
+// A removal with force takes the key at once and hands its memory to the
+// next put, even while a get is copying out of it: that get then returns
+// another key's bytes as success, as forced removal does in Mooncake. Value
+// memory is kept on a free list and reused, never returned to the system
+// before destroy, so such a read is wrong but not undefined.
 //
 // Test hooks (not part of the C API): master_server_addr "fake:fail" makes
 // setup fail with -1; "fake:wait=R,W" makes setup block until a byte can
 // be read from file descriptor R (after writing 's' to W), and destroy
-// write 'd' to W. The
-// functions named fake_* report what the fake observed. A call on a
-// destroyed store aborts the process.
+// write 'd' to W. fake_set_lease sets the lease a read grants (none by
+// default: a key is held only while it is copied), fake_gate_get stops
+// the next get in the middle of its copy, and the other functions named
+// fake_* report what the fake observed. A call on a destroyed store aborts
+// the process.
 //
 // Build: gcc -shared -fPIC -O2 -o libmooncake_store.so fake_store.c -lpthread
 
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -67,7 +85,6 @@ enum {
 };
 
 #define NBUCKETS 4096
-#define LEASE_NS (10LL * 1000 * 1000 * 1000)
 #define MAGIC 0x6d6f6f6e63616b65ULL
 #define DEAD 0x6465616464656164ULL
 
@@ -76,8 +93,20 @@ struct entry {
     uint64_t hash;
     char *key;
     void *data;
+    size_t cap;  // bytes of data
     size_t size;
     int64_t lease_until;
+    int pins;      // gets copying out of it now
+    int refusals;  // removals refused under the current lease
+    int dead;      // out of the index while pinned: freed by the last unpin
+    uint64_t xget; // the get that last planned a transfer of it
+    size_t xidx;   // that transfer's index
+};
+
+// spare is value memory of removed entries, for the next puts.
+struct spare {
+    void *data;
+    size_t cap;
 };
 
 struct region {
@@ -96,7 +125,15 @@ struct fake {
     struct entry *buckets[NBUCKETS];
     struct region *regions;
     size_t nregions, capregions;
+    struct spare *spares;
+    size_t nspares, capspares;
     int notify_fd;
+    int64_t lease_ns;    // lease a read grants; 0: held only while copied
+    int lease_refusals;  // > 0: a lease also ends after this many refused removals
+    uint64_t refused;    // removals without force refused or skipped for a lease
+    int gate_r, gate_w;  // fake_gate_get: stop the next get's copy here
+    uint64_t gets;       // gets so far, to tell their transfers apart
+
     // observations
     int setup_blocked;  // signals blocked on the thread that ran setup
     int setup_on_main;  // setup ran on the main thread
@@ -141,14 +178,64 @@ static struct entry *find(struct fake *f, const char *key, uint64_t h) {
     return NULL;
 }
 
+// recycle keeps value memory for a later put.
+static void recycle(struct fake *f, void *data, size_t cap) {
+    if (f->nspares == f->capspares) {
+        size_t c = f->capspares ? 2 * f->capspares : 64;
+        struct spare *ns = realloc(f->spares, c * sizeof *ns);
+        if (!ns) return;  // leaked rather than freed: a read may still copy from it
+        f->spares = ns;
+        f->capspares = c;
+    }
+    f->spares[f->nspares++] = (struct spare){data, cap};
+}
+
+// take_spare returns recycled memory of at least n bytes, or NULL.
+static void *take_spare(struct fake *f, size_t n, size_t *cap) {
+    for (size_t i = 0; i < f->nspares; i++) {
+        if (f->spares[i].cap >= n) {
+            void *p = f->spares[i].data;
+            *cap = f->spares[i].cap;
+            f->spares[i] = f->spares[--f->nspares];
+            return p;
+        }
+    }
+    return NULL;
+}
+
+// drop takes e out of the index and recycles its value memory at once, so
+// that the next put may reuse it; the entry itself is freed by the last
+// get copying out of it. The caller holds f->mu.
 static void drop(struct fake *f, struct entry **link) {
     struct entry *e = *link;
     *link = e->next;
     f->used -= e->size;
     f->keys--;
+    recycle(f, e->data, e->cap);
+    e->data = NULL;
+    if (e->pins > 0) {
+        e->dead = 1;
+        return;
+    }
     free(e->key);
-    free(e->data);
     free(e);
+}
+
+// lease grants e the lease of a read. The caller holds f->mu.
+static void lease(struct fake *f, struct entry *e) {
+    e->lease_until = f->lease_ns > 0 ? now_ns() + f->lease_ns : 0;
+    e->refusals = 0;
+}
+
+// removable reports whether a removal (with force or not) may take e now,
+// and counts a refusal. The caller holds f->mu.
+static int removable(struct fake *f, struct entry *e, int force, int64_t now) {
+    if (force) return 1;
+    if (e->pins == 0 && e->lease_until <= now) return 1;
+    if (e->pins == 0 && f->lease_refusals > 0 && e->refusals >= f->lease_refusals) return 1;
+    e->refusals++;
+    f->refused++;
+    return 0;
 }
 
 // registered reports whether [p, p+n) lies inside one registered buffer.
@@ -185,7 +272,11 @@ static int put_one(struct fake *f, const char *key, const void *src, size_t size
     struct entry *e = calloc(1, sizeof *e);
     if (!e) return E_INTERNAL;
     e->key = strdup(key);
-    e->data = malloc(size ? size : 1);
+    e->data = take_spare(f, size, &e->cap);
+    if (!e->data) {
+        e->cap = size ? size : 1;
+        e->data = malloc(e->cap);
+    }
     if (!e->key || !e->data) {
         free(e->key);
         free(e->data);
@@ -207,22 +298,91 @@ static int put_from_one(struct fake *f, const char *key, void *buf, size_t size)
     return put_one(f, key, buf, size);
 }
 
-static int64_t get_one(struct fake *f, const char *key, void *buf, size_t size) {
+// xfer is one copy of a get: from a value into a buffer.
+struct xfer {
+    struct entry *e;
+    void *dst;
+    const void *src;
+    size_t size;
+};
+
+// lookup checks one key of a get and leases it; it returns the value's
+// size and sets *out, or returns a negative code. The caller holds f->mu.
+static int64_t lookup(struct fake *f, const char *key, void *buf, size_t size, struct entry **out) {
     if (!f->ready) return E_INTERNAL;
     struct entry *e = find(f, key, hash_key(key));
     if (!e) return E_NOT_FOUND;
     if (size < e->size) return E_INVALID_PARAMS;
     if (e->size > 0 && !registered(f, buf, e->size)) return E_INVALID_PARAMS;
-    memcpy(buf, e->data, e->size);
-    e->lease_until = now_ns() + LEASE_NS;
+    lease(f, e);
+    *out = e;
     return (int64_t)e->size;
+}
+
+// get_many runs a get of count keys: it looks every key up under the lock,
+// with one transfer per key (the last buffer of a key named twice wins, as
+// in Mooncake), then copies with the lock released, then unpins.
+static void get_many(struct fake *f, const char **keys, void **buffers, const size_t *sizes,
+                     size_t count, int64_t *results) {
+    struct xfer *xs = calloc(count ? count : 1, sizeof *xs);
+    if (!xs) {
+        for (size_t i = 0; i < count; i++) results[i] = E_INTERNAL;
+        return;
+    }
+    size_t nx = 0;
+    pthread_mutex_lock(&f->mu);
+    uint64_t id = ++f->gets;
+    for (size_t i = 0; i < count; i++) {
+        struct entry *e = NULL;
+        results[i] = lookup(f, keys[i], buffers[i], sizes[i], &e);
+        if (results[i] < 0) continue;
+        if (e->xget == id) {  // named before in this call: its last buffer wins
+            xs[e->xidx].dst = buffers[i];
+            continue;
+        }
+        e->xget = id;
+        e->xidx = nx;
+        e->pins++;
+        xs[nx++] = (struct xfer){e, buffers[i], e->data, e->size};
+    }
+    int gr = -1, gw = -1;
+    if (nx > 0 && f->gate_r >= 0) {
+        gr = f->gate_r;
+        gw = f->gate_w;
+        f->gate_r = f->gate_w = -1;
+    }
+    pthread_mutex_unlock(&f->mu);
+    if (gr >= 0) {
+        char c = 'g';
+        ssize_t n = write(gw, &c, 1);
+        n = read(gr, &c, 1);
+        (void)n;
+    }
+    // A transfer takes time: yield between the halves of each copy, so that
+    // whatever may run during a transfer in Mooncake runs here too.
+    for (size_t j = 0; j < nx; j++) {
+        size_t half = xs[j].size / 2;
+        memcpy(xs[j].dst, xs[j].src, half);
+        sched_yield();
+        memcpy((char *)xs[j].dst + half, (const char *)xs[j].src + half, xs[j].size - half);
+    }
+    pthread_mutex_lock(&f->mu);
+    for (size_t j = 0; j < nx; j++) {
+        struct entry *e = xs[j].e;
+        if (--e->pins == 0 && e->dead) {
+            free(e->key);
+            free(e);
+        }
+    }
+    pthread_mutex_unlock(&f->mu);
+    free(xs);
 }
 
 static int exists_one(struct fake *f, const char *key) {
     if (!f->ready) return E_INTERNAL;
     struct entry *e = find(f, key, hash_key(key));
     if (!e) return 0;
-    e->lease_until = now_ns() + LEASE_NS;
+    lease(f, e);
     return 1;
 }
 
@@ -235,6 +395,7 @@ EXPORT mooncake_store_t mooncake_store_create(void) {
     if (!f) return NULL;
     f->magic = MAGIC;
     f->notify_fd = -1;
+    f->gate_r = f->gate_w = -1;
     pthread_mutex_init(&f->mu, NULL);
     sigset_t set;
     sigemptyset(&set);
@@ -255,6 +416,10 @@ EXPORT void mooncake_store_destroy(mooncake_store_t s) {
     free(f->regions);
     f->regions = NULL;
     f->nregions = f->capregions = 0;
+    for (size_t i = 0; i < f->nspares; i++) free(f->spares[i].data);
+    free(f->spares);
+    f->spares = NULL;
+    f->nspares = f->capspares = 0;
     f->ready = 0;
     int fd = f->notify_fd;
     atomic_fetch_add(&f->destroyed, 1);
@@ -366,9 +531,8 @@ EXPORT int64_t mooncake_store_get_into(mooncake_store_t s, const char *key, void
                                        size_t size) {
     struct fake *f = enter(s);
     if (!f || !key || (!buffer && size > 0)) return E_INTERNAL;
-    pthread_mutex_lock(&f->mu);
-    int64_t rc = get_one(f, key, buffer, size);
-    pthread_mutex_unlock(&f->mu);
+    int64_t rc;
+    get_many(f, &key, &buffer, &size, 1, &rc);
     return rc;
 }
 
@@ -379,9 +543,7 @@ EXPORT int mooncake_store_batch_get_into(mooncake_store_t s, const char **keys, 
     if (!f || !keys || !buffers || !sizes || !results_out) return E_INTERNAL;
     for (size_t i = 0; i < count; i++)
         if (!keys[i] || (!buffers[i] && sizes[i] > 0)) return E_INTERNAL;
-    pthread_mutex_lock(&f->mu);
-    for (size_t i = 0; i < count; i++) results_out[i] = get_one(f, keys[i], buffers[i], sizes[i]);
-    pthread_mutex_unlock(&f->mu);
+    get_many(f, keys, buffers, sizes, count, results_out);
     return E_OK;
 }
 
@@ -438,7 +600,7 @@ EXPORT int mooncake_store_remove(mooncake_store_t s, const char *key, int force)
     int rc = E_NOT_FOUND;
     for (struct entry **l = &f->buckets[h % NBUCKETS]; *l; l = &(*l)->next) {
         if ((*l)->hash == h && strcmp((*l)->key, key) == 0) {
-            if (!force && (*l)->lease_until > now_ns()) {
+            if (!removable(f, *l, force, now_ns())) {
                 rc = E_HAS_LEASE;
             } else {
                 drop(f, l);
@@ -460,7 +622,7 @@ static int64_t remove_matching(struct fake *f, const regex_t *re, int force) {
         while (*l) {
             struct entry *e = *l;
             if ((re == NULL || regexec(re, e->key, 0, NULL, 0) == 0) &&
-                (force || e->lease_until <= now)) {
+                removable(f, e, force, now)) {
                 drop(f, l);
                 n++;
             } else {
@@ -580,4 +742,37 @@ EXPORT int fake_replicate(mooncake_store_t s, uint64_t *out, char *seg0, size_t 
     snprintf(seg0, seg0_len, "%s", f->repl_seg0);
     pthread_mutex_unlock(&f->mu);
     return seen;
+}
+
+// fake_set_lease sets the lease that exists and get grant from now on:
+// ns nanoseconds (0: none beyond the copy of a get), ending early after
+// refusals removals without force were refused under it (0: by time only).
+EXPORT void fake_set_lease(mooncake_store_t s, int64_t ns, int32_t refusals) {
+    struct fake *f = s;
+    pthread_mutex_lock(&f->mu);
+    f->lease_ns = ns;
+    f->lease_refusals = refusals;
+    pthread_mutex_unlock(&f->mu);
+}
+
+// fake_refused returns how many removals without force were refused (remove)
+// or skipped (remove_by_regex, remove_all, one per key) for a lease or a
+// get in flight.
+EXPORT uint64_t fake_refused(mooncake_store_t s) {
+    struct fake *f = s;
+    pthread_mutex_lock(&f->mu);
+    uint64_t n = f->refused;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+// fake_gate_get stops the next get that copies anything after it looked
+// its keys up and pinned them, before it copies: it writes 'g' to file
+// descriptor w, then waits for a byte on r.
+EXPORT void fake_gate_get(mooncake_store_t s, int32_t r, int32_t w) {
+    struct fake *f = s;
+    pthread_mutex_lock(&f->mu);
+    f->gate_r = r;
+    f->gate_w = w;
+    pthread_mutex_unlock(&f->mu);
 }
