@@ -141,14 +141,15 @@ func BenchmarkWorkerThroughput(b *testing.B) {
 
 func benchWorker(b *testing.B, load bool) {
 	const nblocks = 64
-	kv := connector.KVCache{Layers: 2, Blocks: nblocks, KV: 2, BlockBytes: 64 << 10, Order: connector.BlockMajor}
+	// One block more than the prompt's full blocks: its last, partial block.
+	kv := connector.KVCache{Layers: 2, Blocks: nblocks + 1, KV: 2, BlockBytes: 64 << 10, Order: connector.BlockMajor}
 	size := kv.BlockSize()
 	st, err := memstore.New(memstore.Config{Capacity: 4 * nblocks * int64(size)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	mem, err := rdma.AllocHost(nblocks * size)
+	mem, err := rdma.AllocHost(kv.Blocks * size)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func benchWorker(b *testing.B, load bool) {
 	}
 	blk := make([]connector.BlockID, nblocks+1)
 	for i := range blk {
-		blk[i] = connector.BlockID(i % nblocks)
+		blk[i] = connector.BlockID(i)
 	}
 	ctx := context.Background()
 	// drive runs one step and waits for its transfers.
@@ -296,8 +297,8 @@ type loadRig struct {
 }
 
 func newLoadRig(b *testing.B, st store.Store, tenant, verify string, nblocks, blockBytes int) *loadRig {
-	kv := connector.KVCache{Layers: 2, Blocks: nblocks, KV: 2, BlockBytes: blockBytes, Order: connector.BlockMajor}
-	mem, err := rdma.AllocHost(nblocks * kv.BlockSize())
+	kv := connector.KVCache{Layers: 2, Blocks: nblocks + 1, KV: 2, BlockBytes: blockBytes, Order: connector.BlockMajor}
+	mem, err := rdma.AllocHost(kv.Blocks * kv.BlockSize())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -329,7 +330,7 @@ func newLoadRig(b *testing.B, st store.Store, tenant, verify string, nblocks, bl
 	hs, _ := hashing.HashBlocks(16, toks)
 	r := &loadRig{b: b, s: s, w: w, mem: mem, req: &connector.Request{ID: "seed", Prompt: len(toks), Hashes: hs}, blk: make([]connector.BlockID, nblocks+1)}
 	for i := range r.blk {
-		r.blk[i] = connector.BlockID(i % nblocks)
+		r.blk[i] = connector.BlockID(i)
 	}
 	if err := s.Scheduled(r.req, r.blk, len(toks)); err != nil {
 		b.Fatal(err)

@@ -81,7 +81,11 @@
 // per store call), "save_retries" (3), "retry_steps" (1), "event_poll"
 // ("50us", the first interval at which a ready event is polled), "verify"
 // ("checksum", the default, or "none"; see Verification), "store_timeout"
-// ("5s", the deadline of every store call), "failed_ttl" ("15s", how long a
+// ("5s", the deadline of every store call), "verify_chunk" (1048576: the
+// bytes a verified load asks a gathering store for in one call, so each
+// value is checked while it is still in the CPU's cache; 0 asks for
+// batch_blocks values at once, for a store whose calls are round trips),
+// "failed_ttl" ("15s", how long a
 // block whose load failed is not planned again). Any other key is an error
 // naming it, with the nearest known key.
 //

@@ -25,6 +25,7 @@ type options struct {
 	verify         bool          // "verify": "checksum" (the default) or "none"
 	storeTimeout   time.Duration // "store_timeout": the deadline of every store call
 	failedTTL      time.Duration // "failed_ttl": how long a block whose load failed is not planned again
+	verifyChunk    int           // "verify_chunk": bytes per verified load call over a gathering store; 0: batch_blocks
 }
 
 // open checks what both halves need: the options, a store, and a valid
@@ -52,7 +53,7 @@ func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, 
 // any other key is an error.
 var extraKeys = []string{
 	"batch_blocks", "event_poll", "failed_ttl", "lookup", "lookup_queue", "lookup_workers",
-	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify",
+	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify", "verify_chunk",
 }
 
 func parseOptions(cfg connector.Config) (options, error) {
@@ -93,6 +94,7 @@ func parseOptions(cfg connector.Config) (options, error) {
 		{"batch_blocks", &o.batchBlocks, 64, 1},
 		{"save_retries", &o.saveRetries, 3, 0},
 		{"retry_steps", &o.retryDelay, 1, 1},
+		{"verify_chunk", &o.verifyChunk, 1 << 20, 0},
 	}
 	for _, f := range ints {
 		v, err := cfg.ExtraInt(f.key, f.def)

@@ -555,8 +555,9 @@ func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
 	shard := j.ns.Shard(w.rank)
 	bs := w.blockSize
 	stride := bs + w.tl // bytes of one value
-	for lo := 0; lo < len(t.Blocks); lo += w.opt.batchBlocks {
-		hi := min(lo+w.opt.batchBlocks, len(t.Blocks))
+	batch := w.loadBatch(stride)
+	for lo := 0; lo < len(t.Blocks); lo += batch {
+		hi := min(lo+batch, len(t.Blocks))
 		sc.kb.reset()
 		for i := lo; i < hi; i++ {
 			sc.kb.add(j.ns, shard, t.Hashes[i])
@@ -641,6 +642,18 @@ func (w *Worker) call(op string, res []store.Result, f func(ctx context.Context)
 		w.h.record(op, firstKeyFailure(res))
 	}
 	return err
+}
+
+// loadBatch is how many values of stride bytes a load asks the store for
+// in one call: batch_blocks, or with verification over a gathering store
+// only as many as verify_chunk bytes hold, so that each value is checked
+// while the copy has left it in the CPU's cache, not read again from
+// memory.
+func (w *Worker) loadBatch(stride int) int {
+	if w.mode != vector || w.tl == 0 || w.opt.verifyChunk == 0 {
+		return w.opt.batchBlocks
+	}
+	return max(1, min(w.opt.batchBlocks, w.opt.verifyChunk/stride))
 }
 
 // verify checks the k-th value of a load batch, n bytes long: its size
