@@ -19,6 +19,10 @@ import (
 // Defaults Mooncake's own configuration loaders apply to absent sizes.
 const (
 	DefaultGlobalSegmentSize Size = 3355443200 // 3.125 GiB
+	// MinGlobalSegmentSize is the smallest segment Mooncake's setup takes:
+	// below it setup fails with INVALID_PARAMS (16 MiB at the commit
+	// bound). Zero, no segment at all, is accepted.
+	MinGlobalSegmentSize Size = 16 << 20
 	DefaultLocalBufferSize   Size = 1073741824 // 1 GiB
 	DefaultMetadataServer         = "P2PHANDSHAKE"
 	DefaultProtocol               = "tcp"
@@ -340,6 +344,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TenantID != "" && c.TenantID != "default" {
 		return bad("tenant_id", "%q: the C API has no tenant; leave it \"default\" and separate tenants by key prefix", c.TenantID)
+	}
+	if c.GlobalSegmentSize != 0 && c.GlobalSegmentSize < MinGlobalSegmentSize {
+		return bad("global_segment_size", "%d bytes is less than Mooncake's minimum of %d (16MB); 0 contributes no segment", uint64(c.GlobalSegmentSize), uint64(MinGlobalSegmentSize))
 	}
 	if c.GlobalSegmentSize > maxSize {
 		return bad("global_segment_size", "%d bytes is more than %d", uint64(c.GlobalSegmentSize), uint64(maxSize))

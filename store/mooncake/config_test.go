@@ -161,6 +161,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"fractional size", base(`, "local_buffer_size": 1.5`), []string{"local_buffer_size", "1.5"}},
 		{"size as bool", base(`, "global_segment_size": true`), []string{"global_segment_size", "true"}},
 		{"huge size", base(`, "global_segment_size": "9000TB"`), []string{"global_segment_size", "9000TB"}},
+		{"segment below the minimum", base(`, "global_segment_size": "8MB"`), []string{"global_segment_size", "8388608 bytes", "minimum of 16777216"}},
 		{"unknown protocol", base(`, "protocol": "carrier-pigeon"`), []string{"protocol", `"carrier-pigeon"`, "tcp"}},
 		{"presence_only not a bool", base(`, "presence_only": "yes"`), []string{"presence_only", `"yes"`}},
 		{"protocol as number", base(`, "protocol": 6`), []string{"protocol", "6"}},
@@ -306,4 +307,23 @@ func FuzzParseConfig(f *testing.F) {
 			t.Errorf("ParseConfig(%q) returned a config that fails Validate: %v", data, err)
 		}
 	})
+}
+
+// TestSetupHint: the "is the master up" hint is given only for codes an
+// unreachable master produces; a refused parameter says so instead.
+func TestSetupHint(t *testing.T) {
+	for _, tt := range []struct {
+		code int
+		want string
+	}{
+		{CodeInternal, "is the master up"},
+		{CodeRPCTimeout, "is the master up"},
+		{CodeInvalidParams, "refused a parameter: global_segment_size"},
+		{CodeNoAvailableHandle, ""},
+	} {
+		got := setupHint(Error{Op: opSetup, Code: tt.code})
+		if tt.want == "" && got != "" || !strings.Contains(got, tt.want) {
+			t.Errorf("setupHint(%d) = %q, want %q", tt.code, got, tt.want)
+		}
+	}
 }

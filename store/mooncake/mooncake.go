@@ -169,9 +169,8 @@ func open(ctx context.Context, cfg Config, lib *api) (*Store, error) {
 	case r := <-results:
 		if r.err != nil {
 			unmapMem(persist)
-			return nil, fmt.Errorf("mooncake: open: client with master %s, metadata %s, protocol %s: %w "+
-				"(is the master up and reachable, and the protocol built into the library?)",
-				cfg.MasterServerAddress, cfg.MetadataServer, cfg.Protocol, r.err)
+			return nil, fmt.Errorf("mooncake: open: client with master %s, metadata %s, protocol %s: %w%s",
+				cfg.MasterServerAddress, cfg.MetadataServer, cfg.Protocol, r.err, setupHint(r.err))
 		}
 		s.handle = r.handle
 	case <-ctx.Done():
@@ -869,4 +868,21 @@ func (s *Store) Close() error {
 	s.persist = nil
 	s.log.Info("mooncake: client closed", "master", s.cfg.MasterServerAddress)
 	return nil
+}
+
+// setupHint is the likely cause of a failed setup, from its code: Mooncake
+// answers an unreachable master with INTERNAL (-1) after its retries, or
+// with an RPC code, and parameters it refuses with INVALID_PARAMS.
+func setupHint(err error) string {
+	var e Error
+	if !errors.As(err, &e) {
+		return ""
+	}
+	switch e.Code {
+	case CodeInternal, CodeRPCFail, CodeRPCTimeout:
+		return " (is the master up and reachable, and the protocol built into the library?)"
+	case CodeInvalidParams:
+		return " (Mooncake refused a parameter: global_segment_size, local_buffer_size, protocol, device_name or local_hostname)"
+	}
+	return ""
 }
