@@ -22,11 +22,11 @@ const (
 	// MinGlobalSegmentSize is the smallest segment Mooncake's setup takes:
 	// below it setup fails with INVALID_PARAMS (16 MiB at the commit
 	// bound). Zero, no segment at all, is accepted.
-	MinGlobalSegmentSize Size = 16 << 20
-	DefaultLocalBufferSize   Size = 1073741824 // 1 GiB
-	DefaultMetadataServer         = "P2PHANDSHAKE"
-	DefaultProtocol               = "tcp"
-	DefaultLocalHostname          = "localhost"
+	MinGlobalSegmentSize   Size = 16 << 20
+	DefaultLocalBufferSize Size = 1073741824 // 1 GiB
+	DefaultMetadataServer       = "P2PHANDSHAKE"
+	DefaultProtocol             = "tcp"
+	DefaultLocalHostname        = "localhost"
 
 	// DefaultRemoveLeaseWait is how long Remove waits by default for the
 	// read lease on a key to end: far longer than a transfer in flight
