@@ -216,12 +216,18 @@ func (o Options) model(gen uint64) *Model {
 
 // connectorConfig is the kv_transfer_config of the ON runs. The embedded
 // store answers an exists probe in about 100 ns a key, so lookups run
-// inside Match ("sync") rather than a step later.
+// inside Match ("sync") rather than a step later; Mooncake answers in a
+// master round trip (about 0.1 ms), so they run beside the engine
+// ("async", the default).
 func (o Options) connectorConfig() connector.Config {
+	lookup := "sync"
+	if o.Store == "mooncake" {
+		lookup = "async"
+	}
 	return connector.Config{
 		Connector: storeconn.Name,
 		Role:      connector.RoleBoth,
-		Extra:     map[string]any{"lookup": "sync", "verify": o.Verify},
+		Extra:     map[string]any{"lookup": lookup, "verify": o.Verify},
 	}
 }
 
