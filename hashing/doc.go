@@ -32,12 +32,22 @@
 //
 //	key := ns.Key(ns.Shard(rank), hashes[i]) // "acme/<namespace id>/<shard>/<block hash>"
 //
-// After an online weight update, rotate the identity: every earlier entry
-// becomes unreachable, and can be purged by its prefix:
+// After an online weight update, rotate the identity. The purge is done
+// then and there, logically: the rotated identity has a new namespace, so
+// no lookup names an earlier entry again, whatever a store still holds.
+// The old entries are removed physically later, by their prefix, as store
+// clean-up:
 //
 //	old := ns.Prefix()
-//	ns, err = id.Rotate().Namespace()
-//	store.RemovePrefix(ctx, old)
+//	ns, err = id.Rotate().Namespace() // from here on, old entries are unreachable
+//	...
+//	n, err := s.RemovePrefix(ctx, old) // later; respects reads in flight and read leases
+//
+// A store with read leases (Mooncake) leaves the old entries still leased
+// by recent reads; they go with a later RemovePrefix, once the leases end
+// (the master's lease TTL, 10 s by default), or by eviction. Nothing reads
+// them meanwhile, as nothing names them. To purge a tenant, stop serving
+// or rotate its identities the same way, then remove [TenantPrefix].
 //
 // # What a key binds
 //

@@ -77,9 +77,12 @@ func (ns Namespace) BlockSize() int { return ns.blockSize }
 func (ns Namespace) Prefix() string { return ns.prefix }
 
 // TenantPrefix returns the prefix that every key of tenant starts with, and
-// no key of another tenant: "tenant/". Removing it from a store purges the
-// tenant. It returns "" when tenant is not valid ([ValidateTenant]), which
-// stores reject as a prefix, so that a bad tenant can never purge others.
+// no key of another tenant: "tenant/". Removing it from a store deletes the
+// tenant's entries physically, once nothing reads them (a store with read
+// leases leaves those still leased; see the package doc on rotation, which
+// is what makes entries unreachable). It returns "" when tenant is not
+// valid ([ValidateTenant]), which stores reject as a prefix, so that a bad
+// tenant can never remove others' entries.
 func TenantPrefix(tenant string) string {
 	if ValidateTenant(tenant) != nil {
 		return ""

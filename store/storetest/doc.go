@@ -4,12 +4,15 @@
 // It is for two kinds of test. An implementation's own tests call [Run],
 // a conformance harness in the spirit of testing/fstest and
 // golang.org/x/net/nettest: a rapid state machine against a model, plus
-// concurrency, bad-input, context and close checks. It exercises only what
-// the implementation declares in [Options] (whether it evicts, how much it
-// holds, whether its Stats are exact). Tests of higher layers (connectors,
+// concurrency, removal, repeated-key, bad-input, context and close checks.
+// It exercises only what the implementation declares in [Options] (whether
+// it evicts, how much it holds, whether its Stats are exact, whether its
+// removals respect read leases) and the optional interfaces it implements
+// ([store.Vectored]). Tests of higher layers (connectors,
 // engines) wrap a store in a [Faulty] store, which injects whole-call
 // errors, partial batch failures, keys that vanish between Exists and Get,
-// and latency, deterministically for a given seed.
+// and latency, deterministically for a given seed, and which implements
+// store.Vectored exactly when the wrapped store does.
 //
 // # Usage
 //

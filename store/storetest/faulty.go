@@ -59,7 +59,10 @@ type FaultOptions struct {
 
 	// VanishRate is the probability that a key Exists reports present is
 	// removed from the store right after, as if evicted between an exists
-	// and the get that follows it: that get then finds nothing.
+	// and the get that follows it: that get then finds nothing. Over a
+	// store whose removals respect read leases, the exists may have leased
+	// the key and the removal be refused: the key then stays (Faults
+	// counts only keys that vanished).
 	VanishRate float64
 
 	// Latency is added to every call, before it runs; a context done
@@ -79,21 +82,37 @@ type FaultCounts struct {
 	Vanished int64 // keys removed after Exists reported them
 }
 
-// Faulty wraps a store and injects faults into its calls: whole-call
-// errors, per-key errors in batches, keys that vanish between Exists and
-// Get, and latency. It is for the tests of code that uses a store, in the
-// spirit of an error-injecting file system: run it over an embedded store
-// and check that the code under test survives every fault.
+// Faulty is a store that wraps another and injects faults into its calls:
+// whole-call errors, per-key errors in batches, keys that vanish between
+// Exists and Get, and latency. It is for the tests of code that uses a
+// store, in the spirit of an error-injecting file system: run it over an
+// embedded store and check that the code under test survives every fault.
+// Make one with [NewFaulty].
 //
 // Faults are a pure function of the seed, the operation, the keys, and how
 // many times before the same operation was asked of the same key (or, for
 // whole-call faults, of the same batch of keys). So a run that makes the
 // same calls sees the same faults, however goroutines interleave calls on
-// different keys. Faulty is safe for concurrent use.
+// different keys. A Faulty store is safe for concurrent use.
+//
+// A Faulty store implements [store.Vectored] exactly when the store it
+// wraps does, so that code which checks for it takes the same path over
+// the wrapper as over the store. PutV and GetV get the faults of Put and
+// Get (OpPut, OpGet): the same whole-call and per-key errors, drawn alike,
+// and Scribble writes over every host region of a faulted GetV key.
 //
 // Bad input (invalid keys, slices of different lengths) is never faulted:
 // it gets the wrapped store's errors.
-type Faulty struct {
+type Faulty interface {
+	store.Store
+	// Faults returns how many faults the store injected so far.
+	Faults() FaultCounts
+	// Unwrap returns the wrapped store.
+	Unwrap() store.Store
+}
+
+// faulty is a Faulty store over a store without store.Vectored.
+type faulty struct {
 	s    store.Store
 	opts FaultOptions
 	put  []error // injected per-key errors, ready made
@@ -106,12 +125,30 @@ type Faulty struct {
 	faults FaultCounts
 }
 
-var _ store.Store = (*Faulty)(nil)
+// faultyVectored is a Faulty store over a store with store.Vectored.
+type faultyVectored struct {
+	*faulty
+	v store.Vectored
+}
 
-// NewFaulty returns s with faults injected as opts says. It panics if a
-// rate is outside [0, 1] or Latency is negative: those are programming
-// errors of the test.
-func NewFaulty(s store.Store, opts FaultOptions) *Faulty {
+var (
+	_ Faulty         = (*faulty)(nil)
+	_ Faulty         = (*faultyVectored)(nil)
+	_ store.Vectored = (*faultyVectored)(nil)
+)
+
+// NewFaulty returns s with faults injected as opts says; the result
+// implements store.Vectored if s does. It panics if a rate is outside
+// [0, 1] or Latency is negative: those are programming errors of the test.
+func NewFaulty(s store.Store, opts FaultOptions) Faulty {
+	f := newFaulty(s, opts)
+	if v, ok := s.(store.Vectored); ok {
+		return &faultyVectored{faulty: f, v: v}
+	}
+	return f
+}
+
+func newFaulty(s store.Store, opts FaultOptions) *faulty {
 	for _, r := range []struct {
 		name string
 		v    float64
@@ -136,7 +173,7 @@ func NewFaulty(s store.Store, opts FaultOptions) *Faulty {
 		}
 		return out
 	}
-	return &Faulty{
+	return &faulty{
 		s:      s,
 		opts:   opts,
 		put:    inject(opts.PutErrors, store.ErrNoSpace, store.ErrTransfer),
@@ -148,10 +185,10 @@ func NewFaulty(s store.Store, opts FaultOptions) *Faulty {
 }
 
 // Unwrap returns the wrapped store.
-func (f *Faulty) Unwrap() store.Store { return f.s }
+func (f *faulty) Unwrap() store.Store { return f.s }
 
 // Faults returns how many faults f injected so far.
-func (f *Faulty) Faults() FaultCounts {
+func (f *faulty) Faults() FaultCounts {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.faults
@@ -167,7 +204,7 @@ const (
 
 // draw returns a number in [0, 1) for the nth time the pair (op, h) is
 // asked about, and counts the asking.
-func (f *Faulty) draw(op Op, salt, h uint64) float64 {
+func (f *faulty) draw(op Op, salt, h uint64) float64 {
 	id := mix(mix(uint64(op)<<8|salt) ^ h)
 	f.mu.Lock()
 	n := f.counts[id]
@@ -178,13 +215,13 @@ func (f *Faulty) draw(op Op, salt, h uint64) float64 {
 }
 
 // pick chooses one of errs, also deterministically.
-func (f *Faulty) pick(op Op, h uint64, errs []error) error {
+func (f *faulty) pick(op Op, h uint64, errs []error) error {
 	u := f.draw(op, saltPick, h)
 	return errs[min(len(errs)-1, int(math.Floor(u*float64(len(errs)))))]
 }
 
 // begin waits the latency and decides a whole-call fault.
-func (f *Faulty) begin(ctx context.Context, op Op, keys ...string) error {
+func (f *faulty) begin(ctx context.Context, op Op, keys ...string) error {
 	if f.opts.Latency > 0 {
 		timer := time.NewTimer(f.opts.Latency)
 		select {
@@ -211,7 +248,7 @@ func (f *Faulty) begin(ctx context.Context, op Op, keys ...string) error {
 }
 
 // keyFault returns the error injected into key, or nil.
-func (f *Faulty) keyFault(op Op, key string, errs []error) error {
+func (f *faulty) keyFault(op Op, key string, errs []error) error {
 	if f.opts.Ops&op == 0 || f.opts.KeyRate == 0 || store.ValidateKey(key) != nil {
 		return nil
 	}
@@ -226,7 +263,7 @@ func (f *Faulty) keyFault(op Op, key string, errs []error) error {
 }
 
 // Exists passes the call on, with faults.
-func (f *Faulty) Exists(ctx context.Context, keys []string, res []store.Result) error {
+func (f *faulty) Exists(ctx context.Context, keys []string, res []store.Result) error {
 	if err := store.CheckBatch("exists", len(keys), -1, len(res)); err != nil {
 		return err
 	}
@@ -258,7 +295,7 @@ func (f *Faulty) Exists(ctx context.Context, keys []string, res []store.Result) 
 
 // Put passes the call on, with faults: a key that fails by injection is
 // not stored.
-func (f *Faulty) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
+func (f *faulty) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
 	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
 		return err
 	}
@@ -275,9 +312,73 @@ func (f *Faulty) Put(ctx context.Context, keys []string, src []rdma.Region, res 
 	return nil
 }
 
+// PutV passes the call on, with the faults of Put.
+func (f *faultyVectored) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
+	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
+		return err
+	}
+	if err := f.begin(ctx, OpPut, keys...); err != nil {
+		return err
+	}
+	fwd, fres, faulted := f.split(OpPut, keys, res, f.put)
+	if len(fwd) > 0 {
+		if err := f.v.PutV(ctx, fwd, pickLists(src, faulted), fres); err != nil {
+			return err
+		}
+	}
+	f.merge(res, fres, faulted)
+	return nil
+}
+
+// GetV passes the call on, with the faults of Get.
+func (f *faultyVectored) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
+	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
+		return err
+	}
+	if err := f.begin(ctx, OpGet, keys...); err != nil {
+		return err
+	}
+	fwd, fres, faulted := f.split(OpGet, keys, res, f.get)
+	if len(fwd) > 0 {
+		if err := f.v.GetV(ctx, fwd, pickLists(dst, faulted), fres); err != nil {
+			return err
+		}
+	}
+	f.merge(res, fres, faulted)
+	if f.opts.Scribble {
+		for i, bad := range faulted {
+			if bad {
+				f.scribble(dst[i], i)
+			}
+		}
+	}
+	return nil
+}
+
+// scribble writes garbage over the host regions rs, those of key i of a get.
+func (f *faulty) scribble(rs []rdma.Region, i int) {
+	for _, r := range rs {
+		if r.Len > 0 {
+			if b := r.Bytes(); b != nil {
+				fillValue(b, "storetest: scribble", uint64(i))
+			}
+		}
+	}
+}
+
+func pickLists(ls [][]rdma.Region, faulted []bool) [][]rdma.Region {
+	out := make([][]rdma.Region, 0, len(ls))
+	for i, l := range ls {
+		if !faulted[i] {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // Get passes the call on, with faults: a key that fails by injection is not
 // read, and its destination is scribbled on if FaultOptions.Scribble is set.
-func (f *Faulty) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+func (f *faulty) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
 	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
 		return err
 	}
@@ -293,10 +394,8 @@ func (f *Faulty) Get(ctx context.Context, keys []string, dst []rdma.Region, res 
 	f.merge(res, fres, faulted)
 	if f.opts.Scribble {
 		for i, bad := range faulted {
-			if bad && dst[i].Len > 0 {
-				if b := dst[i].Bytes(); b != nil {
-					fillValue(b, "storetest: scribble", uint64(i))
-				}
+			if bad {
+				f.scribble(dst[i:i+1], i)
 			}
 		}
 	}
@@ -306,7 +405,7 @@ func (f *Faulty) Get(ctx context.Context, keys []string, dst []rdma.Region, res 
 // split decides the per-key faults of a batch: it writes the injected
 // errors into res and returns the keys to pass on, their result slots, and
 // which keys were faulted.
-func (f *Faulty) split(op Op, keys []string, res []store.Result, errs []error) ([]string, []store.Result, []bool) {
+func (f *faulty) split(op Op, keys []string, res []store.Result, errs []error) ([]string, []store.Result, []bool) {
 	faulted := make([]bool, len(keys))
 	fwd := make([]string, 0, len(keys))
 	for i, k := range keys {
@@ -321,7 +420,7 @@ func (f *Faulty) split(op Op, keys []string, res []store.Result, errs []error) (
 }
 
 // merge copies the results of the keys passed on into res.
-func (f *Faulty) merge(res, fres []store.Result, faulted []bool) {
+func (f *faulty) merge(res, fres []store.Result, faulted []bool) {
 	j := 0
 	for i, bad := range faulted {
 		if !bad {
@@ -342,7 +441,7 @@ func pickRegions(rs []rdma.Region, faulted []bool) []rdma.Region {
 }
 
 // Remove passes the call on, with whole-call faults.
-func (f *Faulty) Remove(ctx context.Context, key string) error {
+func (f *faulty) Remove(ctx context.Context, key string) error {
 	if err := f.begin(ctx, OpRemove, key); err != nil {
 		return err
 	}
@@ -350,7 +449,7 @@ func (f *Faulty) Remove(ctx context.Context, key string) error {
 }
 
 // RemovePrefix passes the call on, with whole-call faults.
-func (f *Faulty) RemovePrefix(ctx context.Context, prefix string) (int, error) {
+func (f *faulty) RemovePrefix(ctx context.Context, prefix string) (int, error) {
 	if err := f.begin(ctx, OpRemove, "prefix", prefix); err != nil {
 		return 0, err
 	}
@@ -358,7 +457,7 @@ func (f *Faulty) RemovePrefix(ctx context.Context, prefix string) (int, error) {
 }
 
 // RemoveAll passes the call on, with whole-call faults.
-func (f *Faulty) RemoveAll(ctx context.Context) (int, error) {
+func (f *faulty) RemoveAll(ctx context.Context) (int, error) {
 	if err := f.begin(ctx, OpRemove, "all"); err != nil {
 		return 0, err
 	}
@@ -366,13 +465,13 @@ func (f *Faulty) RemoveAll(ctx context.Context) (int, error) {
 }
 
 // Register passes the call on.
-func (f *Faulty) Register(r rdma.Region) error { return f.s.Register(r) }
+func (f *faulty) Register(r rdma.Region) error { return f.s.Register(r) }
 
 // Unregister passes the call on.
-func (f *Faulty) Unregister(r rdma.Region) error { return f.s.Unregister(r) }
+func (f *faulty) Unregister(r rdma.Region) error { return f.s.Unregister(r) }
 
 // Stats returns the wrapped store's counters.
-func (f *Faulty) Stats() store.Stats { return f.s.Stats() }
+func (f *faulty) Stats() store.Stats { return f.s.Stats() }
 
 // Close closes the wrapped store.
-func (f *Faulty) Close() error { return f.s.Close() }
+func (f *faulty) Close() error { return f.s.Close() }

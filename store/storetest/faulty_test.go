@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,7 +20,7 @@ import (
 type faultRig struct {
 	t     *testing.T
 	inner *refStore
-	f     *Faulty
+	f     Faulty
 	mem   *memory
 }
 
@@ -347,4 +348,93 @@ func TestFaultyConcurrent(t *testing.T) {
 	if got := r.f.Faults(); got.Calls == 0 || got.Keys == 0 || got.Vanished == 0 {
 		t.Errorf("Faults() = %+v, want some of every kind", got)
 	}
+}
+
+// A Faulty store implements store.Vectored exactly when the store it wraps
+// does, and PutV and GetV get the faults of Put and Get: the same keys
+// fail, faulted keys are not stored or read, and Scribble writes over
+// every region of a faulted GetV key.
+func TestFaultyVectored(t *testing.T) {
+	if _, ok := NewFaulty(newRefStore(noBug, 0), FaultOptions{}).(store.Vectored); ok {
+		t.Error("NewFaulty over a store without store.Vectored implements it")
+	}
+	opts := FaultOptions{Seed: 9, KeyRate: 0.4, Scribble: true, GetErrors: []error{store.ErrTransfer}}
+	keys := faultKeys(64)
+	mem := newMemory(t, len(keys), 64)
+	lists := make([][]rdma.Region, len(keys)) // each value in two regions
+	plain := make([]rdma.Region, len(keys))
+	for i, k := range keys {
+		fillValue(mem.bytes(i), k, 1)
+		lists[i] = []rdma.Region{mem.subslot(i, 0, 24), mem.subslot(i, 24, 40)}
+		plain[i] = mem.slot(i, 64)
+	}
+	run := func(vectored bool) (put, get []string) {
+		inner := newVecStore(noVBug)
+		f := NewFaulty(inner, opts)
+		v, ok := f.(store.Vectored)
+		if !ok {
+			t.Fatal("NewFaulty over a store with store.Vectored does not implement it")
+		}
+		res := make([]store.Result, len(keys))
+		var err error
+		if vectored {
+			err = v.PutV(background, keys, lists, res)
+		} else {
+			err = f.Put(background, keys, plain, res)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		put = outcome(res)
+		stored := holds(t, inner, keys)
+		for i, x := range res {
+			if (x.Err == nil) != stored[i] {
+				t.Fatalf("vectored %v: key %q: put %v, but stored in the wrapped store = %v", vectored, keys[i], x.Err, stored[i])
+			}
+		}
+		if vectored {
+			err = v.GetV(background, keys, lists, res)
+		} else {
+			err = f.Get(background, keys, plain, res)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		get = outcome(res)
+		for i, x := range res {
+			want := value(keys[i], 1, 64)
+			switch {
+			case x.Err == nil && stored[i] && !bytes.Equal(mem.bytes(i), want):
+				t.Errorf("vectored %v: key %q read, but its regions do not hold its value", vectored, keys[i])
+			case x.Err != nil && errors.Is(x.Err, ErrInjected) && (bytes.Equal(mem.bytes(i)[:24], want[:24]) || bytes.Equal(mem.bytes(i)[24:], want[24:])):
+				t.Errorf("vectored %v: key %q faulted with Scribble, but a region of it was not scribbled on", vectored, keys[i])
+			}
+			fillValue(mem.bytes(i), keys[i], 1)
+		}
+		if f.Faults().Keys == 0 {
+			t.Errorf("vectored %v: no faults injected at KeyRate %v", vectored, opts.KeyRate)
+		}
+		return put, get
+	}
+	p1, g1 := run(false)
+	p2, g2 := run(true)
+	if diff := cmp.Diff(p1, p2); diff != "" {
+		t.Errorf("PutV faults differ from Put's (-Put +PutV):\n%s", diff)
+	}
+	if diff := cmp.Diff(g1, g2); diff != "" {
+		t.Errorf("GetV faults differ from Get's (-Get +GetV):\n%s", diff)
+	}
+}
+
+// holds reports, for each key, whether s holds it.
+func holds(t *testing.T, s store.Store, keys []string) []bool {
+	res := make([]store.Result, len(keys))
+	if err := s.Exists(background, keys, res); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]bool, len(keys))
+	for i, x := range res {
+		out[i] = x.Err == nil
+	}
+	return out
 }

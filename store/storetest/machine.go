@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 
@@ -43,11 +44,14 @@ var machinePrefixes = []string{"t", "t0", "t0@", "t0@n1@", "t1@n2@", "t2@!", "zz
 // holds.
 type machine struct {
 	s     store.Store
+	v     store.Vectored // s, if it implements it
 	opts  Options
 	keys  []string
 	sizes []int
 	src   *memory
 	dst   *memory
+	vsrc  *memory // sources and destinations of PutV and GetV
+	vdst  *memory
 	// model holds, per key, the values the store may hold now; none means
 	// the key is absent. Without eviction there is exactly one value. A
 	// store that evicts may also have dropped the key, and after a put of a
@@ -65,6 +69,8 @@ func (h *harness) stateMachine(t tester) {
 	opts := h.opts
 	src := newMemory(t, batchMax, opts.MaxValueSize)
 	dst := newMemory(t, batchMax, opts.MaxValueSize+64)
+	vsrc := newMemory(t, batchMax, opts.MaxValueSize+(vparts+1)*vgap)
+	vdst := newMemory(t, batchMax, opts.MaxValueSize+64+(vparts+1)*vgap)
 	keys := machineKeys()
 	sizes := []int{1, 7, 64, 65, opts.MaxValueSize / 2, opts.MaxValueSize}
 	rapid.Check(t, func(rt *rapid.T) {
@@ -77,7 +83,7 @@ func (h *harness) stateMachine(t tester) {
 				rt.Errorf("Close() = %v, want nil", err)
 			}
 		}()
-		for _, m := range []*memory{src, dst} {
+		for _, m := range []*memory{src, dst, vsrc, vdst} {
 			if err := s.Register(m.region()); err != nil {
 				rt.Fatalf("Register(%v) = %v, want nil", m.region(), err)
 			}
@@ -87,8 +93,9 @@ func (h *harness) stateMachine(t tester) {
 				}
 			}()
 		}
-		m := &machine{s: s, opts: opts, keys: keys, sizes: sizes, src: src, dst: dst, model: map[string][][]byte{}, maybe: map[string]bool{}}
-		rt.Repeat(map[string]func(*rapid.T){
+		m := &machine{s: s, opts: opts, keys: keys, sizes: sizes, src: src, dst: dst, vsrc: vsrc, vdst: vdst,
+			model: map[string][][]byte{}, maybe: map[string]bool{}}
+		actions := map[string]func(*rapid.T){
 			"Put":          m.put,
 			"PutMore":      m.put,
 			"Get":          m.get,
@@ -98,7 +105,13 @@ func (h *harness) stateMachine(t tester) {
 			"RemovePrefix": m.removePrefix,
 			"RemoveAll":    m.removeAll,
 			"":             m.check,
-		})
+		}
+		if v, ok := s.(store.Vectored); ok {
+			m.v = v
+			actions["PutV"] = m.putV
+			actions["GetV"] = m.getV
+		}
+		rt.Repeat(actions)
 	})
 }
 
@@ -127,30 +140,56 @@ func (m *machine) modelBytes() int64 {
 	return n
 }
 
-func (m *machine) put(t *rapid.T) {
+// vparts is the most regions the state machine cuts a value into.
+const vparts = 4
+
+// drawCuts draws how a value of n bytes is cut into regions.
+func drawCuts(t *rapid.T, n int) []int {
+	k := rapid.IntRange(1, vparts).Draw(t, "regions")
+	return cut(rand.New(rand.NewPCG(rapid.Uint64().Draw(t, "cuts"), 0)), n, k)
+}
+
+func (m *machine) put(t *rapid.T)  { m.putWith(t, "Put") }
+func (m *machine) putV(t *rapid.T) { m.putWith(t, "PutV") }
+
+// putWith puts a batch with Put, or with PutV from values cut into
+// regions of random sizes.
+func (m *machine) putWith(t *rapid.T, op string) {
 	keys := m.drawKeys(t)
 	src := make([]rdma.Region, len(keys))
+	vsrc := make([][]rdma.Region, len(keys))
 	vals := make([][]byte, len(keys))
 	for i, key := range keys {
 		n := rapid.OneOf(rapid.SampledFrom(m.sizes), rapid.IntRange(1, m.opts.MaxValueSize)).Draw(t, "size")
 		m.version++
 		vals[i] = value(key, m.version, n)
-		src[i] = m.src.slot(i, n)
-		copy(m.src.bytes(i), vals[i])
+		if op == "PutV" {
+			vsrc[i] = scatter(m.vsrc, i, drawCuts(t, n))
+			fill(vsrc[i], vals[i])
+		} else {
+			src[i] = m.src.slot(i, n)
+			copy(m.src.bytes(i), vals[i])
+		}
 	}
 	res := make([]store.Result, len(keys))
-	if err := m.s.Put(background, keys, src, res); err != nil {
-		t.Fatalf("Put(%q) = %v, want per-key results and a nil error", keys, err)
+	var err error
+	if op == "PutV" {
+		err = m.v.PutV(background, keys, vsrc, res)
+	} else {
+		err = m.s.Put(background, keys, src, res)
+	}
+	if err != nil {
+		t.Fatalf("%s(%q) = %v, want per-key results and a nil error", op, keys, err)
 	}
 	for i, key := range keys {
-		if !bytes.Equal(m.src.bytes(i)[:len(vals[i])], vals[i]) {
-			t.Fatalf("Put(%q) wrote into the source region of %q", keys, key)
+		if op == "PutV" && !bytes.Equal(gather(vsrc[i]), vals[i]) || op == "Put" && !bytes.Equal(m.src.bytes(i)[:len(vals[i])], vals[i]) {
+			t.Fatalf("%s(%q) wrote into the source region of %q", op, keys, key)
 		}
 		r := res[i]
 		switch {
 		case r.Err == nil:
 			if r.N != len(vals[i]) {
-				t.Fatalf("Put(%q): key %q: N = %d, want %d (the region's length)", keys, key, r.N, len(vals[i]))
+				t.Fatalf("%s(%q): key %q: N = %d, want %d (the regions' length)", op, keys, key, r.N, len(vals[i]))
 			}
 			switch cur := m.model[key]; {
 			case len(cur) == 0:
@@ -161,22 +200,29 @@ func (m *machine) put(t *rapid.T) {
 			delete(m.maybe, key)
 		case errors.Is(r.Err, store.ErrNoSpace):
 			if !m.opts.Evicts && m.modelBytes()+int64(len(vals[i])) <= m.opts.Capacity {
-				t.Fatalf("Put(%q): key %q: %v, with %d of %d bytes of Capacity in use and no eviction declared", keys, key, r.Err, m.modelBytes(), m.opts.Capacity)
+				t.Fatalf("%s(%q): key %q: %v, with %d of %d bytes of Capacity in use and no eviction declared", op, keys, key, r.Err, m.modelBytes(), m.opts.Capacity)
 			}
 		default:
-			t.Fatalf("Put(%q): key %q: error %v, want nil or store.ErrNoSpace", keys, key, r.Err)
+			t.Fatalf("%s(%q): key %q: error %v, want nil or store.ErrNoSpace", op, keys, key, r.Err)
 		}
 	}
 	// A store that kept a reference to the sources instead of copying them
 	// now serves these bytes.
 	for i := range keys {
 		fillValue(m.src.bytes(i), "scribble", m.version)
+		fillValue(m.vsrc.bytes(i), "scribble", m.version)
 	}
 }
 
-func (m *machine) get(t *rapid.T) {
+func (m *machine) get(t *rapid.T)  { m.getWith(t, "Get") }
+func (m *machine) getV(t *rapid.T) { m.getWith(t, "GetV") }
+
+// getWith gets a batch with Get, or with GetV into regions of random
+// sizes whose total is the room Get would have.
+func (m *machine) getWith(t *rapid.T, op string) {
 	keys := m.drawKeys(t)
 	dst := make([]rdma.Region, len(keys))
+	vdst := make([][]rdma.Region, len(keys))
 	short := make([]bool, len(keys))
 	for i, key := range keys {
 		n := m.dst.slotSize
@@ -199,41 +245,69 @@ func (m *machine) get(t *rapid.T) {
 				n = m.dst.slotSize
 			}
 		}
-		dst[i] = m.dst.slot(i, n)
-		canary(m.dst.bytes(i))
+		if op == "GetV" {
+			canary(m.vdst.bytes(i))
+			vdst[i] = scatter(m.vdst, i, drawCuts(t, n))
+		} else {
+			dst[i] = m.dst.slot(i, n)
+			canary(m.dst.bytes(i))
+		}
 	}
 	res := make([]store.Result, len(keys))
-	if err := m.s.Get(background, keys, dst, res); err != nil {
-		t.Fatalf("Get(%q) = %v, want per-key results and a nil error", keys, err)
+	var err error
+	if op == "GetV" {
+		err = m.v.GetV(background, keys, vdst, res)
+	} else {
+		err = m.s.Get(background, keys, dst, res)
+	}
+	if err != nil {
+		t.Fatalf("%s(%q) = %v, want per-key results and a nil error", op, keys, err)
 	}
 	for i, key := range keys {
-		r, b := res[i], m.dst.bytes(i)
+		r := res[i]
+		// room is the destination's length; got its bytes, in order;
+		// written the first byte written that may not be, or -1.
+		var room int
+		var got []byte
+		written := func(n int) int { return canaryBroken(m.dst.bytes(i), n) }
+		if op == "GetV" {
+			got = gather(vdst[i])
+			room = len(got)
+			written = func(n int) int {
+				if onlyPrefixWritten(m.vdst, vdst[i], n) {
+					return -1
+				}
+				return n
+			}
+		} else {
+			room, got = dst[i].Len, m.dst.bytes(i)
+		}
 		switch {
 		case r.Err == nil:
 			if short[i] {
-				t.Fatalf("Get(%q): key %q: into %d bytes, shorter than its value: nil error, want store.ErrBufferTooSmall", keys, key, dst[i].Len)
+				t.Fatalf("%s(%q): key %q: into %d bytes, shorter than its value: nil error, want store.ErrBufferTooSmall", op, keys, key, room)
 			}
-			if r.N < 0 || r.N > dst[i].Len {
-				t.Fatalf("Get(%q): key %q: N = %d, outside the %d-byte destination", keys, key, r.N, dst[i].Len)
+			if r.N < 0 || r.N > room {
+				t.Fatalf("%s(%q): key %q: N = %d, outside the %d-byte destination", op, keys, key, r.N, room)
 			}
-			if j := canaryBroken(b, r.N); j >= 0 {
-				t.Fatalf("Get(%q): key %q: wrote byte %d of the destination, past the %d-byte value", keys, key, j, r.N)
+			if j := written(r.N); j >= 0 {
+				t.Fatalf("%s(%q): key %q: wrote byte %d of the destination or beside it, past the %d-byte value", op, keys, key, j, r.N)
 			}
-			m.sawValue(t, "Get", key, b[:r.N])
+			m.sawValue(t, op, key, got[:r.N])
 		case errors.Is(r.Err, store.ErrNotFound):
-			if j := canaryBroken(b, 0); j >= 0 {
-				t.Fatalf("Get(%q): key %q: %v, but wrote byte %d of the destination", keys, key, r.Err, j)
+			if j := written(0); j >= 0 {
+				t.Fatalf("%s(%q): key %q: %v, but wrote byte %d of the destination", op, keys, key, r.Err, j)
 			}
-			m.sawAbsent(t, "Get", key)
+			m.sawAbsent(t, op, key)
 		case errors.Is(r.Err, store.ErrBufferTooSmall):
-			if j := canaryBroken(b, 0); j >= 0 {
-				t.Fatalf("Get(%q): key %q: %v, but wrote byte %d of the destination", keys, key, r.Err, j)
+			if j := written(0); j >= 0 {
+				t.Fatalf("%s(%q): key %q: %v, but wrote byte %d of the destination", op, keys, key, r.Err, j)
 			}
 			if !short[i] {
-				t.Fatalf("Get(%q): key %q: %v, but the %d-byte destination holds every value the key may have (%s)", keys, key, r.Err, dst[i].Len, sizesOf(m.model[key]))
+				t.Fatalf("%s(%q): key %q: %v, but the %d-byte destination holds every value the key may have (%s)", op, keys, key, r.Err, room, sizesOf(m.model[key]))
 			}
 		default:
-			t.Fatalf("Get(%q): key %q: error %v, want nil, store.ErrNotFound or store.ErrBufferTooSmall", keys, key, r.Err)
+			t.Fatalf("%s(%q): key %q: error %v, want nil, store.ErrNotFound or store.ErrBufferTooSmall", op, keys, key, r.Err)
 		}
 	}
 }

@@ -44,6 +44,18 @@ func (m *memory) slot(i, n int) rdma.Region {
 	return r
 }
 
+// subslot returns n bytes of slot i from byte off of it as a region.
+func (m *memory) subslot(i, off, n int) rdma.Region {
+	if i < 0 || i >= m.slots || off < 0 || n < 0 || off+n > m.slotSize {
+		panic("storetest: subslot out of range")
+	}
+	r, err := m.mem.Region().Sub(i*m.slotSize+off, n)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}
+
 // bytes returns the whole of slot i.
 func (m *memory) bytes(i int) []byte {
 	b := m.mem.Bytes()

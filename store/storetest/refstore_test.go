@@ -368,3 +368,121 @@ func (s *refStore) Close() error {
 	}
 	return nil
 }
+
+// vbug is a deliberate defect of vecStore's PutV or GetV.
+type vbug int
+
+const (
+	noVBug              vbug = iota
+	vbugReversed             // PutV gathers the regions in reverse order
+	vbugWritesTooSmall       // GetV writes the regions before it finds them too small
+	vbugEmptyIsValue         // an empty region list is a value of no bytes
+	vbugFirstRegionOnly      // GetV fills only the first region and reports the whole size
+	vbugContiguous           // PutV and GetV treat the regions as one span from the first one's address
+)
+
+// vecStore is a refStore that implements store.Vectored, by gathering
+// into and scattering from a value on the Go heap, with an optional bug.
+type vecStore struct {
+	*refStore
+	vbug vbug
+}
+
+var _ store.Vectored = (*vecStore)(nil)
+
+func newVecStore(b vbug) *vecStore { return &vecStore{refStore: newRefStore(noBug, 0), vbug: b} }
+
+// check validates one key's region list; it returns the total length.
+func (s *vecStore) check(k string, rs []rdma.Region) (int, error) {
+	if err := s.validKey(k); err != nil {
+		return 0, err
+	}
+	if len(rs) == 0 && s.vbug != vbugEmptyIsValue {
+		return 0, fmt.Errorf("%w: no regions", store.ErrInvalidRegion)
+	}
+	n := 0
+	for _, r := range rs {
+		if err := validRegion(r); err != nil {
+			return 0, err
+		}
+		n += r.Len
+	}
+	return n, nil
+}
+
+func (s *vecStore) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(ctx, "put", len(keys), len(src), len(res)); err != nil {
+		return err
+	}
+	for i, k := range keys {
+		n, err := s.check(k, src[i])
+		if err != nil {
+			res[i] = store.Result{Err: err}
+			continue
+		}
+		if _, ok := s.m[k]; ok {
+			res[i] = store.Result{N: n}
+			continue
+		}
+		var v []byte
+		switch rs := src[i]; {
+		case s.vbug == vbugContiguous && len(rs) > 0:
+			v = slices.Clone(rdma.Region{Addr: rs[0].Addr, Len: n, Loc: rdma.Host}.Bytes())
+		case s.vbug == vbugReversed:
+			for j := len(rs) - 1; j >= 0; j-- {
+				v = append(v, rs[j].Bytes()...)
+			}
+		default:
+			for _, r := range rs {
+				v = append(v, r.Bytes()...)
+			}
+		}
+		s.m[k] = v
+		s.order = append(s.order, k)
+		s.used += len(v)
+		res[i] = store.Result{N: n}
+	}
+	return nil
+}
+
+func (s *vecStore) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(ctx, "get", len(keys), len(dst), len(res)); err != nil {
+		return err
+	}
+	for i, k := range keys {
+		room, err := s.check(k, dst[i])
+		if err != nil {
+			res[i] = store.Result{Err: err}
+			continue
+		}
+		v, ok := s.m[k]
+		if !ok {
+			res[i] = store.Result{Err: store.ErrNotFound}
+			continue
+		}
+		if len(v) > room && s.vbug != vbugWritesTooSmall {
+			res[i] = store.Result{Err: store.ErrBufferTooSmall}
+			continue
+		}
+		rest := v
+		for j, r := range dst[i] {
+			if s.vbug == vbugContiguous {
+				r = rdma.Region{Addr: dst[i][0].Addr, Len: min(len(v), room), Loc: rdma.Host}
+			}
+			rest = rest[copy(r.Bytes(), rest):]
+			if s.vbug == vbugFirstRegionOnly || s.vbug == vbugContiguous || j == 0 && len(rest) == 0 {
+				break
+			}
+		}
+		if len(v) > room {
+			res[i] = store.Result{Err: store.ErrBufferTooSmall}
+			continue
+		}
+		res[i] = store.Result{N: len(v)}
+	}
+	return nil
+}

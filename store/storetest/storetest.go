@@ -85,6 +85,10 @@ func (o *Options) ensureDefaults() error {
 //     their keys away and puts store other keys' values of the same size
 //     in the space freed: every get returns its key's value whole or
 //     reports it absent, never a torn value or another key's bytes.
+//   - Vectored, when the store implements store.Vectored: PutV and GetV
+//     against the same values as Put and Get, across regions of random
+//     sizes, with short region lists, empty ones and repeated keys (the
+//     state machine then also puts and gets through them).
 //   - BadInput: invalid keys, empty and zero regions, short destinations
 //     and batch slices of different lengths get per-key errors (or the
 //     whole-call error for slices) and change nothing.
@@ -145,6 +149,7 @@ func run(t tester, newStore func(t testing.TB) store.Store, opts Options) {
 	t.run("Churn", h.churn)
 	t.run("RepeatedKeys", h.repeatedKeys)
 	t.run("Removal", h.removal)
+	t.run("Vectored", h.vectored)
 	t.run("BadInput", h.badInput)
 	t.run("Register", h.register)
 	t.run("Context", h.context)

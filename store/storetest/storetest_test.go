@@ -230,6 +230,37 @@ func TestRunCatchesBrokenStores(t *testing.T) {
 	}
 }
 
+// TestRunCatchesBrokenVectored runs the harness against stores whose PutV
+// or GetV has one deliberate bug each, and checks that it fails where it
+// should, saying why.
+func TestRunCatchesBrokenVectored(t *testing.T) {
+	fastRapid(t)
+	for _, tc := range []struct {
+		name   string
+		bug    vbug
+		caught string // a subtest that must fail, under Run/
+		reason string
+	}{
+		{"Reversed", vbugReversed, "Vectored", "do not hold its value, in order"},
+		{"ReversedModel", vbugReversed, "StateMachine", ""},
+		{"WritesTooSmall", vbugWritesTooSmall, "Vectored", "nothing may be written"},
+		{"WritesTooSmallModel", vbugWritesTooSmall, "StateMachine", ""},
+		{"EmptyIsValue", vbugEmptyIsValue, "Vectored", "want store.ErrInvalidRegion"},
+		{"FirstRegionOnly", vbugFirstRegionOnly, "Vectored", "do not hold its value"},
+		{"Contiguous", vbugContiguous, "Vectored", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := Options{Capacity: 256 << 10, MaxValueSize: 2048}
+			got := runRecorded(t, func(testing.TB) store.Store { return newVecStore(tc.bug) }, opts)
+			if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
+				t.Errorf("Run did not fail in %s for a Vectored store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
+			} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
+				t.Errorf("Run failed in %s for a Vectored store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
+			}
+		})
+	}
+}
+
 // TestRunPassesCorrectStores runs the harness, under a recorder and for
 // real, against the correct reference store: without eviction, with
 // eviction, and through a Faulty wrapper that injects nothing.
@@ -243,9 +274,16 @@ func TestRunPassesCorrectStores(t *testing.T) {
 		{"Plain", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, false},
 		{"Evicting", 64 << 10, Options{Evicts: true, Capacity: 64 << 10, MaxValueSize: 2048, Stats: true}, false},
 		{"FaultyWithoutFaults", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, true},
+		{"Vectored", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, false},
+		{"FaultyVectoredWithoutFaults", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, true},
 	} {
 		newStore := func(testing.TB) store.Store {
-			var s store.Store = newRefStore(noBug, tc.capacity)
+			var s store.Store
+			if tc.capacity < 0 { // -1: the reference store with PutV and GetV
+				s = newVecStore(noVBug)
+			} else {
+				s = newRefStore(noBug, tc.capacity)
+			}
 			if tc.wrap {
 				s = NewFaulty(s, FaultOptions{Seed: 1})
 			}
