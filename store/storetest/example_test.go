@@ -47,3 +47,21 @@ func ExampleNewFaulty() {
 	// get: store: not found true
 	// faults: {Calls:0 Keys:0 Vanished:1}
 }
+
+// ExampleRun is how a third party certifies its store: a test in its own
+// package hands Run a constructor of fresh, empty stores and says what the
+// store does (here: it evicts, as a cache, within 64 MiB).
+func ExampleRun() {
+	// In mystore_test.go:
+	//
+	//	func TestConformance(t *testing.T) {
+	//		storetest.Run(t, func(t testing.TB) store.Store {
+	//			s, err := mystore.Open(mystore.Config{Capacity: 64 << 20})
+	//			if err != nil {
+	//				t.Fatal(err)
+	//			}
+	//			return s // Run closes it
+	//		}, storetest.Options{Evicts: true, Capacity: 64 << 20})
+	//	}
+	var _ = storetest.Run
+}
