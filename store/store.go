@@ -124,7 +124,15 @@ type Store interface {
 // for Vectored once, when they open, and fall back to staging the bytes
 // through one region of their own.
 type Vectored interface {
+	// PutV stores under keys[i] the concatenation of the regions src[i],
+	// as [Store.Put] stores one region. The slices are read during the
+	// call only; it may be called concurrently with any other call.
 	PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []Result) error
+
+	// GetV copies the value of keys[i] across the regions dst[i], as
+	// [Store.Get] copies it into one region, including the rules for a
+	// repeated key and for a removal in flight. The slices are read during
+	// the call only; it may be called concurrently with any other call.
 	GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []Result) error
 }
 
