@@ -3,8 +3,10 @@ package storeconn_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
@@ -199,4 +201,22 @@ func TestRegisterLayout(t *testing.T) {
 		w.Close()
 		m.Free()
 	}
+}
+
+// TestRegisterGoHeap: KV memory on the Go heap is refused: the collector
+// may free it while the store still holds its address.
+func TestRegisterGoHeap(t *testing.T) {
+	st := newMem(t)
+	w, err := connector.OpenWorker(connector.Config{Connector: storeconn.Name}, connector.Env{Identity: identity(1, 1), Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	heap := make([]byte, 512*2*2*64) // large enough to live on the heap
+	kv := connector.KVCache{Layers: 2, Blocks: 512, KV: 2, BlockBytes: 64, Order: connector.BlockMajor,
+		Regions: []rdma.Region{{Addr: uintptr(unsafe.Pointer(unsafe.SliceData(heap))), Len: len(heap), Loc: rdma.Host}}}
+	if err := w.Register(kv); err == nil || !strings.Contains(err.Error(), "is Go memory") {
+		t.Errorf("Register of Go heap memory = %v, want an error saying it is Go memory", err)
+	}
+	runtime.KeepAlive(heap)
 }

@@ -9,11 +9,15 @@ import (
 )
 
 // Check reports an error unless every page of [addr, addr+n) is mapped in
-// this process (mincore succeeds on it). It does not check the pages'
+// this process (mincore succeeds on it) and addr is not Go memory (see
+// [GoHeap]). It does not check the pages'
 // protection: a read-only or PROT_NONE mapping passes. It catches the
 // common mistakes (an address never mapped, memory already unmapped), not
 // every address native code could fault on.
 func Check(addr uintptr, n int) error {
+	if GoHeap(addr) {
+		return fmt.Errorf("[%#x, +%d) is Go memory: the collector frees it when Go code drops it, whatever native code holds; allocate it outside the Go heap (rdma.AllocHost, cudaHostAlloc)", addr, n)
+	}
 	page := uintptr(syscall.Getpagesize())
 	start := addr &^ (page - 1)
 	end := addr + uintptr(n)
