@@ -310,35 +310,7 @@ func (s *Store) group(keys []string, res []store.Result) *grouping {
 // store.ErrNoSpace. Per-key errors: store.ErrInvalidKey,
 // store.ErrInvalidRegion, store.ErrNoSpace.
 func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
-	if err := s.start(ctx, "put", len(keys), len(src), len(res)); err != nil {
-		return err
-	}
-	defer s.exit()
-	done := ctx.Done()
-	stamp := s.ticks(len(keys))
-	var puts, dups, rejected, bytesIn int64
-	for i, key := range keys {
-		if canceled(done) {
-			failRest(res[i:], ctx.Err())
-			break
-		}
-		n, dup, err := s.put(key, src[i:i+1], stamp+uint64(i))
-		res[i] = store.Result{N: n, Err: err}
-		switch {
-		case err == nil && dup:
-			dups++
-		case err == nil:
-			puts++
-			bytesIn += int64(n)
-		case isNoSpace(err):
-			rejected++
-		}
-	}
-	s.counters.puts.Add(puts)
-	s.counters.duplicates.Add(dups)
-	s.counters.rejected.Add(rejected)
-	s.counters.bytesIn.Add(bytesIn)
-	return nil
+	return s.putBatch(ctx, keys, len(src), func(i int) []rdma.Region { return src[i : i+1] }, res)
 }
 
 // PutV stores under each keys[i] the concatenation of the regions src[i],
@@ -348,7 +320,13 @@ func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res [
 // store.ErrInvalidRegion for that key, as is any region of it that Put
 // would refuse (the error names which). It implements [store.Vectored].
 func (s *Store) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
-	if err := s.start(ctx, "put", len(keys), len(src), len(res)); err != nil {
+	return s.putBatch(ctx, keys, len(src), func(i int) []rdma.Region { return src[i] }, res)
+}
+
+// putBatch is Put and PutV: src(i) is the regions of keys[i], nsrc how
+// many keys have regions.
+func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(i int) []rdma.Region, res []store.Result) error {
+	if err := s.start(ctx, "put", len(keys), nsrc, len(res)); err != nil {
 		return err
 	}
 	defer s.exit()
@@ -360,7 +338,7 @@ func (s *Store) PutV(ctx context.Context, keys []string, src [][]rdma.Region, re
 			failRest(res[i:], ctx.Err())
 			break
 		}
-		n, dup, err := s.put(key, src[i], stamp+uint64(i))
+		n, dup, err := s.put(key, src(i), stamp+uint64(i))
 		res[i] = store.Result{N: n, Err: err}
 		switch {
 		case err == nil && dup:
@@ -457,32 +435,7 @@ func (s *Store) put(key string, src []rdma.Region, stamp uint64) (n int, dup boo
 // store.ErrBufferTooSmall (dst[i] is not written), store.ErrInvalidKey,
 // store.ErrInvalidRegion. memstore never returns store.ErrLeaseExpired.
 func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
-	if err := s.start(ctx, "get", len(keys), len(dst), len(res)); err != nil {
-		return err
-	}
-	defer s.exit()
-	done := ctx.Done()
-	stamp := s.ticks(len(keys))
-	var hits, misses, bytesOut int64
-	for i, key := range keys {
-		if canceled(done) {
-			failRest(res[i:], ctx.Err())
-			break
-		}
-		n, err := s.get(key, dst[i:i+1], stamp+uint64(i))
-		res[i] = store.Result{N: n, Err: err}
-		switch {
-		case err == nil:
-			hits++
-			bytesOut += int64(n)
-		case err == store.ErrNotFound:
-			misses++
-		}
-	}
-	s.counters.hits.Add(hits)
-	s.counters.misses.Add(misses)
-	s.counters.bytesOut.Add(bytesOut)
-	return nil
+	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i : i+1] }, res)
 }
 
 // GetV copies the value of each keys[i] straight from the store's memory
@@ -493,7 +446,13 @@ func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res [
 // empty dst[i] is store.ErrInvalidRegion. Otherwise as [Store.Get]: the
 // value is pinned while it is copied. It implements [store.Vectored].
 func (s *Store) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
-	if err := s.start(ctx, "get", len(keys), len(dst), len(res)); err != nil {
+	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i] }, res)
+}
+
+// getBatch is Get and GetV: dst(i) is the regions of keys[i], ndst how
+// many keys have regions.
+func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(i int) []rdma.Region, res []store.Result) error {
+	if err := s.start(ctx, "get", len(keys), ndst, len(res)); err != nil {
 		return err
 	}
 	defer s.exit()
@@ -505,7 +464,7 @@ func (s *Store) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, re
 			failRest(res[i:], ctx.Err())
 			break
 		}
-		n, err := s.get(key, dst[i], stamp+uint64(i))
+		n, err := s.get(key, dst(i), stamp+uint64(i))
 		res[i] = store.Result{N: n, Err: err}
 		switch {
 		case err == nil:
