@@ -200,6 +200,19 @@ func (c Config) ExtraString(key, def string) (string, error) {
 	return s, nil
 }
 
+// ExtraChoice returns the string kv_connector_extra_config[key], which
+// must be one of choices, or def when it is absent.
+func (c Config) ExtraChoice(key, def string, choices ...string) (string, error) {
+	v, err := c.ExtraString(key, def)
+	if err != nil {
+		return def, err
+	}
+	if !slices.Contains(choices, v) {
+		return def, fmt.Errorf("%w: kv_connector_extra_config.%s = %q, want %s", ErrConfig, key, v, strings.Join(choices, " or "))
+	}
+	return v, nil
+}
+
 // ExtraInt returns the integer kv_connector_extra_config[key], or def when
 // it is absent. It accepts JSON numbers and numeric strings.
 func (c Config) ExtraInt(key string, def int) (int, error) {

@@ -210,3 +210,19 @@ func TestCheckExtra(t *testing.T) {
 		t.Errorf("CheckExtra of known keys = %v", err)
 	}
 }
+
+func TestExtraChoice(t *testing.T) {
+	c := connector.Config{Connector: "C", Extra: map[string]any{"mode": "fast", "n": 3}}
+	if v, err := c.ExtraChoice("mode", "slow", "slow", "fast"); err != nil || v != "fast" {
+		t.Errorf("ExtraChoice(mode) = %q, %v; want fast", v, err)
+	}
+	if v, err := c.ExtraChoice("absent", "slow", "slow", "fast"); err != nil || v != "slow" {
+		t.Errorf("ExtraChoice(absent) = %q, %v; want the default", v, err)
+	}
+	if _, err := c.ExtraChoice("mode", "slow", "slow", "careful"); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), `mode = "fast", want slow or careful`) {
+		t.Errorf("ExtraChoice of a value not among the choices = %v", err)
+	}
+	if _, err := c.ExtraChoice("n", "a", "a"); !errors.Is(err, connector.ErrConfig) {
+		t.Errorf("ExtraChoice of a number = %v, want ErrConfig", err)
+	}
+}

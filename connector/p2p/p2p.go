@@ -60,17 +60,11 @@ func parseOptions(cfg connector.Config) (options, error) {
 	if o.openTimeout <= 0 {
 		return o, fmt.Errorf("%w: kv_connector_extra_config.open_timeout = %v, want > 0", connector.ErrConfig, o.openTimeout)
 	}
-	v, err := cfg.ExtraString("verify", "checksum")
+	v, err := cfg.ExtraChoice("verify", "checksum", "checksum", "none")
 	if err != nil {
 		return o, err
 	}
-	switch v {
-	case "checksum":
-		o.verify = true
-	case "none":
-	default:
-		return o, fmt.Errorf("%w: kv_connector_extra_config.verify = %q, want checksum or none", connector.ErrConfig, v)
-	}
+	o.verify = v == "checksum"
 	if o.slots, err = cfg.ExtraInt("mailbox_slots", 1024); err != nil {
 		return o, err
 	}

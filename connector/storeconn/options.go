@@ -61,28 +61,16 @@ func parseOptions(cfg connector.Config) (options, error) {
 	if err := cfg.CheckExtra(extraKeys...); err != nil {
 		return o, err
 	}
-	mode, err := cfg.ExtraString("lookup", "async")
+	mode, err := cfg.ExtraChoice("lookup", "async", "async", "sync")
 	if err != nil {
 		return o, err
 	}
-	switch mode {
-	case "async":
-	case "sync":
-		o.syncLookup = true
-	default:
-		return o, fmt.Errorf("%w: kv_connector_extra_config.lookup = %q, want async or sync", connector.ErrConfig, mode)
-	}
-	v, err := cfg.ExtraString("verify", "checksum")
+	o.syncLookup = mode == "sync"
+	v, err := cfg.ExtraChoice("verify", "checksum", "checksum", "none")
 	if err != nil {
 		return o, err
 	}
-	switch v {
-	case "checksum":
-		o.verify = true
-	case "none":
-	default:
-		return o, fmt.Errorf("%w: kv_connector_extra_config.verify = %q, want checksum or none", connector.ErrConfig, v)
-	}
+	o.verify = v == "checksum"
 	ints := []struct {
 		key      string
 		dst      *int
