@@ -15,11 +15,10 @@ import (
 	"github.com/kvconnect/kvconnect/internal/fakelib"
 )
 
-// TestMooncakeStore runs the report with -store mooncake over the fake
-// libmooncake_store.so that store/mooncake's tests use, built here by gcc
-// from its C source: the mini-engine's ON runs go through the purego
-// binding of Mooncake's C API. The fake exists only in tests.
-func TestMooncakeStore(t *testing.T) {
+// fakeMooncake builds the fake libmooncake_store.so, points
+// MOONCAKE_STORE_LIBRARY at it and returns the path of a client config.
+func fakeMooncake(t *testing.T) string {
+	t.Helper()
 	fake := fakelib.Build("libmooncake_store.so", []string{filepath.Join("..", "..", "store", "mooncake", "testdata", "fake_store.c")}, "-lpthread")
 	t.Cleanup(func() { fake.Remove() })
 	lib := fake.Need(t, "MOONCAKE_FAKE_REQUIRE")
@@ -31,6 +30,15 @@ func TestMooncakeStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("MOONCAKE_STORE_LIBRARY", lib)
+	return cfgPath
+}
+
+// TestMooncakeStore runs the report with -store mooncake over the fake
+// libmooncake_store.so that store/mooncake's tests use, built here by gcc
+// from its C source: the mini-engine's ON runs go through the purego
+// binding of Mooncake's C API. The fake exists only in tests.
+func TestMooncakeStore(t *testing.T) {
+	cfgPath := fakeMooncake(t)
 	o := small(t)
 	o.Store = "mooncake"
 	o.MooncakeConfig = cfgPath
@@ -65,17 +73,7 @@ func (c *cancelOn) Write(p []byte) (int, error) {
 // (failures counted, outputs identical), and -keep keeps the client up
 // until interrupted.
 func TestMooncakeFlags(t *testing.T) {
-	fake := fakelib.Build("libmooncake_store.so", []string{filepath.Join("..", "..", "store", "mooncake", "testdata", "fake_store.c")}, "-lpthread")
-	t.Cleanup(func() { fake.Remove() })
-	lib := fake.Need(t, "MOONCAKE_FAKE_REQUIRE")
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "mooncake.json")
-	cfg := `{"local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE",
-		"master_server_address": "127.0.0.1:50051", "global_segment_size": "256MB", "protocol": "tcp"}`
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("MOONCAKE_STORE_LIBRARY", lib)
+	cfgPath := fakeMooncake(t)
 	o := small(t)
 	o.Store = "mooncake"
 	o.MooncakeConfig = cfgPath
