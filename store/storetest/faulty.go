@@ -296,59 +296,49 @@ func (f *faulty) Exists(ctx context.Context, keys []string, res []store.Result) 
 // Put passes the call on, with faults: a key that fails by injection is
 // not stored.
 func (f *faulty) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
-	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
-		return err
-	}
-	if err := f.begin(ctx, OpPut, keys...); err != nil {
-		return err
-	}
-	fwd, fres, faulted := f.split(OpPut, keys, res, f.put)
-	if len(fwd) > 0 {
-		if err := f.s.Put(ctx, fwd, pickRegions(src, faulted), fres); err != nil {
-			return err
-		}
-	}
-	f.merge(res, fres, faulted)
-	return nil
+	return forward(f, ctx, OpPut, keys, src, res, f.s.Put, nil)
 }
 
 // PutV passes the call on, with the faults of Put.
 func (f *faultyVectored) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
-	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
-		return err
-	}
-	if err := f.begin(ctx, OpPut, keys...); err != nil {
-		return err
-	}
-	fwd, fres, faulted := f.split(OpPut, keys, res, f.put)
-	if len(fwd) > 0 {
-		if err := f.v.PutV(ctx, fwd, pickLists(src, faulted), fres); err != nil {
-			return err
-		}
-	}
-	f.merge(res, fres, faulted)
-	return nil
+	return forward(f.faulty, ctx, OpPut, keys, src, res, f.v.PutV, nil)
 }
 
 // GetV passes the call on, with the faults of Get.
 func (f *faultyVectored) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
-	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
+	return forward(f.faulty, ctx, OpGet, keys, dst, res, f.v.GetV, func(rs []rdma.Region) []rdma.Region { return rs })
+}
+
+// forward is a put or get (op) with faults: the keys that fail by
+// injection are answered here, the others passed on with their regions
+// (one region or a list of them, R) to call. For a get with Scribble on,
+// scribble turns a faulted key's destination into regions to scribble.
+func forward[R any](f *faulty, ctx context.Context, op Op, keys []string, regs []R, res []store.Result, call func(context.Context, []string, []R, []store.Result) error, scribble func(R) []rdma.Region) error {
+	name := "put"
+	if op == OpGet {
+		name = "get"
+	}
+	if err := store.CheckBatch(name, len(keys), len(regs), len(res)); err != nil {
 		return err
 	}
-	if err := f.begin(ctx, OpGet, keys...); err != nil {
+	if err := f.begin(ctx, op, keys...); err != nil {
 		return err
 	}
-	fwd, fres, faulted := f.split(OpGet, keys, res, f.get)
+	errs := f.put
+	if op == OpGet {
+		errs = f.get
+	}
+	fwd, fres, faulted := f.split(op, keys, res, errs)
 	if len(fwd) > 0 {
-		if err := f.v.GetV(ctx, fwd, pickLists(dst, faulted), fres); err != nil {
+		if err := call(ctx, fwd, pick(regs, faulted), fres); err != nil {
 			return err
 		}
 	}
 	f.merge(res, fres, faulted)
-	if f.opts.Scribble {
+	if scribble != nil && f.opts.Scribble {
 		for i, bad := range faulted {
 			if bad {
-				f.scribble(dst[i], i)
+				f.scribble(scribble(regs[i]), i)
 			}
 		}
 	}
@@ -366,40 +356,10 @@ func (f *faulty) scribble(rs []rdma.Region, i int) {
 	}
 }
 
-func pickLists(ls [][]rdma.Region, faulted []bool) [][]rdma.Region {
-	out := make([][]rdma.Region, 0, len(ls))
-	for i, l := range ls {
-		if !faulted[i] {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // Get passes the call on, with faults: a key that fails by injection is not
 // read, and its destination is scribbled on if FaultOptions.Scribble is set.
 func (f *faulty) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
-	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
-		return err
-	}
-	if err := f.begin(ctx, OpGet, keys...); err != nil {
-		return err
-	}
-	fwd, fres, faulted := f.split(OpGet, keys, res, f.get)
-	if len(fwd) > 0 {
-		if err := f.s.Get(ctx, fwd, pickRegions(dst, faulted), fres); err != nil {
-			return err
-		}
-	}
-	f.merge(res, fres, faulted)
-	if f.opts.Scribble {
-		for i, bad := range faulted {
-			if bad {
-				f.scribble(dst[i:i+1], i)
-			}
-		}
-	}
-	return nil
+	return forward(f, ctx, OpGet, keys, dst, res, f.s.Get, func(r rdma.Region) []rdma.Region { return []rdma.Region{r} })
 }
 
 // split decides the per-key faults of a batch: it writes the injected
@@ -430,8 +390,9 @@ func (f *faulty) merge(res, fres []store.Result, faulted []bool) {
 	}
 }
 
-func pickRegions(rs []rdma.Region, faulted []bool) []rdma.Region {
-	out := make([]rdma.Region, 0, len(rs))
+// pick returns the entries of rs whose key was not faulted.
+func pick[R any](rs []R, faulted []bool) []R {
+	out := make([]R, 0, len(rs))
 	for i, r := range rs {
 		if !faulted[i] {
 			out = append(out, r)
