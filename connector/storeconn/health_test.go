@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -75,6 +76,7 @@ func (r *rig) load2() (loaded bool, fails []connector.LoadFailure) {
 type hung struct {
 	store.Store
 	release chan struct{}
+	entered chan struct{} // when set, gets one value when a Get first blocks
 }
 
 func (h hung) Exists(ctx context.Context, keys []string, res []store.Result) error {
@@ -83,6 +85,10 @@ func (h hung) Exists(ctx context.Context, keys []string, res []store.Result) err
 }
 
 func (h hung) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	select {
+	case h.entered <- struct{}{}:
+	default:
+	}
 	<-h.release
 	return h.Store.Get(ctx, keys, dst, res)
 }
@@ -183,4 +189,54 @@ func TestFailedKeysNotPlanned(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestWorkerCloseHung: a worker whose load is stuck in a store call that
+// ignores its deadline returns from Close with an error, again on every
+// Close until the call ends, and nil once it has.
+func TestWorkerCloseHung(t *testing.T) {
+	base := newMem(t)
+	r := newRigLog(t, base, identity(1, 1), map[string]any{"lookup": "sync", "store_timeout": "20ms"}, connector.BlockMajor, nil)
+	r.saveAll(request("a", 4*bs+1))
+	h := hung{Store: base, release: make(chan struct{}), entered: make(chan struct{}, 1)}
+	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"store_timeout": "20ms"}}
+	w, err := connector.OpenWorker(cfg, connector.Env{Identity: identity(1, 1), Store: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := rdma.AllocHost(r.kv[0].Blocks * r.kv[0].BlockSize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free()
+	kv := r.kv[0]
+	kv.Regions = []rdma.Region{m.Region()}
+	if err := w.Register(kv); err != nil {
+		t.Fatal(err)
+	}
+	req := request("b", 4*bs+1)
+	if err := w.Start(context.Background(), &connector.Metadata{Step: 1, Loads: []connector.Transfer{{ID: 1, Req: req.ID, Blocks: blocks(4), Hashes: req.Hashes}}}); err != nil {
+		t.Fatal(err)
+	}
+	<-h.entered // the load is inside the store
+	for range 2 {
+		if err := w.Close(); err == nil || !strings.Contains(err.Error(), "transfers still running") {
+			t.Fatalf("Close with a load stuck in the store = %v, want an error saying transfers still run", err)
+		}
+	}
+	close(h.release)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := w.Close()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Close still failing a minute after the store answered: %v", err)
+		}
+	}
+	if err := base.Register(m.Region()); err != nil {
+		t.Errorf("the KV region is still registered after Close returned nil: %v", err)
+	}
+	base.Unregister(m.Region())
 }

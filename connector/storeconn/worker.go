@@ -68,6 +68,8 @@ type Worker struct {
 	}
 	polled    connector.Output // handed out by the last Poll
 	closeOnce sync.Once
+	drained   chan struct{} // closed once every transfer has ended and the regions are unregistered
+	unregErr  error         // from unregistering the regions; read after drained
 	stats     workerStats
 	corrupt   limiter // warn-level log lines about values that failed verification
 	h         health  // store calls that failed
@@ -915,8 +917,15 @@ func (w *Worker) Health() connector.Health { return w.h.get() }
 // waited for before any staging memory is unmapped. It does not close the
 // store. Later calls of Start, Save and Register return
 // [connector.ErrClosed].
+//
+// A transfer stuck in a store call that ignores its deadline (or in device
+// copies) cannot be joined: Close then returns, after twice store_timeout,
+// an error saying transfers still run, and the KV memory must stay mapped.
+// The transfers end when the store answers; the regions are unregistered
+// then. Every later Close waits for that again, up to the same bound, and
+// returns nil once they have ended: an engine frees its KV memory only
+// after a Close that returned nil.
 func (w *Worker) Close() error {
-	var err error
 	w.closeOnce.Do(func() {
 		w.life.Lock()
 		w.life.closed = true
@@ -928,22 +937,27 @@ func (w *Worker) Close() error {
 		w.q.cond.Broadcast()
 		w.q.Unlock()
 		w.cancel()
-		if !waitGroup(&w.wg, 2*w.opt.storeTimeout) {
-			// A transfer is still inside a store call that ignores its
-			// deadline, or waits for the device: it may still write KV
-			// memory, and it frees its own buffers when it returns.
-			err = fmt.Errorf("storeconn: Close: transfers still running %v after cancellation (a store call ignoring its deadline, or device copies): KV memory must stay mapped until the store answers", 2*w.opt.storeTimeout)
-			return
-		}
-		if registered && !w.device {
-			for _, r := range w.kv.Regions {
-				if uerr := w.st.Unregister(r); uerr != nil && !errors.Is(uerr, store.ErrClosed) {
-					err = errors.Join(err, uerr)
+		w.drained = make(chan struct{})
+		go func() { // owned by the worker: it ends when the last transfer does
+			defer close(w.drained)
+			w.wg.Wait()
+			if registered && !w.device {
+				for _, r := range w.kv.Regions {
+					if uerr := w.st.Unregister(r); uerr != nil && !errors.Is(uerr, store.ErrClosed) {
+						w.unregErr = errors.Join(w.unregErr, uerr)
+					}
 				}
 			}
-		}
+		}()
 	})
-	return err
+	t := time.NewTimer(2 * w.opt.storeTimeout)
+	defer t.Stop()
+	select {
+	case <-w.drained:
+		return w.unregErr
+	case <-t.C:
+		return fmt.Errorf("storeconn: Close: transfers still running %v after cancellation (a store call ignoring its deadline, or device copies): KV memory must stay mapped; call Close again until it returns nil", 2*w.opt.storeTimeout)
+	}
 }
 
 // limiter lets one log line through per interval and counts the rest.
