@@ -220,3 +220,21 @@ func TestRegisterGoHeap(t *testing.T) {
 	}
 	runtime.KeepAlive(heap)
 }
+
+// TestAllocatedBeyondMatch: Allocated may load what Match answered, not
+// every block the lookup found: never the block of the last prompt token.
+func TestAllocatedBeyondMatch(t *testing.T) {
+	r := newRig(t, newMem(t), identity(1, 1), map[string]any{"lookup": "sync"})
+	r.saveAll(request("a", 2*bs))
+	b := request("b", 2*bs)
+	m, err := r.s.Match(b, 0)
+	if err != nil || m.Tokens != bs {
+		t.Fatalf("Match = %+v, %v; want %d tokens", m, err, bs)
+	}
+	if err := r.s.Allocated(b, blocks(2), 2*bs); err == nil || !strings.Contains(err.Error(), "exceeds the last match") {
+		t.Errorf("Allocated(%d tokens) after a match of %d = %v, want an error", 2*bs, bs, err)
+	}
+	if err := r.s.Allocated(b, blocks(2), bs); err != nil {
+		t.Errorf("Allocated(%d tokens) = %v", bs, err)
+	}
+}

@@ -70,6 +70,7 @@ type request struct {
 	id       connector.RequestID
 	lk       *lookup // the latest lookup; nil before the first Match
 	from     int     // first block the engine had locally at Match
+	matchEnd int     // the block the last Match's answer ended at: Allocated may load up to it
 	saveNext int     // first block not yet considered for saving
 	noSave   int     // blocks before this were computed under an older generation
 	inflight int     // transfers (planned or running) that touch its blocks
@@ -270,7 +271,7 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): request finished and not yet released", r.ID)
 	}
 	from := computed / s.bs
-	q.from = from
+	q.from, q.matchEnd = from, from
 	if q.saveNext < from {
 		q.saveNext = from
 	}
@@ -364,6 +365,7 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	if end <= from {
 		return connector.Match{}, nil
 	}
+	q.matchEnd = end
 	return connector.Match{Tokens: (end - from) * s.bs}, nil
 }
 
@@ -427,7 +429,7 @@ func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, 
 		return fmt.Errorf("storeconn: Allocated(%q): external = %d, want a multiple of the block size %d", r.ID, external, s.bs)
 	}
 	n := external / s.bs
-	if q.lk == nil || !q.lk.done || q.lk.err != nil || q.from+n > q.lk.from+q.lk.present || q.lk.gen != s.meta.Generation {
+	if q.lk == nil || !q.lk.done || q.lk.err != nil || q.from+n > q.matchEnd || q.lk.gen != s.meta.Generation {
 		return fmt.Errorf("storeconn: Allocated(%q): external = %d tokens exceeds the last match", r.ID, external)
 	}
 	if q.from+n > len(blocks) || q.from+n > len(r.Hashes) {
