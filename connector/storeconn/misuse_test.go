@@ -56,10 +56,6 @@ func TestMisuse(t *testing.T) {
 			s.Match(ok, 0)
 			return s.Allocated(ok, neg, 0)
 		}, "blocks[1] = -1"},
-		{"Allocated duplicate block", func(s connector.Scheduler) error {
-			s.Match(ok, 0)
-			return s.Allocated(ok, dup, 0)
-		}, "block 1 is named twice"},
 		{"Allocated block out of range", func(s connector.Scheduler) error {
 			s.Match(ok, 0)
 			return s.Allocated(ok, far, 0)
@@ -234,7 +230,15 @@ func TestAllocatedBeyondMatch(t *testing.T) {
 	if err := r.s.Allocated(b, blocks(2), 2*bs); err == nil || !strings.Contains(err.Error(), "exceeds the last match") {
 		t.Errorf("Allocated(%d tokens) after a match of %d = %v, want an error", 2*bs, bs, err)
 	}
-	if err := r.s.Allocated(b, blocks(2), bs); err != nil {
-		t.Errorf("Allocated(%d tokens) = %v", bs, err)
+	if err := r.s.Allocated(b, []connector.BlockID{3, 3}, bs); err != nil {
+		t.Errorf("Allocated(%d tokens) into blocks 3, 3 = %v; the second block is not loaded into", bs, err)
+	}
+	c := request("c", 3*bs)
+	r.saveAll(request("c0", 3*bs))
+	if m, err := r.s.Match(c, 0); err != nil || m.Tokens != 2*bs {
+		t.Fatalf("Match(c) = %+v, %v", m, err)
+	}
+	if err := r.s.Allocated(c, []connector.BlockID{5, 5, 6}, 2*bs); err == nil || !strings.Contains(err.Error(), "block 5 is named twice") {
+		t.Errorf("Allocated into blocks 5, 5 = %v, want an error naming block 5", err)
 	}
 }

@@ -381,9 +381,10 @@ func (s *Scheduler) checkRequest(op string, r *connector.Request) error {
 	return nil
 }
 
-// checkBlocks refuses negative block ids, ids outside Env.Blocks when it is
-// set, and an id named twice.
-func (s *Scheduler) checkBlocks(op string, r *connector.Request, blocks []connector.BlockID) error {
+// checkBlocks refuses negative block ids and ids outside Env.Blocks when
+// it is set, in all of blocks (a comparison each), and an id named twice
+// among blocks[lo:hi], the blocks the call transfers.
+func (s *Scheduler) checkBlocks(op string, r *connector.Request, blocks []connector.BlockID, lo, hi int) error {
 	for i, b := range blocks {
 		if b < 0 || s.blocks > 0 && int(b) >= s.blocks {
 			if s.blocks > 0 {
@@ -392,11 +393,10 @@ func (s *Scheduler) checkBlocks(op string, r *connector.Request, blocks []connec
 			return fmt.Errorf("%w: %s(%q): blocks[%d] = %d, want >= 0", connector.ErrInvalidBlock, op, r.ID, i, b)
 		}
 	}
-	if len(blocks) < 2 {
+	if hi-lo < 2 {
 		return nil
 	}
-	seen := s.seen[:0]
-	seen = append(seen, blocks...)
+	seen := append(s.seen[:0], blocks[lo:hi]...)
 	slices.Sort(seen)
 	s.seen = seen
 	for i := 1; i < len(seen); i++ {
@@ -415,7 +415,7 @@ func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, 
 	if err := s.checkRequest("Allocated", r); err != nil {
 		return err
 	}
-	if err := s.checkBlocks("Allocated", r, blocks); err != nil {
+	if err := s.checkBlocks("Allocated", r, blocks, 0, 0); err != nil {
 		return err
 	}
 	q := s.reqs[r.ID]
@@ -437,6 +437,9 @@ func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, 
 	}
 	if q.load != nil {
 		return fmt.Errorf("storeconn: Allocated(%q): a load is already planned", r.ID)
+	}
+	if err := s.checkBlocks("Allocated", r, blocks, q.from, q.from+n); err != nil {
+		return err
 	}
 	s.nextID++
 	t := connector.Transfer{
@@ -489,7 +492,7 @@ func (s *Scheduler) Scheduled(r *connector.Request, blocks []connector.BlockID, 
 	if computed < 0 {
 		return fmt.Errorf("storeconn: Scheduled(%q): computed = %d, want >= 0", r.ID, computed)
 	}
-	if err := s.checkBlocks("Scheduled", r, blocks); err != nil {
+	if err := s.checkBlocks("Scheduled", r, blocks, 0, 0); err != nil {
 		return err
 	}
 	q := s.reqs[r.ID]
@@ -510,6 +513,9 @@ func (s *Scheduler) Scheduled(r *connector.Request, blocks []connector.BlockID, 
 	start := max(q.saveNext, q.noSave)
 	if start >= full {
 		return nil
+	}
+	if err := s.checkBlocks("Scheduled", r, blocks, start, full); err != nil {
+		return err
 	}
 	var t *connector.Transfer
 	for i := start; i < full; i++ {
