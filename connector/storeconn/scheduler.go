@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -89,8 +90,8 @@ type lookup struct {
 	shards int
 	// Results, written by the pool before it hands the lookup back under
 	// Scheduler.mu; read by the scheduler only once done is set.
-	started time.Time // when it was handed to the pool
-	present int       // contiguous blocks present in every shard, from `from`
+	picked  atomic.Int64 // when a pool goroutine took it up, in UnixNano; 0 while queued
+	present int          // contiguous blocks present in every shard, from `from`
 	err     error
 	nanos   int64
 	done    bool // set by the scheduler's goroutine when it collects the lookup
@@ -164,6 +165,7 @@ func (s *Scheduler) lookupLoop() {
 		case <-s.ctx.Done():
 			return
 		case lk := <-s.jobs:
+			lk.picked.Store(time.Now().UnixNano())
 			s.probe(lk, &sc)
 			s.mu.Lock()
 			s.mu.done = append(s.mu.done, lk)
@@ -321,7 +323,6 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 				s.stats.LookupKeys -= int64(len(lk.hashes) * lk.shards)
 				return connector.Match{}, nil
 			}
-			lk.started = now
 			select {
 			case s.jobs <- lk:
 				if s.pending == 0 {
@@ -338,7 +339,11 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		q.lk = lk
 	}
 	if !q.lk.done {
-		if time.Since(q.lk.started) > s.opt.storeTimeout {
+		// Past the store timeout since the pool took it up, or queued
+		// behind a pool that is stuck: the store has not answered.
+		now := time.Now()
+		p := q.lk.picked.Load()
+		if p != 0 && now.Sub(time.Unix(0, p)) > s.opt.storeTimeout || p == 0 && s.stuck(now) {
 			// The store has not answered within its deadline: a miss.
 			// The lookup is abandoned; if it ever ends it is ignored.
 			s.h.record("exists", fmt.Errorf("lookup of %q: no answer in %v: %w", r.ID, s.opt.storeTimeout, context.DeadlineExceeded))
