@@ -97,6 +97,9 @@ func parseOptions(cfg connector.Config) (options, error) {
 	if o.pollInterval, err = cfg.ExtraDuration("event_poll", 50*time.Microsecond); err != nil {
 		return o, err
 	}
+	if o.pollInterval <= 0 {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.event_poll = %v, want > 0", connector.ErrConfig, o.pollInterval)
+	}
 	if o.storeTimeout, err = cfg.ExtraDuration("store_timeout", 5*time.Second); err != nil {
 		return o, err
 	}

@@ -28,7 +28,8 @@ type streamCopier struct {
 	failAfter int           // CopyToDevice queues this many copies, then fails; < 0 never
 	early     int           // Synchronize calls that returned with copies queued
 	pins      map[uintptr]int
-	unpinned  int // copies whose host side was not pinned
+	pinErr    error // PinHost fails with it when set
+	unpinned  int   // copies whose host side was not pinned
 	everPins  int
 }
 
@@ -106,6 +107,9 @@ func (c *streamCopier) Synchronize(ctx context.Context) error {
 func (c *streamCopier) PinHost(addr uintptr, n int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.pinErr != nil {
+		return c.pinErr
+	}
 	if _, ok := c.pins[addr]; ok {
 		return errors.New("already pinned")
 	}
@@ -232,5 +236,26 @@ func TestStagingPinned(t *testing.T) {
 	}
 	if len(cp.pins) != 0 {
 		t.Errorf("%d staging buffers still pinned after Close", len(cp.pins))
+	}
+}
+
+// A copier that cannot pin memory still moves the blocks: through
+// pageable staging memory, more slowly.
+func TestStagingPinFails(t *testing.T) {
+	cp := newStreamCopier()
+	cp.pinErr = errors.New("cudaErrorHostMemoryAlreadyRegistered")
+	d := newDeviceRigOn(t, connector.BlockMajor, newMem(t), cp)
+	d.saveFour()
+	d.loadFour()
+	d.until("load", func(p *connector.Progress) bool {
+		if len(p.Failed) > 0 {
+			t.Fatalf("load failed because staging memory could not be pinned: %+v", p.Failed)
+		}
+		return len(p.Loaded) == 1
+	})
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if cp.everPins != 0 || cp.unpinned == 0 {
+		t.Errorf("%d pins, %d unpinned copies; want staging through unpinned memory", cp.everPins, cp.unpinned)
 	}
 }

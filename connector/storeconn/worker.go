@@ -32,6 +32,7 @@ type Worker struct {
 	kv        connector.KVCache
 	copier    connector.DeviceCopier
 	pinner    connector.HostPinner // nil: staging memory is not pinned
+	pinFailed atomic.Bool          // pinning failed once: stage through pageable memory
 	mode      path                 // how block bytes move, fixed by Register
 	device    bool                 // KV memory is device memory: staging copies go through copier
 	tl        int                  // trailer bytes after each block in a value: trailerLen, or 0 without verification
@@ -220,14 +221,14 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 		return fmt.Errorf("storeconn: %w: metadata of step %d is bound to generation %d, but this worker already runs generation %d", connector.ErrGeneration, m.Step, m.Generation, w.gen)
 	}
 	if w.started && m.Step <= w.lastStep {
-		return fmt.Errorf("%w: step %d after step %d: steps only increase", connector.ErrBadMetadata, m.Step, w.lastStep)
+		return fmt.Errorf("storeconn: %w: step %d after step %d: steps only increase", connector.ErrBadMetadata, m.Step, w.lastStep)
 	}
 	maxID := w.lastID
 	for _, list := range [2][]connector.Transfer{m.Loads, m.Saves} {
 		for i := range list {
 			t := &list[i]
-			if t.ID <= w.lastID {
-				return fmt.Errorf("%w: step %d: transfer id %d is not above %d, the last of an earlier step", connector.ErrBadMetadata, m.Step, t.ID, w.lastID)
+			if w.started && t.ID <= w.lastID {
+				return fmt.Errorf("storeconn: %w: step %d: transfer id %d is not above %d, the largest of an earlier step", connector.ErrBadMetadata, m.Step, t.ID, w.lastID)
 			}
 			maxID = max(maxID, t.ID)
 			if len(t.Hashes) != len(t.Blocks) {
@@ -246,7 +247,6 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	if err := uniqueIDs(m, &w.ids); err != nil {
 		return err
 	}
-	w.started, w.lastStep, w.lastID = true, m.Step, maxID
 	if m.Generation != w.gen {
 		id := w.id
 		id.Generation = m.Generation
@@ -257,6 +257,7 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 		w.id, w.ns, w.gen = id, ns, m.Generation
 		w.genNow.Store(m.Generation)
 	}
+	w.started, w.lastStep, w.lastID = true, m.Step, maxID
 	// Saves recorded by an earlier Start and never Saved are dropped: their
 	// step's compute did not complete.
 	for _, j := range w.saves {
@@ -449,16 +450,21 @@ func (w *Worker) stage(sc *scratch, n int) (rdma.Region, error) {
 		return sc.staging.Region(), nil
 	}
 	sc.freeStaging()
-	m, err := rdma.AllocHost(n)
+	// A whole batch of values at once, so that buffers are not swapped
+	// (and pinned again) as batches grow.
+	m, err := rdma.AllocHost(max(n, w.opt.batchBlocks*(w.blockSize+w.tl)))
 	if err != nil {
 		return rdma.Region{}, err
 	}
-	if w.device && w.pinner != nil {
+	if w.device && w.pinner != nil && !w.pinFailed.Load() {
 		if err := w.pinner.PinHost(m.Region().Addr, m.Len()); err != nil {
-			_ = m.Free()
-			return rdma.Region{}, fmt.Errorf("pin %d bytes of staging memory: %w", m.Len(), err)
+			// Copies from pageable memory are slower but correct.
+			if !w.pinFailed.Swap(true) {
+				w.log.Warn("storeconn: pinning staging memory failed; staging through pageable memory, at lower bandwidth", "bytes", m.Len(), "err", err)
+			}
+		} else {
+			sc.pinned = true
 		}
-		sc.pinned = true
 	}
 	if err := w.st.Register(m.Region()); err != nil {
 		w.h.record("register", err)
