@@ -32,7 +32,8 @@ type Request struct {
 	Prompt int
 
 	// Hashes are the block hashes of the request's full blocks so far, in
-	// order: Hashes[i] covers tokens [i*B, (i+1)*B) for block size B.
+	// order: Hashes[i] covers tokens [i*B, (i+1)*B) for block size B. For
+	// Match, exactly one per full block of Prompt (Prompt / B of them).
 	Hashes []hashing.BlockHash
 
 	// TransferParams are the opaque transfer parameters the request
@@ -326,12 +327,15 @@ type Health struct {
 // Healthy reports whether the latest call succeeded.
 func (h Health) Healthy() bool { return h.ConsecutiveFailures == 0 }
 
-// HealthReporter is an optional interface of a Scheduler or Worker.
+// HealthReporter is an optional interface of a Scheduler or Worker. Health
+// may be called from any goroutine.
 type HealthReporter interface {
 	Health() Health
 }
 
-// StatsReporter is an optional interface of a Scheduler or Worker.
+// StatsReporter is an optional interface of a Scheduler or Worker. A
+// Scheduler's Stats is called from the engine's scheduling goroutine, as
+// its other methods are; a Worker's from any goroutine.
 type StatsReporter interface {
 	Stats() Stats
 }

@@ -60,7 +60,8 @@
 // (wrong size) and a raw loader cannot read a value with a trailer (the
 // value is larger than its block), so engines sharing a store and a
 // namespace must agree on the setting; a mismatch costs hits, never wrong
-// bytes.
+// bytes, and shows as load failures: Corrupt for a raw value read with
+// verification, a store error (buffer too small) the other way round.
 //
 // # Device memory
 //

@@ -115,7 +115,7 @@ func main() {
 	fs.IntVar(&o.Par, "par", o.Par, "goroutines computing a step")
 	fs.StringVar(&o.Store, "store", o.Store, "the store of the ON runs: memstore (embedded) or mooncake")
 	fs.StringVar(&o.MooncakeConfig, "mooncake-config", o.MooncakeConfig, "Mooncake client config file (default: $MOONCAKE_CONFIG_PATH, else $MOONCAKE_MASTER); the library comes from $MOONCAKE_STORE_LIBRARY")
-	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant of the ON runs' keys (default: a fresh tenant per run, removed after it); fix it to share keys across runs and processes")
+	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant of the ON runs' keys (default: a fresh tenant per run, removed after it); fix it to share keys across runs and processes (then ON runs after the first start warm)")
 	fs.BoolVar(&o.Keep, "keep", o.Keep, "keep the ON runs' keys; with -store mooncake, also keep the client up (its segment holds the values) until interrupted")
 	fs.IntVar(&o.Instances, "instances", o.Instances, "engine instances sharing one store in the ON runs; sessions alternate between them turn by turn")
 	fs.BoolVar(&o.ColdStart, "cold-start", o.ColdStart, "also run the cold-start scenario: a new instance serves a workload another one already ran")
@@ -526,8 +526,8 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 		}
 		cold = &r
 	}
-	defer o.keepUp(ctx, errw)
 	if o.JSON {
+		defer o.keepUp(ctx, errw)
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(struct {
@@ -559,6 +559,7 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 	}
 	if identical {
 		fmt.Fprintln(out, "\noutputs identical: yes (every generated token, connector on vs off)")
+		o.keepUp(ctx, errw)
 		return nil
 	}
 	fmt.Fprintf(out, "\noutputs identical: NO: %s\n", strings.Join(diff, "; "))
