@@ -18,8 +18,11 @@ import (
 const batchMax = 4
 
 // machineKeys returns the keys of the state machine: a few tenants and
-// namespaces, so that prefixes match some keys and not others, the longest
-// valid key, every punctuation byte, and a key that is a prefix of others.
+// namespaces, so that prefixes match some keys and not others; the longest
+// valid key and keys that share all but its last byte, or its first 300
+// bytes (a store that truncates or hashes a short prefix conflates them);
+// a key that differs from another in case only; every punctuation byte;
+// and a key that is a prefix of others.
 func machineKeys() []string {
 	var keys []string
 	for _, t := range []string{"t0", "t1"} {
@@ -29,9 +32,12 @@ func machineKeys() []string {
 			}
 		}
 	}
-	long := "t1@n2@"
+	long := "t1@n2@" + strings.Repeat("f", store.MaxKeyLen-len("t1@n2@"))
 	keys = append(keys,
-		long+strings.Repeat("f", store.MaxKeyLen-len(long)),
+		long,
+		long[:store.MaxKeyLen-1]+"e",
+		long[:300],
+		"t0@n1@4A", // t0@n1@4a in upper case
 		"t2@!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
 		"t0",
 	)

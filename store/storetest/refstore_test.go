@@ -3,6 +3,8 @@ package storetest
 import (
 	"context"
 	"fmt"
+	"path"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -36,6 +38,11 @@ const (
 	bugTornUnderRemoval        // a Get overlapping a removal copies the rest of its value from another key's memory
 	bugForeignUnderRemoval     // a Get overlapping a removal returns another key's value, whose put reused the memory
 	bugLeaseRefusalLies        // Remove reports store.ErrHasLease but removes the key
+	bugTruncatesKeys           // keys are cut to their first 250 bytes (memcached's limit)
+	bugFoldsCase               // keys are compared without regard to case
+	bugPrefixRegex             // RemovePrefix matches "^" + prefix as a regular expression
+	bugPrefixGlob              // RemovePrefix matches prefix + "*" as a glob pattern
+	bugPrefixContains          // RemovePrefix removes the keys that contain prefix
 )
 
 // refStore is a simple, correct store on the Go heap, one mutex around
@@ -69,6 +76,18 @@ func (s *refStore) validKey(k string) error {
 		k = strings.ReplaceAll(k, " ", "_")
 	}
 	return store.ValidateKey(k)
+}
+
+// index returns the key under which the map holds k: k itself, but for
+// the bugs that conflate keys.
+func (s *refStore) index(k string) string {
+	switch {
+	case s.bug == bugTruncatesKeys && len(k) > 250:
+		return k[:250]
+	case s.bug == bugFoldsCase:
+		return strings.ToLower(k)
+	}
+	return k
 }
 
 func validRegion(r rdma.Region) error {
@@ -111,7 +130,7 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 	for i := range batchLen(len(keys), len(res)) {
 		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
-		} else if v, ok := s.m[keys[i]]; ok {
+		} else if v, ok := s.m[s.index(keys[i])]; ok {
 			res[i] = store.Result{N: len(v)}
 		} else {
 			res[i] = store.Result{Err: store.ErrNotFound}
@@ -128,8 +147,8 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 	}
 	inBatch := map[string]bool{}
 	for i := range batchLen(len(keys), len(src), len(res)) {
-		k := keys[i]
-		if err := s.validKey(k); err != nil {
+		k := s.index(keys[i])
+		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
 		}
@@ -186,8 +205,8 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 	}
 	n := batchLen(len(keys), len(dst), len(res))
 	for i := range n {
-		k := keys[i]
-		if err := s.validKey(k); err != nil {
+		k := s.index(keys[i])
+		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
 		}
@@ -275,6 +294,7 @@ func (s *refStore) Remove(ctx context.Context, key string) error {
 	if err := s.validKey(key); err != nil {
 		return err
 	}
+	key = s.index(key)
 	if _, ok := s.m[key]; !ok {
 		return store.ErrNotFound
 	}
@@ -291,7 +311,23 @@ func (s *refStore) RemovePrefix(ctx context.Context, prefix string) (int, error)
 	if prefix == "" {
 		return 0, fmt.Errorf("%w: empty prefix", store.ErrInvalidKey)
 	}
-	return s.removeIf(ctx, func(k string) bool { return strings.HasPrefix(k, prefix) })
+	match := func(k string) bool { return strings.HasPrefix(k, prefix) }
+	switch s.bug {
+	case bugPrefixRegex:
+		re, err := regexp.Compile("^" + prefix)
+		if err != nil {
+			return 0, err
+		}
+		match = re.MatchString
+	case bugPrefixGlob:
+		if _, err := path.Match(prefix+"*", ""); err != nil {
+			return 0, err
+		}
+		match = func(k string) bool { ok, _ := path.Match(prefix+"*", k); return ok }
+	case bugPrefixContains:
+		match = func(k string) bool { return strings.Contains(k, prefix) }
+	}
+	return s.removeIf(ctx, match)
 }
 
 func (s *refStore) RemoveAll(ctx context.Context) (int, error) {

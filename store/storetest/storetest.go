@@ -81,6 +81,14 @@ func (o *Options) ensureDefaults() error {
 //   - RepeatedKeys: a key named more than once in one batch: a put keeps
 //     the first occurrence's bytes and every occurrence succeeds; a get
 //     fills every occurrence's destination, each judged on its own size.
+//   - DistinctKeys: keys of store.MaxKeyLen bytes that differ in one byte,
+//     keys that are prefixes of each other, keys that differ in case only:
+//     each holds its own value, and removing one leaves the others.
+//   - Prefixes: RemovePrefix of prefixes holding the metacharacters of
+//     regular expressions and glob patterns (. * [ + ? \ $ ^ ( | {), and
+//     of prefixes of each other, over keys that start with them and keys
+//     that such a pattern would match: exactly the keys that start with
+//     the prefix, byte for byte, are removed and counted.
 //   - Removal: gets running while Remove, RemovePrefix and RemoveAll take
 //     their keys away and puts store other keys' values of the same size
 //     in the space freed: every get returns its key's value whole or
@@ -110,7 +118,7 @@ func (o *Options) ensureDefaults() error {
 // supported.
 func Run(t *testing.T, newStore func(t testing.TB) store.Store, opts Options) {
 	t.Helper()
-	run(tt{t}, newStore, opts)
+	run(tt{t}, newStore, opts, "")
 }
 
 // tester is the part of a test that Run uses: testing.TB and subtests. Run
@@ -128,7 +136,8 @@ func (t tt) run(name string, f func(t tester)) bool {
 	return t.T.Run(name, func(t *testing.T) { f(tt{t}) })
 }
 
-func run(t tester, newStore func(t testing.TB) store.Store, opts Options) {
+// run runs Run's subtests, or only the one named only if it is not "".
+func run(t tester, newStore func(t testing.TB) store.Store, opts Options, only string) {
 	t.Helper()
 	if err := opts.ensureDefaults(); err != nil {
 		t.Fatal(err)
@@ -144,17 +153,36 @@ func run(t tester, newStore func(t testing.TB) store.Store, opts Options) {
 		t.Fatalf("storetest: %v", err)
 	}
 	h := &harness{newStore: newStore, opts: opts}
-	t.run("StateMachine", h.stateMachine)
-	t.run("FirstWriterWins", h.firstWriterWins)
-	t.run("Churn", h.churn)
-	t.run("RepeatedKeys", h.repeatedKeys)
-	t.run("Removal", h.removal)
-	t.run("Vectored", h.vectored)
-	t.run("BadInput", h.badInput)
-	t.run("Register", h.register)
-	t.run("Context", h.context)
-	t.run("Close", h.close)
-	t.run("CloseWhileBusy", h.closeWhileBusy)
+	for _, sub := range h.subtests() {
+		if only == "" || sub.name == only {
+			t.run(sub.name, sub.f)
+		}
+	}
+}
+
+// subtests are Run's subtests, in order.
+func (h *harness) subtests() []struct {
+	name string
+	f    func(tester)
+} {
+	return []struct {
+		name string
+		f    func(tester)
+	}{
+		{"StateMachine", h.stateMachine},
+		{"FirstWriterWins", h.firstWriterWins},
+		{"Churn", h.churn},
+		{"RepeatedKeys", h.repeatedKeys},
+		{"DistinctKeys", h.distinct},
+		{"Prefixes", h.prefixes},
+		{"Removal", h.removal},
+		{"Vectored", h.vectored},
+		{"BadInput", h.badInput},
+		{"Register", h.register},
+		{"Context", h.context},
+		{"Close", h.close},
+		{"CloseWhileBusy", h.closeWhileBusy},
+	}
 }
 
 // harness carries what every subtest needs.

@@ -114,14 +114,20 @@ func (r *recorder) runCleanups() {
 }
 
 // runRecorded runs the harness against the stores newStore returns, under
-// a recorder, and returns what it recorded.
-func runRecorded(t *testing.T, newStore func(testing.TB) store.Store, opts Options) *recording {
+// a recorder, and returns what it recorded. With only, it runs only the
+// subtest of that name (the first element of a name such as
+// "BadInput/Keys").
+func runRecorded(t *testing.T, newStore func(testing.TB) store.Store, opts Options, only ...string) *recording {
 	r := newRecorder(t, "Run")
+	sub := ""
+	if len(only) > 0 {
+		sub, _, _ = strings.Cut(only[0], "/")
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer r.runCleanups()
-		run(r, newStore, opts)
+		run(r, newStore, opts, sub)
 	}()
 	<-done
 	return r.log
@@ -179,54 +185,78 @@ func fastRapid(t *testing.T) {
 // that kind of bug.
 func TestRunCatchesBrokenStores(t *testing.T) {
 	fastRapid(t)
-	for _, tc := range []struct {
-		name   string
-		bug    bug
-		evicts bool
-		stats  bool
-		caught string // a subtest that must fail, under Run/
-		reason string // what its failure must say, if anything in particular
-		leases bool
-	}{
-		{"ServesAfterRemove", bugServesAfterRemove, false, false, "StateMachine", "", false},
-		{"LastWriterWins", bugLastWriterWins, false, false, "StateMachine", "", false},
-		{"LastWriterWinsConcurrently", bugLastWriterWins, false, false, "FirstWriterWins", "", false},
-		{"EvictsDuringRead", bugEvictsDuringRead, true, false, "StateMachine", "", false},
-		{"EvictsDuringReadConcurrently", bugEvictsDuringRead, true, false, "Churn", "", false},
-		{"AcceptsSpaces", bugAcceptsSpaces, false, false, "BadInput/Keys", "", false},
-		{"IgnoresMismatch", bugIgnoresMismatch, false, false, "BadInput/Mismatch", "", false},
-		{"WritesShortBuffer", bugWritesShortBuffer, false, false, "BadInput/ShortDestination", "", false},
-		{"WritesShortBufferModel", bugWritesShortBuffer, false, false, "StateMachine", "", false},
-		{"VanishesWithoutEviction", bugVanishes, false, false, "StateMachine", "", false},
-		{"OpenAfterClose", bugOpenAfterClose, false, false, "Close", "", false},
-		{"OpenAfterCloseWhileBusy", bugOpenAfterClose, false, false, "CloseWhileBusy", "", false},
-		{"PrefixMiscount", bugPrefixMiscount, false, false, "StateMachine", "", false},
-		{"IgnoresContext", bugIgnoresContext, false, false, "Context", "", false},
-		{"RetainsSource", bugRetainsSource, false, false, "StateMachine", "", false},
-		{"WritesPastValue", bugWritesPastValue, false, false, "StateMachine", "", false},
-		{"StatsOffByOne", bugStatsOffByOne, false, true, "StateMachine", "", false},
-		{"RepeatLastWins", bugRepeatLastWins, false, false, "RepeatedKeys", "first writer wins within a batch", false},
-		{"RepeatLastWinsModel", bugRepeatLastWins, false, false, "StateMachine", "", false},
-		{"RepeatFillsLast", bugRepeatFillsLast, false, false, "RepeatedKeys", "fills every occurrence's destination", false},
-		{"RepeatFillsLastModel", bugRepeatFillsLast, false, false, "StateMachine", "", false},
-		{"TornUnderRemoval", bugTornUnderRemoval, false, false, "Removal", "a torn value", false},
-		{"ForeignUnderRemoval", bugForeignUnderRemoval, false, false, "Removal", "another key's bytes", false},
-		{"ForeignUnderRemovalLeases", bugForeignUnderRemoval, false, false, "Removal", "another key's bytes", true},
-		{"LeaseRefusalLies", bugLeaseRefusalLies, false, false, "StateMachine", "vanished", true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			opts := Options{Evicts: tc.evicts, Capacity: 256 << 10, MaxValueSize: 2048, Stats: tc.stats, Leases: tc.leases}
-			capacity := 0
-			if tc.evicts {
-				capacity = int(opts.Capacity)
-			}
-			got := runRecorded(t, func(testing.TB) store.Store { return newRefStore(tc.bug, capacity) }, opts)
-			if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
-				t.Errorf("Run did not fail in %s for a store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
-			} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
-				t.Errorf("Run failed in %s for a store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
-			}
-		})
+	for _, tc := range brokenStores {
+		t.Run(tc.name, tc.run)
+	}
+}
+
+// brokenStores are the stores Run must fail, each with one bug.
+var brokenStores = []brokenCase{
+	{"ServesAfterRemove", bugServesAfterRemove, "StateMachine", "", Options{}},
+	{"LastWriterWins", bugLastWriterWins, "StateMachine", "", Options{}},
+	{"LastWriterWinsConcurrently", bugLastWriterWins, "FirstWriterWins", "", Options{}},
+	{"EvictsDuringRead", bugEvictsDuringRead, "StateMachine", "", Options{Evicts: true}},
+	{"EvictsDuringReadConcurrently", bugEvictsDuringRead, "Churn", "", Options{Evicts: true}},
+	{"AcceptsSpaces", bugAcceptsSpaces, "BadInput/Keys", "", Options{}},
+	{"IgnoresMismatch", bugIgnoresMismatch, "BadInput/Mismatch", "", Options{}},
+	{"WritesShortBuffer", bugWritesShortBuffer, "BadInput/ShortDestination", "", Options{}},
+	{"WritesShortBufferModel", bugWritesShortBuffer, "StateMachine", "", Options{}},
+	{"VanishesWithoutEviction", bugVanishes, "StateMachine", "", Options{}},
+	{"OpenAfterClose", bugOpenAfterClose, "Close", "", Options{}},
+	{"OpenAfterCloseWhileBusy", bugOpenAfterClose, "CloseWhileBusy", "", Options{}},
+	{"PrefixMiscount", bugPrefixMiscount, "StateMachine", "", Options{}},
+	{"IgnoresContext", bugIgnoresContext, "Context", "", Options{}},
+	{"RetainsSource", bugRetainsSource, "StateMachine", "", Options{}},
+	{"WritesPastValue", bugWritesPastValue, "StateMachine", "", Options{}},
+	{"StatsOffByOne", bugStatsOffByOne, "StateMachine", "", Options{Stats: true}},
+	{"RepeatLastWins", bugRepeatLastWins, "RepeatedKeys", "first writer wins within a batch", Options{}},
+	{"RepeatLastWinsModel", bugRepeatLastWins, "StateMachine", "", Options{}},
+	{"RepeatFillsLast", bugRepeatFillsLast, "RepeatedKeys", "fills every occurrence's destination", Options{}},
+	{"RepeatFillsLastModel", bugRepeatFillsLast, "StateMachine", "", Options{}},
+	{"TornUnderRemoval", bugTornUnderRemoval, "Removal", "a torn value", Options{}},
+	{"ForeignUnderRemoval", bugForeignUnderRemoval, "Removal", "another key's bytes", Options{}},
+	{"ForeignUnderRemovalLeases", bugForeignUnderRemoval, "Removal", "another key's bytes", Options{Leases: true}},
+	{"LeaseRefusalLies", bugLeaseRefusalLies, "StateMachine", "vanished", Options{Leases: true}},
+	{"TruncatesKeys", bugTruncatesKeys, "DistinctKeys", "conflates keys that differ", Options{}},
+	{"TruncatesKeysModel", bugTruncatesKeys, "StateMachine", "", Options{}},
+	{"FoldsCase", bugFoldsCase, "DistinctKeys", "in case only", Options{}},
+	{"FoldsCaseModel", bugFoldsCase, "StateMachine", "", Options{}},
+	{"PrefixRegex", bugPrefixRegex, "Prefixes", "which does not start with it", Options{}},
+	{"PrefixRegexLeft", bugPrefixRegex, "Prefixes/Dollar", "which starts with it", Options{}},
+	{"PrefixGlob", bugPrefixGlob, "Prefixes/Star", "which does not start with it", Options{}},
+	{"PrefixContains", bugPrefixContains, "Prefixes/PrefixOfOthers", "which does not start with it", Options{}},
+}
+
+// brokenCase is a store with one bug, what it declares, and where and why
+// Run must fail for it.
+type brokenCase struct {
+	name   string
+	bug    bug
+	caught string  // the subtest that must fail, under Run/
+	reason string  // what its failure must say, if anything in particular
+	opts   Options // what the store declares; Capacity and MaxValueSize default to 256 KiB and 2 KiB
+}
+
+// run runs the harness on refStores with the bug, evicting at
+// Options.Capacity when they declare Evicts, and checks that it fails in
+// tc.caught, saying tc.reason.
+func (tc brokenCase) run(t *testing.T) {
+	opts := tc.opts
+	if opts.Capacity == 0 {
+		opts.Capacity = 256 << 10
+	}
+	if opts.MaxValueSize == 0 {
+		opts.MaxValueSize = 2048
+	}
+	capacity := 0
+	if opts.Evicts {
+		capacity = int(opts.Capacity)
+	}
+	got := runRecorded(t, func(testing.TB) store.Store { return newRefStore(tc.bug, capacity) }, opts, tc.caught)
+	if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
+		t.Errorf("Run did not fail in %s for a store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
+	} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
+		t.Errorf("Run failed in %s for a store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
 	}
 }
 
@@ -251,7 +281,7 @@ func TestRunCatchesBrokenVectored(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := Options{Capacity: 256 << 10, MaxValueSize: 2048}
-			got := runRecorded(t, func(testing.TB) store.Store { return newVecStore(tc.bug) }, opts)
+			got := runRecorded(t, func(testing.TB) store.Store { return newVecStore(tc.bug) }, opts, tc.caught)
 			if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
 				t.Errorf("Run did not fail in %s for a Vectored store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
 			} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
