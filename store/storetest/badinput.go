@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"strings"
 
@@ -356,40 +355,6 @@ func (h *harness) register(t tester) {
 	if err := s.Unregister(whole); err != nil {
 		t.Errorf("Unregister(%v) = %v, want nil", whole, err)
 	}
-}
-
-// context calls the store with a canceled context: every call fails as a
-// whole and does nothing.
-func (h *harness) context(t tester) {
-	f := h.fixture(t)
-	ctx, cancel := context.WithCancel(background)
-	cancel()
-	k := "bad@canceled"
-	fillValue(f.mem.bytes(5), k, 1)
-	res := make([]store.Result, 1)
-	if err := f.s.Put(ctx, []string{k}, []rdma.Region{f.mem.slot(5, 32)}, res); !errors.Is(err, context.Canceled) {
-		t.Errorf("Put with a canceled context = %v, want context.Canceled", err)
-	}
-	canary(f.mem.bytes(6))
-	if err := f.s.Get(ctx, f.keys[:1], []rdma.Region{f.mem.slot(6, f.mem.slotSize)}, res); !errors.Is(err, context.Canceled) {
-		t.Errorf("Get with a canceled context = %v, want context.Canceled", err)
-	}
-	if canaryBroken(f.mem.bytes(6), 0) >= 0 {
-		t.Errorf("Get with a canceled context wrote into its destination")
-	}
-	if err := f.s.Exists(ctx, f.keys, make([]store.Result, len(f.keys))); !errors.Is(err, context.Canceled) {
-		t.Errorf("Exists with a canceled context = %v, want context.Canceled", err)
-	}
-	if err := f.s.Remove(ctx, f.keys[0]); !errors.Is(err, context.Canceled) {
-		t.Errorf("Remove with a canceled context = %v, want context.Canceled", err)
-	}
-	if n, err := f.s.RemovePrefix(ctx, "bad@"); !errors.Is(err, context.Canceled) || n != 0 {
-		t.Errorf("RemovePrefix with a canceled context = %d, %v; want 0, context.Canceled", n, err)
-	}
-	if n, err := f.s.RemoveAll(ctx); !errors.Is(err, context.Canceled) || n != 0 {
-		t.Errorf("RemoveAll with a canceled context = %d, %v; want 0, context.Canceled", n, err)
-	}
-	f.unchanged("calls with a canceled context", k)
 }
 
 // close checks calls after Close.

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path"
 	"regexp"
@@ -43,6 +44,10 @@ const (
 	bugPrefixRegex             // RemovePrefix matches "^" + prefix as a regular expression
 	bugPrefixGlob              // RemovePrefix matches prefix + "*" as a glob pattern
 	bugPrefixContains          // RemovePrefix removes the keys that contain prefix
+	bugIgnoresDeadline         // a context whose deadline has passed is ignored (only cancellation is seen)
+	bugCancelClaimsSuccess     // the keys a batch canceled part-way did not do report success
+	bugCancelAsMiss            // the keys a get or exists canceled part-way did not do report store.ErrNotFound
+	bugCancelMiscounts         // RemovePrefix and RemoveAll canceled part-way report 0 keys removed
 )
 
 // refStore is a simple, correct store on the Go heap, one mutex around
@@ -103,15 +108,42 @@ func (s *refStore) begin(ctx context.Context, op string, keys, regions, res int)
 			return err
 		}
 	}
-	if s.bug != bugIgnoresContext {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	if err := s.ctxErr(ctx); err != nil {
+		return err
 	}
 	if s.closed {
 		return store.ErrClosed
 	}
 	return nil
+}
+
+// ctxErr is ctx.Err(), as the store sees it: checked when a call starts
+// and between the keys of a batch.
+func (s *refStore) ctxErr(ctx context.Context) error {
+	err := ctx.Err()
+	switch {
+	case s.bug == bugIgnoresContext:
+		return nil
+	case s.bug == bugIgnoresDeadline && errors.Is(err, context.DeadlineExceeded):
+		return nil
+	}
+	return err
+}
+
+// canceled fills the results of the keys a batch did not do because ctx
+// was done with err: claim(i) is what bugCancelClaimsSuccess claims for
+// key i, and miss says whether bugCancelAsMiss applies.
+func (s *refStore) canceled(res []store.Result, err error, miss bool, claim func(i int) int) {
+	for i := range res {
+		switch {
+		case s.bug == bugCancelClaimsSuccess:
+			res[i] = store.Result{N: claim(i)}
+		case s.bug == bugCancelAsMiss && miss:
+			res[i] = store.Result{Err: store.ErrNotFound}
+		default:
+			res[i] = store.Result{Err: err}
+		}
+	}
 }
 
 func batchLen(keys int, others ...int) int {
@@ -127,7 +159,12 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 	if err := s.begin(ctx, "exists", len(keys), -1, len(res)); err != nil {
 		return err
 	}
-	for i := range batchLen(len(keys), len(res)) {
+	n := batchLen(len(keys), len(res))
+	for i := range n {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:n], err, true, func(int) int { return 0 })
+			break
+		}
 		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
 		} else if v, ok := s.m[s.index(keys[i])]; ok {
@@ -146,7 +183,12 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		return err
 	}
 	inBatch := map[string]bool{}
-	for i := range batchLen(len(keys), len(src), len(res)) {
+	n := batchLen(len(keys), len(src), len(res))
+	for i := range n {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:n], err, false, func(j int) int { return src[i+j].Len })
+			break
+		}
 		k := s.index(keys[i])
 		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
@@ -205,6 +247,10 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 	}
 	n := batchLen(len(keys), len(dst), len(res))
 	for i := range n {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:n], err, true, func(j int) int { return len(s.m[s.index(keys[i+j])]) })
+			break
+		}
 		k := s.index(keys[i])
 		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
@@ -343,6 +389,12 @@ func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, 
 	}
 	n := 0
 	for k := range s.m {
+		if err := s.ctxErr(ctx); err != nil {
+			if s.bug == bugCancelMiscounts {
+				n = 0
+			}
+			return n, err
+		}
 		if match(k) {
 			s.drop(k)
 			n++

@@ -101,7 +101,15 @@ func (o *Options) ensureDefaults() error {
 //     and batch slices of different lengths get per-key errors (or the
 //     whole-call error for slices) and change nothing.
 //   - Register: overlapping and unknown regions are refused.
-//   - Context: a canceled context fails calls as a whole, and they do nothing.
+//   - Context: a context canceled, or whose deadline has passed, before
+//     the call fails every call that takes one as a whole with the
+//     context's error, and they do nothing. Batch calls (and RemovePrefix
+//     and RemoveAll) canceled while they run, at the store's first look at
+//     the context, at a later one, or from another goroutine, may have
+//     done some keys: whenever the cancellation arrives, a key reported
+//     done was done exactly, a key not done reports the context's error
+//     (never success, nor store.ErrNotFound for a key that is present),
+//     and a removal counts exactly the keys it took.
 //   - Close and CloseWhileBusy: calls after Close fail with store.ErrClosed,
 //     Close is idempotent, and calls in flight when Close starts finish
 //     with correct results.
