@@ -30,7 +30,7 @@ func TestConformance(t *testing.T) {
 	}{
 		{"Large", memstore.Config{Capacity: 8 << 20, Shards: 8}, storetest.Options{Capacity: 1 << 20, Stats: true}},
 		{"Evicting", memstore.Config{Capacity: 64 << 10, Shards: 4}, storetest.Options{Evicts: true, Capacity: 64 << 10, Stats: true}},
-		{"RequireRegistered", memstore.Config{Capacity: 8 << 20, RequireRegistered: true}, storetest.Options{Capacity: 1 << 20, Stats: true}},
+		{"RequireRegistered", memstore.Config{Capacity: 8 << 20, RequireRegistered: true}, storetest.Options{Capacity: 1 << 20, Stats: true, Registration: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex

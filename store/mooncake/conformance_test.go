@@ -39,7 +39,7 @@ func TestConformance(t *testing.T) {
 				}
 				h.setLease(s.handle, int64(tc.lease), 0)
 				return s
-			}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096, Leases: true})
+			}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096, Leases: true, Registration: true})
 		})
 	}
 }
@@ -59,7 +59,7 @@ func TestConformanceReal(t *testing.T) {
 			t.Fatalf("Open(%s) = %v", cfg.MasterServerAddress, err)
 		}
 		return s
-	}, storetest.Options{Evicts: true, Capacity: 16 << 20, MaxValueSize: 64 << 10, Leases: true})
+	}, storetest.Options{Evicts: true, Capacity: 16 << 20, MaxValueSize: 64 << 10, Leases: true, Registration: true})
 }
 
 // realConfig returns the config of a real Mooncake cluster from the

@@ -20,41 +20,47 @@ import (
 type bug int
 
 const (
-	noBug                  bug = iota
-	bugServesAfterRemove       // Remove reports success and keeps the key
-	bugLastWriterWins          // a second put replaces the value
-	bugEvictsDuringRead        // Get evicts and poisons the value half way through its copy
-	bugAcceptsSpaces           // keys with spaces are accepted
-	bugIgnoresMismatch         // batch slices of different lengths are served up to the shortest
-	bugWritesShortBuffer       // a too-short destination is written before ErrBufferTooSmall
-	bugVanishes                // every fifth put silently drops the oldest key
-	bugOpenAfterClose          // Close does not close
-	bugPrefixMiscount          // RemovePrefix reports one key more than it removed
-	bugIgnoresContext          // canceled contexts are ignored
-	bugRetainsSource           // Put keeps the source region and Get reads it then
-	bugWritesPastValue         // Get zeroes the destination past the value
-	bugStatsOffByOne           // Stats counts one key too many
-	bugRepeatLastWins          // a key repeated within a Put keeps its last occurrence's bytes
-	bugRepeatFillsLast         // a key repeated within a Get fills only its last destination (as Mooncake's batch_get_into)
-	bugTornUnderRemoval        // a Get overlapping a removal copies the rest of its value from another key's memory
-	bugForeignUnderRemoval     // a Get overlapping a removal returns another key's value, whose put reused the memory
-	bugLeaseRefusalLies        // Remove reports store.ErrHasLease but removes the key
-	bugTruncatesKeys           // keys are cut to their first 250 bytes (memcached's limit)
-	bugFoldsCase               // keys are compared without regard to case
-	bugPrefixRegex             // RemovePrefix matches "^" + prefix as a regular expression
-	bugPrefixGlob              // RemovePrefix matches prefix + "*" as a glob pattern
-	bugPrefixContains          // RemovePrefix removes the keys that contain prefix
-	bugIgnoresDeadline         // a context whose deadline has passed is ignored (only cancellation is seen)
-	bugCancelClaimsSuccess     // the keys a batch canceled part-way did not do report success
-	bugCancelAsMiss            // the keys a get or exists canceled part-way did not do report store.ErrNotFound
-	bugCancelMiscounts         // RemovePrefix and RemoveAll canceled part-way report 0 keys removed
+	noBug                   bug = iota
+	bugServesAfterRemove        // Remove reports success and keeps the key
+	bugLastWriterWins           // a second put replaces the value
+	bugEvictsDuringRead         // Get evicts and poisons the value half way through its copy
+	bugAcceptsSpaces            // keys with spaces are accepted
+	bugIgnoresMismatch          // batch slices of different lengths are served up to the shortest
+	bugWritesShortBuffer        // a too-short destination is written before ErrBufferTooSmall
+	bugVanishes                 // every fifth put silently drops the oldest key
+	bugOpenAfterClose           // Close does not close
+	bugPrefixMiscount           // RemovePrefix reports one key more than it removed
+	bugIgnoresContext           // canceled contexts are ignored
+	bugRetainsSource            // Put keeps the source region and Get reads it then
+	bugWritesPastValue          // Get zeroes the destination past the value
+	bugStatsOffByOne            // Stats counts one key too many
+	bugRepeatLastWins           // a key repeated within a Put keeps its last occurrence's bytes
+	bugRepeatFillsLast          // a key repeated within a Get fills only its last destination (as Mooncake's batch_get_into)
+	bugTornUnderRemoval         // a Get overlapping a removal copies the rest of its value from another key's memory
+	bugForeignUnderRemoval      // a Get overlapping a removal returns another key's value, whose put reused the memory
+	bugLeaseRefusalLies         // Remove reports store.ErrHasLease but removes the key
+	bugTruncatesKeys            // keys are cut to their first 250 bytes (memcached's limit)
+	bugFoldsCase                // keys are compared without regard to case
+	bugPrefixRegex              // RemovePrefix matches "^" + prefix as a regular expression
+	bugPrefixGlob               // RemovePrefix matches prefix + "*" as a glob pattern
+	bugPrefixContains           // RemovePrefix removes the keys that contain prefix
+	bugIgnoresDeadline          // a context whose deadline has passed is ignored (only cancellation is seen)
+	bugCancelClaimsSuccess      // the keys a batch canceled part-way did not do report success
+	bugCancelAsMiss             // the keys a get or exists canceled part-way did not do report store.ErrNotFound
+	bugCancelMiscounts          // RemovePrefix and RemoveAll canceled part-way report 0 keys removed
+	bugAcceptsDevice            // device regions are taken for host memory
+	bugRegisterMissesStart      // Register misses an overlap with a region that starts before a registered one
+	bugRegisteredStartOnly      // with registration required, a region is taken if its first byte is registered
+	bugRegisteredEndOnly        // with registration required, a region is taken if its last byte is registered
+	bugRequiresRegistration     // unregistered host regions are refused, although the store does not say it needs registration
 )
 
 // refStore is a simple, correct store on the Go heap, one mutex around
 // everything, with an optional FIFO eviction and an optional bug.
 type refStore struct {
 	bug      bug
-	capacity int // bytes; 0: no eviction
+	capacity int  // bytes; 0: no eviction
+	needsReg bool // Put and Get take only regions inside registered ones
 
 	mu     sync.Mutex
 	m      map[string][]byte
@@ -100,6 +106,29 @@ func validRegion(r rdma.Region) error {
 		return fmt.Errorf("%w: %+v", store.ErrInvalidRegion, r)
 	}
 	return nil
+}
+
+// usable reports why r cannot be the source or destination of a put or a
+// get, or nil. The caller holds s.mu.
+func (s *refStore) usable(r rdma.Region) error {
+	if s.bug == bugAcceptsDevice && r.Len > 0 && r.Addr != 0 {
+		r.Loc = rdma.Host
+	}
+	if err := validRegion(r); err != nil {
+		return err
+	}
+	if !s.needsReg && s.bug != bugRequiresRegistration {
+		return nil
+	}
+	for _, x := range s.regs {
+		switch {
+		case s.bug == bugRegisteredStartOnly && r.Addr >= x.Addr && r.Addr < x.End(),
+			s.bug == bugRegisteredEndOnly && r.End()-1 >= x.Addr && r.End() <= x.End(),
+			x.Contains(r):
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %+v is not inside a registered region", store.ErrInvalidRegion, r)
 }
 
 func (s *refStore) begin(ctx context.Context, op string, keys, regions, res int) error {
@@ -194,7 +223,7 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			res[i] = store.Result{Err: err}
 			continue
 		}
-		if err := validRegion(src[i]); err != nil {
+		if err := s.usable(src[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
 		}
@@ -256,7 +285,7 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 			res[i] = store.Result{Err: err}
 			continue
 		}
-		if err := validRegion(dst[i]); err != nil {
+		if err := s.usable(dst[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
 		}
@@ -412,11 +441,18 @@ func (s *refStore) Register(r rdma.Region) error {
 	if s.closed {
 		return store.ErrClosed
 	}
+	if s.bug == bugAcceptsDevice && r.Len > 0 && r.Addr != 0 {
+		r.Loc = rdma.Host
+	}
 	if err := validRegion(r); err != nil {
 		return err
 	}
 	for _, x := range s.regs {
-		if r.Addr < x.End() && x.Addr < r.End() {
+		overlap := r.Addr < x.End() && x.Addr < r.End()
+		if s.bug == bugRegisterMissesStart { // r's start inside x, or r around x
+			overlap = r.Addr >= x.Addr && r.Addr < x.End() || r.Addr <= x.Addr && r.End() >= x.End()
+		}
+		if overlap {
 			return fmt.Errorf("%w: %+v overlaps %+v", store.ErrInvalidRegion, r, x)
 		}
 	}

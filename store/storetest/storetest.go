@@ -44,6 +44,23 @@ type Options struct {
 	// removal that left keys it learns from the next calls which ones.
 	// Without Leases, every removal removes what it names.
 	Leases bool
+
+	// Registration declares that the store, like Mooncake Store, takes
+	// only memory inside a region given to Register: Put and Get refuse
+	// any other region with store.ErrInvalidRegion for its key. Run then
+	// checks that they refuse regions outside registered memory, and
+	// regions that start before a registered one or end after it, storing
+	// and writing nothing for those keys. Without Registration, Run checks
+	// that the store accepts any valid host region, registered or not, as
+	// store.Store.Register says.
+	Registration bool
+
+	// DeviceMemory declares that the store takes device regions
+	// (rdma.Device) as sources and destinations. Run has no device memory
+	// to check them with. Without DeviceMemory, it checks that the store
+	// refuses device regions, in Register and per key in Put and Get (with
+	// store.ErrInvalidRegion), reading and writing nothing through them.
+	DeviceMemory bool
 }
 
 func (o *Options) ensureDefaults() error {
@@ -97,10 +114,17 @@ func (o *Options) ensureDefaults() error {
 //     against the same values as Put and Get, across regions of random
 //     sizes, with short region lists, empty ones and repeated keys (the
 //     state machine then also puts and gets through them).
-//   - BadInput: invalid keys, empty and zero regions, short destinations
+//   - BadInput: invalid keys, empty and zero regions (and device regions,
+//     without Options.DeviceMemory), short destinations
 //     and batch slices of different lengths get per-key errors (or the
 //     whole-call error for slices) and change nothing.
-//   - Register: overlapping and unknown regions are refused.
+//   - Register: overlapping regions (around, inside, across the start or
+//     the end of a registered one), unknown regions and, without
+//     Options.DeviceMemory, device regions are refused.
+//   - Registration: puts from and gets into regions outside registered
+//     memory, across the start or the end of a registered region, or
+//     around it, are refused per key with store.ErrInvalidRegion when the
+//     store declares Options.Registration, and served otherwise.
 //   - Context: a context canceled, or whose deadline has passed, before
 //     the call fails every call that takes one as a whole with the
 //     context's error, and they do nothing. Batch calls (and RemovePrefix
@@ -187,6 +211,7 @@ func (h *harness) subtests() []struct {
 		{"Vectored", h.vectored},
 		{"BadInput", h.badInput},
 		{"Register", h.register},
+		{"Registration", h.registration},
 		{"Context", h.context},
 		{"Close", h.close},
 		{"CloseWhileBusy", h.closeWhileBusy},

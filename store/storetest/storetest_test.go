@@ -214,6 +214,12 @@ var brokenStores = []brokenCase{
 	{"CancelAsMissExists", bugCancelAsMiss, "Context/MidBatch/Exists", "but the key is present", Options{}},
 	{"CancelMiscountsPrefix", bugCancelMiscounts, "Context/MidBatch/RemovePrefix", "the count must be the keys it took", Options{}},
 	{"CancelMiscountsAll", bugCancelMiscounts, "Context/MidBatch/RemoveAll", "the count must be the keys it took", Options{}},
+	{"AcceptsDevice", bugAcceptsDevice, "BadInput/Regions", "a device region", Options{}},
+	{"AcceptsDeviceRegister", bugAcceptsDevice, "Register", "of a device region", Options{}},
+	{"RegisterMissesStart", bugRegisterMissesStart, "Register", "starts before a registered one and ends inside it", Options{}},
+	{"RegisteredStartOnly", bugRegisteredStartOnly, "Registration", "starts inside the registered one and ends after it", Options{Registration: true}},
+	{"RegisteredEndOnly", bugRegisteredEndOnly, "Registration", "starts before the registered one and ends inside it", Options{Registration: true}},
+	{"RequiresRegistration", bugRequiresRegistration, "Registration", "accepts any valid host region", Options{}},
 	{"RetainsSource", bugRetainsSource, "StateMachine", "", Options{}},
 	{"WritesPastValue", bugWritesPastValue, "StateMachine", "", Options{}},
 	{"StatsOffByOne", bugStatsOffByOne, "StateMachine", "", Options{Stats: true}},
@@ -260,7 +266,11 @@ func (tc brokenCase) run(t *testing.T) {
 	if opts.Evicts {
 		capacity = int(opts.Capacity)
 	}
-	got := runRecorded(t, func(testing.TB) store.Store { return newRefStore(tc.bug, capacity) }, opts, tc.caught)
+	got := runRecorded(t, func(testing.TB) store.Store {
+		s := newRefStore(tc.bug, capacity)
+		s.needsReg = opts.Registration
+		return s
+	}, opts, tc.caught)
 	if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
 		t.Errorf("Run did not fail in %s for a store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
 	} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
@@ -312,14 +322,20 @@ func TestRunPassesCorrectStores(t *testing.T) {
 		{"Plain", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, false},
 		{"Evicting", 64 << 10, Options{Evicts: true, Capacity: 64 << 10, MaxValueSize: 2048, Stats: true}, false},
 		{"FaultyWithoutFaults", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, true},
+		{"Registration", -2, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Registration: true}, false},
 		{"Vectored", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, false},
 		{"FaultyVectoredWithoutFaults", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, true},
 	} {
 		newStore := func(testing.TB) store.Store {
 			var s store.Store
-			if tc.capacity < 0 { // -1: the reference store with PutV and GetV
+			switch tc.capacity {
+			case -1: // the reference store with PutV and GetV
 				s = newVecStore(noVBug)
-			} else {
+			case -2: // the reference store that takes registered memory only
+				r := newRefStore(noBug, 0)
+				r.needsReg = true
+				s = r
+			default:
 				s = newRefStore(noBug, tc.capacity)
 			}
 			if tc.wrap {
