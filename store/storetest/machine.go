@@ -69,6 +69,8 @@ type machine struct {
 	// observation tells.
 	maybe   map[string]bool
 	version uint64
+	// tally is what the calls so far say the counters must read.
+	tally tally
 }
 
 func (h *harness) stateMachine(t tester) {
@@ -178,6 +180,7 @@ func (m *machine) putWith(t *rapid.T, op string) {
 		}
 	}
 	res := make([]store.Result, len(keys))
+	stored := map[string]bool{} // keys this batch stored so far
 	var err error
 	if op == "PutV" {
 		err = m.v.PutV(background, keys, vsrc, res)
@@ -197,6 +200,8 @@ func (m *machine) putWith(t *rapid.T, op string) {
 			if r.N != len(vals[i]) {
 				t.Fatalf("%s(%q): key %q: N = %d, want %d (the regions' length)", op, keys, key, r.N, len(vals[i]))
 			}
+			m.countPut(key, len(vals[i]), stored[key])
+			stored[key] = true
 			switch cur := m.model[key]; {
 			case len(cur) == 0:
 				m.model[key] = [][]byte{vals[i]}
@@ -205,6 +210,7 @@ func (m *machine) putWith(t *rapid.T, op string) {
 			}
 			delete(m.maybe, key)
 		case errors.Is(r.Err, store.ErrNoSpace):
+			m.tally.rejected++
 			if !m.opts.Evicts && m.modelBytes()+int64(len(vals[i])) <= m.opts.Capacity {
 				t.Fatalf("%s(%q): key %q: %v, with %d of %d bytes of Capacity in use and no eviction declared", op, keys, key, r.Err, m.modelBytes(), m.opts.Capacity)
 			}
@@ -217,6 +223,26 @@ func (m *machine) putWith(t *rapid.T, op string) {
 	for i := range keys {
 		fillValue(m.src.bytes(i), "scribble", m.version)
 		fillValue(m.vsrc.bytes(i), "scribble", m.version)
+	}
+}
+
+// countPut counts a successful put of key, of n bytes, in the tally:
+// a put of a key the model holds absent is stored; of a key it holds
+// present, a duplicate, as is a repeat of a key the batch stored; where
+// the key may have been evicted or left by a removal, either.
+func (m *machine) countPut(key string, n int, again bool) {
+	w := &m.tally
+	w.stored++
+	switch cur := m.model[key]; {
+	case again && !m.opts.Evicts:
+	case again || m.opts.Evicts && len(cur) > 0 || m.maybe[key]:
+		w.putsHi++
+		w.inHi += int64(n)
+	case len(cur) == 0:
+		w.putsLo++
+		w.putsHi++
+		w.inLo += int64(n)
+		w.inHi += int64(n)
 	}
 }
 
@@ -300,7 +326,10 @@ func (m *machine) getWith(t *rapid.T, op string) {
 				t.Fatalf("%s(%q): key %q: wrote byte %d of the destination or beside it, past the %d-byte value", op, keys, key, j, r.N)
 			}
 			m.sawValue(t, op, key, got[:r.N])
+			m.tally.hits++
+			m.tally.bytesOut += int64(r.N)
 		case errors.Is(r.Err, store.ErrNotFound):
+			m.tally.misses++
 			if j := written(0); j >= 0 {
 				t.Fatalf("%s(%q): key %q: %v, but wrote byte %d of the destination", op, keys, key, r.Err, j)
 			}
@@ -330,6 +359,7 @@ func (m *machine) probe(t *rapid.T, keys []string) []store.Result {
 	if err := m.s.Exists(background, keys, res); err != nil {
 		t.Fatalf("Exists(%d keys) = %v, want per-key results and a nil error", len(keys), err)
 	}
+	m.tally.exists += int64(len(keys))
 	for i, key := range keys {
 		r := res[i]
 		switch {
@@ -427,6 +457,10 @@ func (m *machine) removed(t *rapid.T, call string, n int, err error, match func(
 // as the model allows, and Stats count what Exists reports if declared.
 func (m *machine) check(t *rapid.T) {
 	res := m.probe(t, m.keys)
+	st := m.s.Stats()
+	if bad := checkCounters(m.opts, st, m.tally); bad != "" {
+		t.Fatal(bad)
+	}
 	if !m.opts.Stats {
 		return
 	}
@@ -437,7 +471,6 @@ func (m *machine) check(t *rapid.T) {
 			size += int64(r.N)
 		}
 	}
-	st := m.s.Stats()
 	if st.Keys != keys || st.Bytes != size {
 		t.Fatalf("Stats() = {Keys: %d, Bytes: %d}, but Exists finds %d keys of %d bytes", st.Keys, st.Bytes, keys, size)
 	}
@@ -445,8 +478,11 @@ func (m *machine) check(t *rapid.T) {
 
 // sawAbsent records that key is absent.
 func (m *machine) sawAbsent(t *rapid.T, op, key string) {
-	if len(m.model[key]) > 0 && !m.opts.Evicts && !m.maybe[key] {
-		t.Fatalf("%s: key %q vanished: it was stored and never removed, and the store declares no eviction", op, key)
+	if len(m.model[key]) > 0 && !m.maybe[key] {
+		if !m.opts.Evicts {
+			t.Fatalf("%s: key %q vanished: it was stored and never removed, and the store declares no eviction", op, key)
+		}
+		m.tally.vanished++
 	}
 	delete(m.model, key)
 	delete(m.maybe, key)

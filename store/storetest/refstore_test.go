@@ -20,39 +20,47 @@ import (
 type bug int
 
 const (
-	noBug                   bug = iota
-	bugServesAfterRemove        // Remove reports success and keeps the key
-	bugLastWriterWins           // a second put replaces the value
-	bugEvictsDuringRead         // Get evicts and poisons the value half way through its copy
-	bugAcceptsSpaces            // keys with spaces are accepted
-	bugIgnoresMismatch          // batch slices of different lengths are served up to the shortest
-	bugWritesShortBuffer        // a too-short destination is written before ErrBufferTooSmall
-	bugVanishes                 // every fifth put silently drops the oldest key
-	bugOpenAfterClose           // Close does not close
-	bugPrefixMiscount           // RemovePrefix reports one key more than it removed
-	bugIgnoresContext           // canceled contexts are ignored
-	bugRetainsSource            // Put keeps the source region and Get reads it then
-	bugWritesPastValue          // Get zeroes the destination past the value
-	bugStatsOffByOne            // Stats counts one key too many
-	bugRepeatLastWins           // a key repeated within a Put keeps its last occurrence's bytes
-	bugRepeatFillsLast          // a key repeated within a Get fills only its last destination (as Mooncake's batch_get_into)
-	bugTornUnderRemoval         // a Get overlapping a removal copies the rest of its value from another key's memory
-	bugForeignUnderRemoval      // a Get overlapping a removal returns another key's value, whose put reused the memory
-	bugLeaseRefusalLies         // Remove reports store.ErrHasLease but removes the key
-	bugTruncatesKeys            // keys are cut to their first 250 bytes (memcached's limit)
-	bugFoldsCase                // keys are compared without regard to case
-	bugPrefixRegex              // RemovePrefix matches "^" + prefix as a regular expression
-	bugPrefixGlob               // RemovePrefix matches prefix + "*" as a glob pattern
-	bugPrefixContains           // RemovePrefix removes the keys that contain prefix
-	bugIgnoresDeadline          // a context whose deadline has passed is ignored (only cancellation is seen)
-	bugCancelClaimsSuccess      // the keys a batch canceled part-way did not do report success
-	bugCancelAsMiss             // the keys a get or exists canceled part-way did not do report store.ErrNotFound
-	bugCancelMiscounts          // RemovePrefix and RemoveAll canceled part-way report 0 keys removed
-	bugAcceptsDevice            // device regions are taken for host memory
-	bugRegisterMissesStart      // Register misses an overlap with a region that starts before a registered one
-	bugRegisteredStartOnly      // with registration required, a region is taken if its first byte is registered
-	bugRegisteredEndOnly        // with registration required, a region is taken if its last byte is registered
-	bugRequiresRegistration     // unregistered host regions are refused, although the store does not say it needs registration
+	noBug                      bug = iota
+	bugServesAfterRemove           // Remove reports success and keeps the key
+	bugLastWriterWins              // a second put replaces the value
+	bugEvictsDuringRead            // Get evicts and poisons the value half way through its copy
+	bugAcceptsSpaces               // keys with spaces are accepted
+	bugIgnoresMismatch             // batch slices of different lengths are served up to the shortest
+	bugWritesShortBuffer           // a too-short destination is written before ErrBufferTooSmall
+	bugVanishes                    // every fifth put silently drops the oldest key
+	bugOpenAfterClose              // Close does not close
+	bugPrefixMiscount              // RemovePrefix reports one key more than it removed
+	bugIgnoresContext              // canceled contexts are ignored
+	bugRetainsSource               // Put keeps the source region and Get reads it then
+	bugWritesPastValue             // Get zeroes the destination past the value
+	bugStatsOffByOne               // Stats counts one key too many
+	bugRepeatLastWins              // a key repeated within a Put keeps its last occurrence's bytes
+	bugRepeatFillsLast             // a key repeated within a Get fills only its last destination (as Mooncake's batch_get_into)
+	bugTornUnderRemoval            // a Get overlapping a removal copies the rest of its value from another key's memory
+	bugForeignUnderRemoval         // a Get overlapping a removal returns another key's value, whose put reused the memory
+	bugLeaseRefusalLies            // Remove reports store.ErrHasLease but removes the key
+	bugTruncatesKeys               // keys are cut to their first 250 bytes (memcached's limit)
+	bugFoldsCase                   // keys are compared without regard to case
+	bugPrefixRegex                 // RemovePrefix matches "^" + prefix as a regular expression
+	bugPrefixGlob                  // RemovePrefix matches prefix + "*" as a glob pattern
+	bugPrefixContains              // RemovePrefix removes the keys that contain prefix
+	bugIgnoresDeadline             // a context whose deadline has passed is ignored (only cancellation is seen)
+	bugCancelClaimsSuccess         // the keys a batch canceled part-way did not do report success
+	bugCancelAsMiss                // the keys a get or exists canceled part-way did not do report store.ErrNotFound
+	bugCancelMiscounts             // RemovePrefix and RemoveAll canceled part-way report 0 keys removed
+	bugAcceptsDevice               // device regions are taken for host memory
+	bugRegisterMissesStart         // Register misses an overlap with a region that starts before a registered one
+	bugRegisteredStartOnly         // with registration required, a region is taken if its first byte is registered
+	bugRegisteredEndOnly           // with registration required, a region is taken if its last byte is registered
+	bugRequiresRegistration        // unregistered host regions are refused, although the store does not say it needs registration
+	bugCountsShortAsHit            // a get into too short a destination counts as a hit
+	bugCountsShortAsMiss           // a get into too short a destination counts as a miss
+	bugCountsRoomAsBytesOut        // BytesOut counts the destination's length, not the value's
+	bugCountsFoundExists           // Exists counts only the keys it found
+	bugCountsPresentAsPut          // a put of a present key counts in Puts (as Mooncake's C API cannot tell them apart)
+	bugMissesRepeatDuplicate       // a key repeated within a put batch does not count as a duplicate
+	bugCountsDuplicateBytesIn      // BytesIn counts the bytes of duplicates too
+	bugCountsPresentAsRejected     // a put of a present key counts as rejected (OBJECT_ALREADY_EXISTS taken for a refusal)
 )
 
 // refStore is a simple, correct store on the Go heap, one mutex around
@@ -68,6 +76,7 @@ type refStore struct {
 	order  []string               // insertion order, for eviction
 	used   int
 	puts   int
+	st     store.Stats // the cumulative counters
 	regs   []rdma.Region
 	closed bool
 
@@ -196,8 +205,16 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 		}
 		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
-		} else if v, ok := s.m[s.index(keys[i])]; ok {
+			continue
+		}
+		if s.bug != bugCountsFoundExists {
+			s.st.Exists++
+		}
+		if v, ok := s.m[s.index(keys[i])]; ok {
 			res[i] = store.Result{N: len(v)}
+			if s.bug == bugCountsFoundExists {
+				s.st.Exists++
+			}
 		} else {
 			res[i] = store.Result{Err: store.ErrNotFound}
 		}
@@ -231,17 +248,22 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		inBatch[k] = true
 		if _, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
 			res[i] = store.Result{N: src[i].Len}
+			s.countDuplicate(src[i].Len, again)
 			continue
 		}
 		if s.capacity > 0 {
 			if src[i].Len > s.capacity {
 				res[i] = store.Result{Err: store.ErrNoSpace}
+				s.st.RejectedPuts++
 				continue
 			}
 			for s.used+src[i].Len > s.capacity {
 				s.drop(s.order[0])
+				s.st.Evictions++
 			}
 		}
+		s.st.Puts++
+		s.st.BytesIn += int64(src[i].Len)
 		s.puts++
 		if s.bug == bugVanishes && s.puts%5 == 0 && len(s.order) > 0 {
 			s.drop(s.order[0])
@@ -258,6 +280,43 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		res[i] = store.Result{N: src[i].Len}
 	}
 	return nil
+}
+
+// countDuplicate counts a put of n bytes of a present key; again: a
+// repeat of a key stored earlier in the batch.
+func (s *refStore) countDuplicate(n int, again bool) {
+	switch {
+	case s.bug == bugCountsPresentAsPut:
+		s.st.Puts++
+		s.st.BytesIn += int64(n)
+	case s.bug == bugMissesRepeatDuplicate && again:
+	case s.bug == bugCountsPresentAsRejected:
+		s.st.RejectedPuts++
+		s.st.Duplicates++
+	default:
+		s.st.Duplicates++
+	}
+	if s.bug == bugCountsDuplicateBytesIn {
+		s.st.BytesIn += int64(n)
+	}
+}
+
+// countGet counts the outcome of a get of one key into room bytes.
+func (s *refStore) countGet(r store.Result, room int) {
+	switch {
+	case r.Err == nil:
+		s.st.Hits++
+		s.st.BytesOut += int64(r.N)
+		if s.bug == bugCountsRoomAsBytesOut {
+			s.st.BytesOut += int64(room - r.N)
+		}
+	case errors.Is(r.Err, store.ErrNotFound):
+		s.st.Misses++
+	case errors.Is(r.Err, store.ErrBufferTooSmall) && s.bug == bugCountsShortAsHit:
+		s.st.Hits++
+	case errors.Is(r.Err, store.ErrBufferTooSmall) && s.bug == bugCountsShortAsMiss:
+		s.st.Misses++
+	}
 }
 
 func (s *refStore) drop(k string) {
@@ -326,6 +385,9 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 			clear(b[len(v):])
 		}
 		res[i] = store.Result{N: len(v)}
+	}
+	for i := range n {
+		s.countGet(res[i], dst[i].Len)
 	}
 	return nil
 }
@@ -477,7 +539,8 @@ func (s *refStore) Unregister(r rdma.Region) error {
 func (s *refStore) Stats() store.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := store.Stats{Keys: int64(len(s.m)), Bytes: int64(s.used), Capacity: int64(s.capacity)}
+	st := s.st
+	st.Keys, st.Bytes, st.Capacity = int64(len(s.m)), int64(s.used), int64(s.capacity)
 	if s.bug == bugStatsOffByOne {
 		st.Keys++
 	}
@@ -548,8 +611,11 @@ func (s *vecStore) PutV(ctx context.Context, keys []string, src [][]rdma.Region,
 		}
 		if _, ok := s.m[k]; ok {
 			res[i] = store.Result{N: n}
+			s.countDuplicate(n, false)
 			continue
 		}
+		s.st.Puts++
+		s.st.BytesIn += int64(n)
 		var v []byte
 		switch rs := src[i]; {
 		case s.vbug == vbugContiguous && len(rs) > 0:
@@ -607,6 +673,13 @@ func (s *vecStore) GetV(ctx context.Context, keys []string, dst [][]rdma.Region,
 			continue
 		}
 		res[i] = store.Result{N: len(v)}
+	}
+	for i := range res {
+		room := 0
+		for _, r := range dst[i] {
+			room += r.Len
+		}
+		s.countGet(res[i], room)
 	}
 	return nil
 }

@@ -35,6 +35,13 @@ type Options struct {
 	// flight. Run then checks them after every step of its state machine.
 	Stats bool
 
+	// Counters declares the cumulative counters of store.Stats that the
+	// store keeps exactly (see Counter for what each counts). Run checks
+	// each after every step of its state machine against the results of
+	// the calls it made. A store whose counters are all zero declares
+	// none.
+	Counters Counter
+
 	// Leases declares that the store grants read leases and that its
 	// removals respect them, as store/mooncake does: Remove of a key under
 	// a lease may fail with an error matching store.ErrHasLease, the key
@@ -75,6 +82,8 @@ func (o *Options) ensureDefaults() error {
 		return fmt.Errorf("storetest: Options.Capacity %d: must not be negative", o.Capacity)
 	case o.MaxValueSize < 2:
 		return fmt.Errorf("storetest: Options.MaxValueSize %d: must be at least 2", o.MaxValueSize)
+	case o.Counters&^AllCounters != 0:
+		return fmt.Errorf("storetest: Options.Counters %v: unknown counters", o.Counters)
 	case int64(o.MaxValueSize) > o.Capacity:
 		return fmt.Errorf("storetest: Options.MaxValueSize %d: larger than Options.Capacity %d", o.MaxValueSize, o.Capacity)
 	}
@@ -90,7 +99,9 @@ func (o *Options) ensureDefaults() error {
 //     after every step: a present value always has exactly its first-written
 //     bytes, a removed key never comes back, a key vanishes only if the
 //     store evicts, gets write exactly the value's bytes and nothing past
-//     them, puts neither write their sources nor keep reading them.
+//     them, puts neither write their sources nor keep reading them; and
+//     the Stats counters the store declares (Options.Stats,
+//     Options.Counters) read what the calls' results say.
 //   - FirstWriterWins: concurrent puts of different values under the same
 //     keys, with concurrent readers: every reader sees one winner per key.
 //   - Churn: concurrent puts, gets, exists and removes under eviction

@@ -220,6 +220,15 @@ var brokenStores = []brokenCase{
 	{"RegisteredStartOnly", bugRegisteredStartOnly, "Registration", "starts inside the registered one and ends after it", Options{Registration: true}},
 	{"RegisteredEndOnly", bugRegisteredEndOnly, "Registration", "starts before the registered one and ends inside it", Options{Registration: true}},
 	{"RequiresRegistration", bugRequiresRegistration, "Registration", "accepts any valid host region", Options{}},
+	{"CountsShortAsHit", bugCountsShortAsHit, "StateMachine", "Stats().Hits", Options{Counters: AllCounters}},
+	{"CountsShortAsMiss", bugCountsShortAsMiss, "StateMachine", "Stats().Misses", Options{Counters: AllCounters}},
+	{"CountsRoomAsBytesOut", bugCountsRoomAsBytesOut, "StateMachine", "Stats().BytesOut", Options{Counters: AllCounters}},
+	{"CountsFoundExists", bugCountsFoundExists, "StateMachine", "Stats().Exists", Options{Counters: AllCounters}},
+	{"CountsPresentAsPut", bugCountsPresentAsPut, "StateMachine", "Stats().Puts", Options{Counters: CounterPuts}},
+	{"CountsPresentAsPutDuplicates", bugCountsPresentAsPut, "StateMachine", "Stats().Duplicates", Options{Counters: CounterDuplicates}},
+	{"MissesRepeatDuplicate", bugMissesRepeatDuplicate, "StateMachine", "Stats().Duplicates", Options{Counters: CounterDuplicates}},
+	{"CountsDuplicateBytesIn", bugCountsDuplicateBytesIn, "StateMachine", "Stats().BytesIn", Options{Counters: CounterBytesIn}},
+	{"CountsPresentAsRejected", bugCountsPresentAsRejected, "StateMachine", "Stats().RejectedPuts", Options{Counters: CounterRejectedPuts}},
 	{"RetainsSource", bugRetainsSource, "StateMachine", "", Options{}},
 	{"WritesPastValue", bugWritesPastValue, "StateMachine", "", Options{}},
 	{"StatsOffByOne", bugStatsOffByOne, "StateMachine", "", Options{Stats: true}},
@@ -319,12 +328,12 @@ func TestRunPassesCorrectStores(t *testing.T) {
 		opts     Options
 		wrap     bool
 	}{
-		{"Plain", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, false},
-		{"Evicting", 64 << 10, Options{Evicts: true, Capacity: 64 << 10, MaxValueSize: 2048, Stats: true}, false},
-		{"FaultyWithoutFaults", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, true},
+		{"Plain", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"Evicting", 64 << 10, Options{Evicts: true, Capacity: 64 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"FaultyWithoutFaults", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, true},
 		{"Registration", -2, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Registration: true}, false},
-		{"Vectored", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, false},
-		{"FaultyVectoredWithoutFaults", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, true},
+		{"Vectored", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"FaultyVectoredWithoutFaults", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, true},
 	} {
 		newStore := func(testing.TB) store.Store {
 			var s store.Store
