@@ -56,7 +56,9 @@ func TestConformance(t *testing.T) {
 // MOONCAKE_MASTER a running mooncake_master (MOONCAKE_CONFIG_PATH, if set,
 // supplies the rest of the config). Each store is one client; they share
 // the master, and the harness removes everything between its checks, so
-// use a master of its own.
+// use a master of its own. The capacity declared is the client's segment:
+// the harness fails a store that declares eviction and holds twice its
+// declared capacity without evicting.
 func TestConformanceReal(t *testing.T) {
 	cfg := realConfig(t)
 	cfg.RemoveLeaseWait = NoRemoveWait // every key read stays leased for the master's TTL
@@ -66,7 +68,7 @@ func TestConformanceReal(t *testing.T) {
 			t.Fatalf("Open(%s) = %v", cfg.MasterServerAddress, err)
 		}
 		return s
-	}, storetest.Options{Evicts: true, Capacity: 16 << 20, MaxValueSize: 64 << 10, Leases: true, Registration: true, Counters: counters})
+	}, storetest.Options{Evicts: true, Capacity: int64(cfg.GlobalSegmentSize), MaxValueSize: 64 << 10, Leases: true, Registration: true, Counters: counters})
 }
 
 // realConfig returns the config of a real Mooncake cluster from the

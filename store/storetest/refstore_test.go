@@ -61,6 +61,10 @@ const (
 	bugMissesRepeatDuplicate       // a key repeated within a put batch does not count as a duplicate
 	bugCountsDuplicateBytesIn      // BytesIn counts the bytes of duplicates too
 	bugCountsPresentAsRejected     // a put of a present key counts as rejected (OBJECT_ALREADY_EXISTS taken for a refusal)
+	bugStaleAfterEviction          // an evicted key stays readable by Get, stale, though Exists reports it absent
+	bugEvictedAliases              // an evicted key's entry is left pointing at the memory of the put that evicted it
+	bugNeverCountsEvictions        // Stats().Evictions stays zero
+	bugNeverEvicts                 // the store says it evicts, at Options.Capacity, but holds everything
 )
 
 // refStore is a simple, correct store on the Go heap, one mutex around
@@ -80,6 +84,8 @@ type refStore struct {
 	regs   []rdma.Region
 	closed bool
 
+	stale    map[string][]byte // evicted values Get still serves (bugStaleAfterEviction)
+	alias    map[string]string // evicted key -> the key whose put took its memory (bugEvictedAliases)
 	removals atomic.Int64      // removal calls so far (bugTornUnderRemoval, bugForeignUnderRemoval)
 	lastPut  string            // the key stored last
 	gone     map[string][]byte // the last value of each key dropped
@@ -88,7 +94,8 @@ type refStore struct {
 var _ store.Store = (*refStore)(nil)
 
 func newRefStore(b bug, capacity int) *refStore {
-	return &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}, gone: map[string][]byte{}}
+	return &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}, gone: map[string][]byte{},
+		stale: map[string][]byte{}, alias: map[string]string{}}
 }
 
 func (s *refStore) validKey(k string) error {
@@ -210,7 +217,11 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 		if s.bug != bugCountsFoundExists {
 			s.st.Exists++
 		}
-		if v, ok := s.m[s.index(keys[i])]; ok {
+		v, ok := s.m[s.index(keys[i])]
+		if !ok && s.bug == bugEvictedAliases {
+			v, ok = s.evicted(s.index(keys[i]))
+		}
+		if ok {
 			res[i] = store.Result{N: len(v)}
 			if s.bug == bugCountsFoundExists {
 				s.st.Exists++
@@ -258,8 +269,18 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 				continue
 			}
 			for s.used+src[i].Len > s.capacity {
-				s.drop(s.order[0])
-				s.st.Evictions++
+				victim := s.order[0]
+				v := s.m[victim]
+				s.drop(victim)
+				if s.bug != bugNeverCountsEvictions {
+					s.st.Evictions++
+				}
+				switch s.bug {
+				case bugStaleAfterEviction:
+					s.stale[victim] = v
+				case bugEvictedAliases:
+					s.alias[victim] = k
+				}
 			}
 		}
 		s.st.Puts++
@@ -273,6 +294,8 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == k })
 		}
 		s.m[k] = slices.Clone(src[i].Bytes())
+		delete(s.stale, k)
+		delete(s.alias, k)
 		s.src[k] = src[i]
 		s.lastPut = k
 		s.order = append(s.order, k)
@@ -280,6 +303,18 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		res[i] = store.Result{N: src[i].Len}
 	}
 	return nil
+}
+
+// evicted returns what the bugs that keep evicted keys serve for k.
+func (s *refStore) evicted(k string) ([]byte, bool) {
+	if v, ok := s.stale[k]; ok {
+		return v, true
+	}
+	if p, ok := s.alias[k]; ok {
+		v, ok := s.m[p]
+		return v, ok
+	}
+	return nil, false
 }
 
 // countDuplicate counts a put of n bytes of a present key; again: a
@@ -349,6 +384,9 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 			continue
 		}
 		v, ok := s.m[k]
+		if !ok {
+			v, ok = s.evicted(k)
+		}
 		if ok && s.bug == bugRepeatFillsLast && len(v) <= dst[i].Len && slices.Contains(keys[i+1:n], k) {
 			res[i] = store.Result{N: len(v)} // a later occurrence gets the bytes
 			continue

@@ -17,13 +17,22 @@ type Options struct {
 	// as a cache does. Run then accepts a key vanishing (and a put refused
 	// with store.ErrNoSpace) at any time, except while a Get copies the
 	// key's value, and stores several times Capacity to cause evictions.
-	// Without Evicts, every key stays until removed.
+	// Its state machine stores twice Capacity in values of MaxValueSize
+	// bytes (under at most 512 keys of its own) beside the keys it
+	// models, so that the model sees its keys evicted: a key the store
+	// reported absent must not come back unless put again, and a get after
+	// an exists found a key returns its value or store.ErrNotFound. It
+	// fails when no check saw a key evicted or a put refused: declare the
+	// capacity the store has. Without Evicts, every key stays until
+	// removed.
 	Evicts bool
 
 	// Capacity is the number of value bytes the store holds without
 	// evicting or refusing a put. Without Evicts, Run fails a put refused
 	// with store.ErrNoSpace while the values it stored stay within
-	// Capacity. Zero means 1 MiB.
+	// Capacity. With Evicts, Run sizes its fills by it (see Evicts): a
+	// store that holds twice Capacity or more without evicting fails.
+	// Zero means 1 MiB.
 	Capacity int64
 
 	// MaxValueSize is the size in bytes of the largest value Run stores.
@@ -95,7 +104,9 @@ func (o *Options) ensureDefaults() error {
 // each with stores of its own:
 //
 //   - StateMachine: a rapid state machine of batch puts, gets and exists,
-//     removes, prefix removes and remove-alls, checked against a model
+//     lookups (an exists, then a get of the keys found), removes, prefix
+//     removes and remove-alls, and, in a store that evicts, fills of twice
+//     its capacity that make it evict keys of the model, checked against a model
 //     after every step: a present value always has exactly its first-written
 //     bytes, a removed key never comes back, a key vanishes only if the
 //     store evicts, gets write exactly the value's bytes and nothing past

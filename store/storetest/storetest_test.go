@@ -229,6 +229,10 @@ var brokenStores = []brokenCase{
 	{"MissesRepeatDuplicate", bugMissesRepeatDuplicate, "StateMachine", "Stats().Duplicates", Options{Counters: CounterDuplicates}},
 	{"CountsDuplicateBytesIn", bugCountsDuplicateBytesIn, "StateMachine", "Stats().BytesIn", Options{Counters: CounterBytesIn}},
 	{"CountsPresentAsRejected", bugCountsPresentAsRejected, "StateMachine", "Stats().RejectedPuts", Options{Counters: CounterRejectedPuts}},
+	{"StaleAfterEviction", bugStaleAfterEviction, "StateMachine", "a stale entry", Options{Evicts: true}},
+	{"EvictedAliases", bugEvictedAliases, "StateMachine", "", Options{Evicts: true}},
+	{"NeverCountsEvictions", bugNeverCountsEvictions, "StateMachine", "Stats().Evictions", Options{Evicts: true, Counters: CounterEvictions}},
+	{"NeverEvicts", bugNeverEvicts, "StateMachine", "none saw a key evicted", Options{Evicts: true}},
 	{"RetainsSource", bugRetainsSource, "StateMachine", "", Options{}},
 	{"WritesPastValue", bugWritesPastValue, "StateMachine", "", Options{}},
 	{"StatsOffByOne", bugStatsOffByOne, "StateMachine", "", Options{Stats: true}},
@@ -261,7 +265,8 @@ type brokenCase struct {
 }
 
 // run runs the harness on refStores with the bug, evicting at
-// Options.Capacity when they declare Evicts, and checks that it fails in
+// Options.Capacity when they declare Evicts (but for bugNeverEvicts),
+// and checks that it fails in
 // tc.caught, saying tc.reason.
 func (tc brokenCase) run(t *testing.T) {
 	opts := tc.opts
@@ -272,7 +277,7 @@ func (tc brokenCase) run(t *testing.T) {
 		opts.MaxValueSize = 2048
 	}
 	capacity := 0
-	if opts.Evicts {
+	if opts.Evicts && tc.bug != bugNeverEvicts {
 		capacity = int(opts.Capacity)
 	}
 	got := runRecorded(t, func(testing.TB) store.Store {
