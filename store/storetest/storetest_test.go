@@ -252,6 +252,7 @@ var brokenStores = []brokenCase{
 	{"PrefixRegexLeft", bugPrefixRegex, "Prefixes/Dollar", "which starts with it", Options{}},
 	{"PrefixGlob", bugPrefixGlob, "Prefixes/Star", "which does not start with it", Options{}},
 	{"PrefixContains", bugPrefixContains, "Prefixes/PrefixOfOthers", "which does not start with it", Options{}},
+	{"PrefixRegexEvicting", bugPrefixRegex, "Prefixes/Dot", "which does not start with it", Options{Evicts: true, Counters: CounterEvictions}},
 }
 
 // brokenCase is a store with one bug, what it declares, and where and why
