@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -87,6 +86,7 @@ type refStore struct {
 	stale    map[string][]byte // evicted values Get still serves (bugStaleAfterEviction)
 	alias    map[string]string // evicted key -> the key whose put took its memory (bugEvictedAliases)
 	removals atomic.Int64      // removal calls so far (bugTornUnderRemoval, bugForeignUnderRemoval)
+	getEpoch atomic.Int64      // removals as the previous get saw them
 	lastPut  string            // the key stored last
 	gone     map[string][]byte // the last value of each key dropped
 }
@@ -431,19 +431,15 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 }
 
 // underRemoval is the copy of a value, half done, when memory is not held
-// for reads: the store lets go of its lock, as if copying without it, for
-// long enough that a concurrent removal usually runs; if one did, the rest
-// of the copy comes from another key's value of the same size (the last
-// put, another present key or one removed before), as if memory had been
-// reused. The caller holds s.mu.
+// for reads: if a removal ran since the store's previous get (as one does,
+// all the time, while a remover runs beside the readers), the rest of the
+// copy comes from another key's value of the same size (the last put,
+// another present key or one removed before), as if memory had been
+// reused. It waits for nothing: whether a removal ran is counted, not
+// timed. The caller holds s.mu.
 func (s *refStore) underRemoval(key string, v []byte) []byte {
 	epoch := s.removals.Load()
-	s.mu.Unlock()
-	for i := 0; i < 1000 && s.removals.Load() == epoch; i++ {
-		runtime.Gosched()
-	}
-	s.mu.Lock()
-	if s.removals.Load() == epoch {
+	if s.getEpoch.Swap(epoch) == epoch {
 		return v
 	}
 	if o, ok := s.m[s.lastPut]; ok && s.lastPut != key && len(o) == len(v) {

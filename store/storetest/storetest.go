@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -275,6 +277,32 @@ func closeStore(t testing.TB, s store.Store) {
 	t.Helper()
 	if err := s.Close(); err != nil {
 		t.Errorf("Close() = %v, want nil", err)
+	}
+}
+
+// waitBound is how long Run waits for the goroutines of a concurrent
+// subtest: generous, as the machine may be slow or busy; only a call that
+// hangs takes that long.
+var waitBound = time.Minute
+
+// wait waits for wg, what it waits for, at most waitBound. Past it, the
+// test ends by a panic naming what it waited for: the goroutines still
+// call the store and use memory that the test's cleanups would free, so
+// the test cannot fail and go on.
+func wait(t testing.TB, what string, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	timer := time.NewTimer(waitBound)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		t.Errorf("storetest: %s: not done after %v; a call into the store hangs", what, waitBound)
+		panic(fmt.Sprintf("storetest: %s: %s: not done after %v; a call into the store hangs", t.Name(), what, waitBound))
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -365,6 +366,33 @@ func TestRunPassesCorrectStores(t *testing.T) {
 			Run(t, newStore, tc.opts)
 		})
 	}
+}
+
+// TestWaitNamesWhatHangs checks that a wait for goroutines that never end
+// fails, naming what it waited for, once its bound has passed.
+func TestWaitNamesWhatHangs(t *testing.T) {
+	old := waitBound
+	waitBound = 10 * time.Millisecond
+	t.Cleanup(func() { waitBound = old })
+	r := newRecorder(t, "R")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	defer wg.Done()
+	var got any
+	func() {
+		defer func() { got = recover() }()
+		wait(r, "the hanging calls", &wg)
+	}()
+	if msg, _ := got.(string); !strings.Contains(msg, "the hanging calls") {
+		t.Errorf("wait for a WaitGroup never done panicked with %v, want a message naming what it waited for", got)
+	}
+	if !r.Failed() || !r.log.saidUnder("R", "the hanging calls: not done after") {
+		t.Errorf("wait for a WaitGroup never done: failed %v, recorded:\n%s", r.Failed(), r.log)
+	}
+
+	var done sync.WaitGroup // goroutines that end: wait returns
+	done.Go(func() {})
+	wait(t, "nothing", &done)
 }
 
 // TestRecorder checks the recorder itself: failures propagate to parents,
