@@ -13,14 +13,17 @@ import (
 )
 
 // Options declares what the store under test does, so that [Run] checks
-// exactly that and nothing it does not claim.
+// exactly that and nothing it does not claim. The zero Options declares a
+// store that holds 1 MiB without dropping a key on its own, takes any
+// valid host region, grants no read leases and keeps no counter exactly;
+// each field says what Run checks with it and without it.
 type Options struct {
 	// Evicts declares that the store may drop keys on its own to make room,
 	// as a cache does. Run then accepts a key vanishing (and a put refused
 	// with store.ErrNoSpace) at any time, except while a Get copies the
 	// key's value, and stores several times Capacity to cause evictions.
 	// Its state machine stores twice Capacity in values of MaxValueSize
-	// bytes (under at most 512 keys of its own) beside the keys it
+	// bytes (under at most 1024 keys of its own) beside the keys it
 	// models, so that the model sees its keys evicted: a key the store
 	// reported absent must not come back unless put again, and a get after
 	// an exists found a key returns its value or store.ErrNotFound. It
