@@ -12,6 +12,13 @@ import (
 	"github.com/kvconnect/kvconnect/store/storetest"
 )
 
+// counters are the Stats counters the binding keeps exactly. Puts counts
+// every successful put, of a present key too (the C API does not tell
+// them apart), so Puts, Duplicates and BytesIn are not declared; Keys,
+// Bytes and Evictions are zero (see Store.Stats).
+const counters = storetest.CounterHits | storetest.CounterMisses | storetest.CounterExists |
+	storetest.CounterRejectedPuts | storetest.CounterBytesOut
+
 // TestConformance runs the store conformance harness against the binding
 // over the fake library: it checks the binding's side of the ABI (layout
 // of the arrays, C strings, results) and its mapping of codes to errors.
@@ -39,7 +46,7 @@ func TestConformance(t *testing.T) {
 				}
 				h.setLease(s.handle, int64(tc.lease), 0)
 				return s
-			}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096, Leases: true})
+			}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096, Leases: true, Registration: true, Counters: counters})
 		})
 	}
 }
@@ -49,7 +56,9 @@ func TestConformance(t *testing.T) {
 // MOONCAKE_MASTER a running mooncake_master (MOONCAKE_CONFIG_PATH, if set,
 // supplies the rest of the config). Each store is one client; they share
 // the master, and the harness removes everything between its checks, so
-// use a master of its own.
+// use a master of its own. The capacity declared is the client's segment:
+// the harness fails a store that declares eviction and holds twice its
+// declared capacity without evicting.
 func TestConformanceReal(t *testing.T) {
 	cfg := realConfig(t)
 	cfg.RemoveLeaseWait = NoRemoveWait // every key read stays leased for the master's TTL
@@ -59,7 +68,7 @@ func TestConformanceReal(t *testing.T) {
 			t.Fatalf("Open(%s) = %v", cfg.MasterServerAddress, err)
 		}
 		return s
-	}, storetest.Options{Evicts: true, Capacity: 16 << 20, MaxValueSize: 64 << 10, Leases: true})
+	}, storetest.Options{Evicts: true, Capacity: int64(cfg.GlobalSegmentSize), MaxValueSize: 64 << 10, Leases: true, Registration: true, Counters: counters})
 }
 
 // realConfig returns the config of a real Mooncake cluster from the

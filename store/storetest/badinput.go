@@ -2,8 +2,8 @@ package storetest
 
 import (
 	"bytes"
-	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/kvconnect/kvconnect/rdma"
@@ -175,6 +175,14 @@ func (h *harness) badRegions(t tester) {
 		{rdma.Region{Addr: good.Addr, Len: -8, Loc: rdma.Host}, "negative length"},
 		{rdma.Region{Addr: 0, Len: 16, Loc: rdma.Host}, "address zero"},
 	}
+	if !h.opts.DeviceMemory {
+		// Host memory that the region says is on a device: a store that
+		// ignores Loc reads and writes it as host memory.
+		bad = append(bad, struct {
+			r   rdma.Region
+			why string
+		}{rdma.Region{Addr: good.Addr, Len: good.Len, Loc: rdma.Device(0)}, "a device region (the store declares no Options.DeviceMemory)"})
+	}
 	for _, b := range bad {
 		key := "bad@region"
 		res := make([]store.Result, 2)
@@ -195,11 +203,15 @@ func (h *harness) badRegions(t tester) {
 		}
 
 		k0 := f.keys[0]
+		canary(f.mem.bytes(fixtureSlots - 1))
 		if err := f.s.Get(background, []string{k0}, []rdma.Region{b.r}, res[:1]); err != nil {
 			t.Fatalf("Get into %s = %v, want per-key results and a nil error", b.why, err)
 		}
 		if !errors.Is(res[0].Err, store.ErrInvalidRegion) {
 			t.Errorf("Get(%q) into %s (%+v): %v, want store.ErrInvalidRegion", k0, b.why, b.r, res[0].Err)
+		}
+		if j := canaryBroken(f.mem.bytes(fixtureSlots-1), 0); j >= 0 {
+			t.Errorf("Get(%q) into %s (%+v): wrote byte %d of the host memory at its address", k0, b.why, b.r, j)
 		}
 		f.unchanged("Get into " + b.why)
 	}
@@ -306,14 +318,14 @@ func (h *harness) badRemove(t tester) {
 
 // register checks the bookkeeping of registered regions.
 func (h *harness) register(t tester) {
-	mem := newMemory(t, 4, 4096)
+	mem := newMemory(t, 5, 4096)
 	s := h.open(t)
 	whole := mem.region()
-	a, err := whole.Sub(0, 2*4096)
+	a, err := whole.Sub(4096, 2*4096) // slots 1 and 2
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := mem.slot(2, 4096)
+	b := mem.slot(3, 4096)
 	if err := s.Register(a); err != nil {
 		t.Fatalf("Register(%v) = %v, want nil", a, err)
 	}
@@ -325,6 +337,8 @@ func (h *harness) register(t tester) {
 		{whole, "a region around a registered one"},
 		{mem.slot(1, 100), "a region inside a registered one"},
 		{rdma.Region{Addr: a.Addr + 4096, Len: 2 * 4096, Loc: rdma.Host}, "a region straddling a registered one's end"},
+		{rdma.Region{Addr: a.Addr - 4096, Len: 2 * 4096, Loc: rdma.Host}, "a region that starts before a registered one and ends inside it"},
+		{rdma.Region{Addr: a.Addr - 1, Len: 2, Loc: rdma.Host}, "a region whose last byte is a registered one's first"},
 		{rdma.Region{}, "the zero Region"},
 		{rdma.Region{Addr: b.Addr, Len: 0, Loc: rdma.Host}, "an empty region"},
 	} {
@@ -332,6 +346,15 @@ func (h *harness) register(t tester) {
 			t.Errorf("Register(%v) of %s = nil, want an error", tc.r, tc.why)
 			if err := s.Unregister(tc.r); err != nil {
 				t.Errorf("Unregister(%v) = %v", tc.r, err)
+			}
+		}
+	}
+	if !h.opts.DeviceMemory {
+		dev := rdma.Region{Addr: b.Addr, Len: b.Len, Loc: rdma.Device(0)}
+		if err := s.Register(dev); err == nil {
+			t.Errorf("Register(%v) of a device region = nil, want an error (the store declares no Options.DeviceMemory)", dev)
+			if err := s.Unregister(dev); err != nil {
+				t.Errorf("Unregister(%v) = %v", dev, err)
 			}
 		}
 	}
@@ -344,8 +367,8 @@ func (h *harness) register(t tester) {
 	if err := s.Unregister(b); err == nil {
 		t.Errorf("second Unregister(%v) = nil, want an error", b)
 	}
-	if err := s.Unregister(mem.slot(3, 4096)); err == nil {
-		t.Errorf("Unregister(%v) of a region never registered = nil, want an error", mem.slot(3, 4096))
+	if err := s.Unregister(mem.slot(4, 4096)); err == nil {
+		t.Errorf("Unregister(%v) of a region never registered = nil, want an error", mem.slot(4, 4096))
 	}
 	if err := s.Unregister(a); err != nil {
 		t.Errorf("Unregister(%v) = %v, want nil", a, err)
@@ -356,40 +379,6 @@ func (h *harness) register(t tester) {
 	if err := s.Unregister(whole); err != nil {
 		t.Errorf("Unregister(%v) = %v, want nil", whole, err)
 	}
-}
-
-// context calls the store with a canceled context: every call fails as a
-// whole and does nothing.
-func (h *harness) context(t tester) {
-	f := h.fixture(t)
-	ctx, cancel := context.WithCancel(background)
-	cancel()
-	k := "bad@canceled"
-	fillValue(f.mem.bytes(5), k, 1)
-	res := make([]store.Result, 1)
-	if err := f.s.Put(ctx, []string{k}, []rdma.Region{f.mem.slot(5, 32)}, res); !errors.Is(err, context.Canceled) {
-		t.Errorf("Put with a canceled context = %v, want context.Canceled", err)
-	}
-	canary(f.mem.bytes(6))
-	if err := f.s.Get(ctx, f.keys[:1], []rdma.Region{f.mem.slot(6, f.mem.slotSize)}, res); !errors.Is(err, context.Canceled) {
-		t.Errorf("Get with a canceled context = %v, want context.Canceled", err)
-	}
-	if canaryBroken(f.mem.bytes(6), 0) >= 0 {
-		t.Errorf("Get with a canceled context wrote into its destination")
-	}
-	if err := f.s.Exists(ctx, f.keys, make([]store.Result, len(f.keys))); !errors.Is(err, context.Canceled) {
-		t.Errorf("Exists with a canceled context = %v, want context.Canceled", err)
-	}
-	if err := f.s.Remove(ctx, f.keys[0]); !errors.Is(err, context.Canceled) {
-		t.Errorf("Remove with a canceled context = %v, want context.Canceled", err)
-	}
-	if n, err := f.s.RemovePrefix(ctx, "bad@"); !errors.Is(err, context.Canceled) || n != 0 {
-		t.Errorf("RemovePrefix with a canceled context = %d, %v; want 0, context.Canceled", n, err)
-	}
-	if n, err := f.s.RemoveAll(ctx); !errors.Is(err, context.Canceled) || n != 0 {
-		t.Errorf("RemoveAll with a canceled context = %d, %v; want 0, context.Canceled", n, err)
-	}
-	f.unchanged("calls with a canceled context", k)
 }
 
 // close checks calls after Close.
@@ -422,3 +411,97 @@ func (h *harness) close(t tester) {
 }
 
 func second(_ int, err error) error { return err }
+
+// registration puts from and gets into regions that lie inside a
+// registered region, outside it, across its start or its end, or around
+// it. A store that declares Options.Registration must refuse all but the
+// first with store.ErrInvalidRegion for their key alone, storing and
+// writing nothing; any other store must accept them all, as valid host
+// regions.
+func (h *harness) registration(t tester) {
+	const slot, n = 64, 32
+	mem := newMemory(t, 8, slot)
+	reg, err := mem.region().Sub(2*slot, 4*slot) // slots 2 to 5
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := newMemory(t, 1, 2*slot+reg.Len) // registered: where values are read back
+	s := h.open(t, back)
+	if err := s.Register(reg); err != nil {
+		t.Fatalf("Register(%v) = %v, want nil", reg, err)
+	}
+	t.Cleanup(func() {
+		if err := s.Unregister(reg); err != nil && !errors.Is(err, store.ErrClosed) {
+			t.Errorf("Unregister(%v) = %v, want nil", reg, err)
+		}
+	})
+	ok := back.slot(0, n) // registered, apart from the regions: the source of the key beside them
+	cases := []struct {
+		r   rdma.Region
+		why string
+	}{
+		{rdma.Region{Addr: reg.Addr - n/2, Len: n, Loc: rdma.Host}, "a region that starts before the registered one and ends inside it"},
+		{rdma.Region{Addr: reg.End() - n/2, Len: n, Loc: rdma.Host}, "a region that starts inside the registered one and ends after it"},
+		{mem.slot(7, n), "a region outside the registered one"},
+		{rdma.Region{Addr: reg.Addr - 8, Len: reg.Len + 16, Loc: rdma.Host}, "a region around the registered one"},
+	}
+	res := make([]store.Result, 2)
+	for i, c := range cases {
+		if c.r.Len > h.opts.MaxValueSize {
+			continue
+		}
+		key := fmt.Sprintf("reg@%d", i)
+		keys := []string{key, fmt.Sprintf("reg@ok%d", i)}
+		full := c.r.Bytes()
+		fillValue(full, key, 1)
+		want := bytes.Clone(full)
+		fillValue(ok.Bytes(), keys[1], 1)
+		if err := s.Put(background, keys, []rdma.Region{c.r, ok}, res); err != nil {
+			t.Fatalf("Put from %s = %v, want per-key results and a nil error", c.why, err)
+		}
+		if res[1].Err != nil {
+			t.Errorf("Put(%q) from a registered region beside %s: %v, want nil", keys[1], c.why, res[1].Err)
+		}
+		putErr := res[0].Err
+		switch {
+		case h.opts.Registration && !errors.Is(putErr, store.ErrInvalidRegion):
+			t.Errorf("Put(%q) from %s: %v, want store.ErrInvalidRegion (the store declares Options.Registration)", key, c.why, putErr)
+		case !h.opts.Registration && putErr != nil && !(h.opts.Evicts && errors.Is(putErr, store.ErrNoSpace)):
+			t.Errorf("Put(%q) from %s: %v, want nil: a store that declares no Options.Registration accepts any valid host region", key, c.why, putErr)
+		}
+
+		// The key put from the region is absent, or holds its bytes.
+		canary(back.bytes(0))
+		if err := s.Get(background, keys[:1], []rdma.Region{back.slot(0, back.slotSize)}, res[:1]); err != nil {
+			t.Fatalf("Get(%q) = %v, want nil", key, err)
+		}
+		switch r := res[0]; {
+		case errors.Is(r.Err, store.ErrNotFound):
+			if putErr == nil && !h.opts.Evicts {
+				t.Errorf("Put(%q) from %s reported success, but the key is absent", key, c.why)
+			}
+		case r.Err != nil:
+			t.Errorf("Get(%q) = %v, want its value or store.ErrNotFound", key, r.Err)
+		case putErr != nil:
+			t.Errorf("Put(%q) from %s failed (%v), but the key is present: nothing may be stored for it", key, c.why, putErr)
+		case r.N != len(want) || !bytes.Equal(back.bytes(0)[:r.N], want):
+			t.Errorf("Get(%q) after a put from %s returned %d bytes that are not the region's %d", key, c.why, r.N, len(want))
+		}
+
+		// Get the key beside into the region.
+		canary(full)
+		if err := s.Get(background, keys[1:], []rdma.Region{c.r}, res[:1]); err != nil {
+			t.Fatalf("Get into %s = %v, want per-key results and a nil error", c.why, err)
+		}
+		switch r := res[0]; {
+		case h.opts.Registration && !errors.Is(r.Err, store.ErrInvalidRegion):
+			t.Errorf("Get(%q) into %s: {N: %d, Err: %v}, want store.ErrInvalidRegion (the store declares Options.Registration)", keys[1], c.why, r.N, r.Err)
+		case h.opts.Registration && canaryBroken(full, 0) >= 0:
+			t.Errorf("Get(%q) into %s: %v, but wrote byte %d of the region", keys[1], c.why, r.Err, canaryBroken(full, 0))
+		case h.opts.Registration:
+		case h.opts.Evicts && errors.Is(r.Err, store.ErrNotFound):
+		case r.Err != nil || r.N != n || !bytes.Equal(full[:n], value(keys[1], 1, n)):
+			t.Errorf("Get(%q) into %s = {N: %d, Err: %v}, want its %d-byte value: a store that declares no Options.Registration accepts any valid host region", keys[1], c.why, r.N, r.Err, n)
+		}
+	}
+}

@@ -144,7 +144,7 @@ func (h *harness) firstWriterWins(t tester) {
 			}
 		})
 	}
-	wg.Wait()
+	wait(t, "the writers and readers of FirstWriterWins", &wg)
 	if stop.Load() || h.opts.Evicts {
 		return
 	}
@@ -291,7 +291,7 @@ func (h *harness) churn(t tester) {
 			}
 		})
 	}
-	wg.Wait()
+	wait(t, "the workers of Churn", &wg)
 }
 
 // closeWhileBusy closes a store while workers call it: calls that start
@@ -360,11 +360,11 @@ func (h *harness) closeWhileBusy(t tester) {
 			}
 		})
 	}
-	started.Wait()
+	wait(t, fmt.Sprintf("the first %d calls of each worker, before Close", warmup), &started)
 	err := s.Close()
 	closed.Store(true)
 	if err != nil {
 		t.Errorf("Close() with calls in flight = %v, want nil", err)
 	}
-	wg.Wait()
+	wait(t, "the workers calling while Close ran", &wg)
 }

@@ -4,15 +4,17 @@
 // It is for two kinds of test. An implementation's own tests call [Run],
 // a conformance harness in the spirit of testing/fstest and
 // golang.org/x/net/nettest: a rapid state machine against a model, plus
-// concurrency, removal, repeated-key, bad-input, context and close checks.
-// It exercises only what the implementation declares in [Options] (whether
-// it evicts, how much it holds, whether its Stats are exact, whether its
-// removals respect read leases) and the optional interfaces it implements
-// ([store.Vectored]). Tests of higher layers (connectors,
-// engines) wrap a store in a [Faulty] store, which injects whole-call
-// errors, partial batch failures, keys that vanish between Exists and Get,
-// and latency, deterministically for a given seed, and which implements
-// store.Vectored exactly when the wrapped store does.
+// concurrency, removal, repeated-key, look-alike key, prefix, bad-input,
+// registration, context and close checks. It exercises only what the
+// implementation declares in [Options] (whether it evicts, how much it
+// holds, whether its removals respect read leases, whether it takes only
+// registered memory or device memory too, which Stats it keeps exactly)
+// and the optional interfaces it implements ([store.Vectored]), in
+// seconds. Tests of higher layers (connectors, engines) wrap a store in a
+// [Faulty] store, which injects whole-call errors, partial batch failures,
+// keys that vanish between Exists and Get, and latency, deterministically
+// for a given seed, and which implements store.Vectored exactly when the
+// wrapped store does.
 //
 // # Usage
 //
@@ -20,13 +22,17 @@
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t testing.TB) store.Store {
-//			s, err := memstore.New(memstore.Config{Capacity: 8 << 20})
+//			s, err := memstore.New(memstore.Config{Capacity: 1 << 20})
 //			if err != nil {
 //				t.Fatal(err)
 //			}
 //			return s
-//		}, storetest.Options{Evicts: true, Capacity: 4 << 20, Stats: true})
+//		}, storetest.Options{Evicts: true, Capacity: 1 << 20, Stats: true, Counters: storetest.AllCounters})
 //	}
+//
+// A small store evicts under the harness's fills, so that evictions meet
+// the model; a store that holds twice its declared Capacity without
+// evicting fails.
 //
 // Fault injection, in a higher layer's test:
 //

@@ -50,18 +50,19 @@ func ExampleNewFaulty() {
 
 // ExampleRun is how a third party certifies its store: a test in its own
 // package hands Run a constructor of fresh, empty stores and says what the
-// store does (here: it evicts, as a cache, within 64 MiB).
+// store does: here it evicts, as a cache, within 1 MiB (small, so that
+// the harness sees it evict), and keeps its hit and miss counts exactly.
 func ExampleRun() {
 	// In mystore_test.go:
 	//
 	//	func TestConformance(t *testing.T) {
 	//		storetest.Run(t, func(t testing.TB) store.Store {
-	//			s, err := mystore.Open(mystore.Config{Capacity: 64 << 20})
+	//			s, err := mystore.Open(mystore.Config{Capacity: 1 << 20})
 	//			if err != nil {
 	//				t.Fatal(err)
 	//			}
 	//			return s // Run closes it
-	//		}, storetest.Options{Evicts: true, Capacity: 64 << 20})
+	//		}, storetest.Options{Evicts: true, Capacity: 1 << 20, Counters: storetest.CounterHits | storetest.CounterMisses})
 	//	}
 	var _ = storetest.Run
 }

@@ -18,8 +18,11 @@ import (
 const batchMax = 4
 
 // machineKeys returns the keys of the state machine: a few tenants and
-// namespaces, so that prefixes match some keys and not others, the longest
-// valid key, every punctuation byte, and a key that is a prefix of others.
+// namespaces, so that prefixes match some keys and not others; the longest
+// valid key and keys that share all but its last byte, or its first 300
+// bytes (a store that truncates or hashes a short prefix conflates them);
+// a key that differs from another in case only; every punctuation byte;
+// and a key that is a prefix of others.
 func machineKeys() []string {
 	var keys []string
 	for _, t := range []string{"t0", "t1"} {
@@ -29,9 +32,12 @@ func machineKeys() []string {
 			}
 		}
 	}
-	long := "t1@n2@"
+	long := "t1@n2@" + strings.Repeat("f", store.MaxKeyLen-len("t1@n2@"))
 	keys = append(keys,
-		long+strings.Repeat("f", store.MaxKeyLen-len(long)),
+		long,
+		long[:store.MaxKeyLen-1]+"e",
+		long[:300],
+		"t0@n1@4A", // t0@n1@4a in upper case
 		"t2@!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
 		"t0",
 	)
@@ -63,6 +69,44 @@ type machine struct {
 	// observation tells.
 	maybe   map[string]bool
 	version uint64
+	// tally is what the calls so far say the counters must read.
+	tally tally
+	// absent says, per key the model holds absent, why: so that a key
+	// found again without a put is named as stale.
+	absent map[string]string
+	// fill are the keys of Fill, which puts values of Options.MaxValueSize
+	// under them until a store that evicts has to; fillAt is the next
+	// one, filled the value bytes Fill stored under keys the model held
+	// absent.
+	fill   []string
+	fillAt int
+	filled int64
+}
+
+// maxFill is the most keys Fill puts.
+const maxFill = 1024
+
+// fillKeys returns the keys Fill puts for a store that evicts: enough
+// values of about Options.MaxValueSize bytes to hold twice
+// Options.Capacity (at most maxFill), or none for a store that does not
+// evict.
+func fillKeys(opts Options) []string {
+	if !opts.Evicts {
+		return nil
+	}
+	n := int(min(maxFill, 2*opts.Capacity/int64(opts.MaxValueSize-3)+batchMax))
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("t9@fill@%03d", i)
+	}
+	return keys
+}
+
+// evictionsSeen counts, over the checks of one state machine, the checks
+// that filled a store that evicts with twice its capacity, and the keys
+// they saw evicted or refused.
+type evictionsSeen struct {
+	full, evicted, refused int64
 }
 
 func (h *harness) stateMachine(t tester) {
@@ -73,6 +117,8 @@ func (h *harness) stateMachine(t tester) {
 	vdst := newMemory(t, batchMax, opts.MaxValueSize+64+(vparts+1)*vgap)
 	keys := machineKeys()
 	sizes := []int{1, 7, 64, 65, opts.MaxValueSize / 2, opts.MaxValueSize}
+	fill := fillKeys(opts)
+	var seen evictionsSeen
 	rapid.Check(t, func(rt *rapid.T) {
 		s := h.newStore(t)
 		if s == nil {
@@ -94,13 +140,14 @@ func (h *harness) stateMachine(t tester) {
 			}()
 		}
 		m := &machine{s: s, opts: opts, keys: keys, sizes: sizes, src: src, dst: dst, vsrc: vsrc, vdst: vdst,
-			model: map[string][][]byte{}, maybe: map[string]bool{}}
+			model: map[string][][]byte{}, maybe: map[string]bool{}, absent: map[string]string{}, fill: fill}
 		actions := map[string]func(*rapid.T){
 			"Put":          m.put,
 			"PutMore":      m.put,
 			"Get":          m.get,
 			"GetMore":      m.get,
 			"Exists":       m.exists,
+			"Lookup":       m.lookup,
 			"Remove":       m.remove,
 			"RemovePrefix": m.removePrefix,
 			"RemoveAll":    m.removeAll,
@@ -111,8 +158,27 @@ func (h *harness) stateMachine(t tester) {
 			actions["PutV"] = m.putV
 			actions["GetV"] = m.getV
 		}
+		if len(fill) > 0 {
+			actions["Fill"] = m.fillUp
+		}
 		rt.Repeat(actions)
+		if m.filled >= 2*opts.Capacity {
+			seen.full++
+			seen.evicted += m.tally.vanished
+			seen.refused += m.tally.rejected
+		}
 	})
+	if opts.Evicts && seen.full == 0 {
+		t.Logf("StateMachine: no check stored twice Options.Capacity (%d bytes) in its %d fill keys of at most %d bytes: evictions were not checked against the model",
+			opts.Capacity, len(fill), opts.MaxValueSize)
+	}
+	if opts.Evicts {
+		t.Logf("StateMachine: %d checks filled the store with twice Options.Capacity; they saw %d keys evicted and %d puts refused", seen.full, seen.evicted, seen.refused)
+		if seen.full > 0 && seen.evicted+seen.refused == 0 {
+			t.Errorf("StateMachine: %d checks stored twice Options.Capacity (%d bytes) in a store that declares Options.Evicts, and none saw a key evicted or a put refused: "+
+				"declare the capacity the store has, so that eviction is checked against the model", seen.full, 2*opts.Capacity)
+		}
+	}
 }
 
 // drawKeys draws the keys of a batch: distinct, or one time in four with
@@ -156,22 +222,64 @@ func (m *machine) putV(t *rapid.T) { m.putWith(t, "PutV") }
 // regions of random sizes.
 func (m *machine) putWith(t *rapid.T, op string) {
 	keys := m.drawKeys(t)
-	src := make([]rdma.Region, len(keys))
-	vsrc := make([][]rdma.Region, len(keys))
 	vals := make([][]byte, len(keys))
+	cuts := make([][]int, len(keys))
 	for i, key := range keys {
 		n := rapid.OneOf(rapid.SampledFrom(m.sizes), rapid.IntRange(1, m.opts.MaxValueSize)).Draw(t, "size")
 		m.version++
 		vals[i] = value(key, m.version, n)
 		if op == "PutV" {
-			vsrc[i] = scatter(m.vsrc, i, drawCuts(t, n))
+			cuts[i] = drawCuts(t, n)
+		}
+	}
+	m.putVals(t, op, keys, vals, cuts)
+}
+
+// fillUp puts the next half of the fill keys, values of
+// Options.MaxValueSize bytes or a few less: at least Options.Capacity
+// bytes, so that the store must evict (keys the model holds too). Then it
+// probes every fill key, to see which went.
+func (m *machine) fillUp(t *rapid.T) {
+	for left := (len(m.fill) + 1) / 2; left > 0; left -= batchMax {
+		n := min(batchMax, left)
+		keys := make([]string, n)
+		vals := make([][]byte, n)
+		for i := range keys {
+			keys[i] = m.fill[m.fillAt]
+			m.fillAt = (m.fillAt + 1) % len(m.fill)
+			m.version++
+			vals[i] = value(keys[i], m.version, m.opts.MaxValueSize-i%4)
+		}
+		absent := make([]bool, n)
+		for i, k := range keys {
+			absent[i] = len(m.model[k]) == 0
+		}
+		for i, n := range m.putVals(t, "Put", keys, vals, nil) {
+			if absent[i] { // stored anew, not a put of a present key
+				m.filled += int64(n)
+			}
+		}
+	}
+	m.probe(t, m.fill)
+}
+
+// putVals puts vals under keys with Put, or with PutV from each value cut
+// into regions of the sizes cuts[i], checks the results against the model
+// and updates it. It returns the bytes stored per key (0 where refused).
+func (m *machine) putVals(t *rapid.T, op string, keys []string, vals [][]byte, cuts [][]int) []int {
+	src := make([]rdma.Region, len(keys))
+	vsrc := make([][]rdma.Region, len(keys))
+	for i := range keys {
+		if op == "PutV" {
+			vsrc[i] = scatter(m.vsrc, i, cuts[i])
 			fill(vsrc[i], vals[i])
 		} else {
-			src[i] = m.src.slot(i, n)
+			src[i] = m.src.slot(i, len(vals[i]))
 			copy(m.src.bytes(i), vals[i])
 		}
 	}
 	res := make([]store.Result, len(keys))
+	stored := map[string]bool{} // keys this batch stored so far
 	var err error
 	if op == "PutV" {
 		err = m.v.PutV(background, keys, vsrc, res)
@@ -191,6 +299,9 @@ func (m *machine) putWith(t *rapid.T, op string) {
 			if r.N != len(vals[i]) {
 				t.Fatalf("%s(%q): key %q: N = %d, want %d (the regions' length)", op, keys, key, r.N, len(vals[i]))
 			}
+			m.countPut(key, len(vals[i]), stored[key])
+			stored[key] = true
+			delete(m.absent, key)
 			switch cur := m.model[key]; {
 			case len(cur) == 0:
 				m.model[key] = [][]byte{vals[i]}
@@ -199,6 +310,7 @@ func (m *machine) putWith(t *rapid.T, op string) {
 			}
 			delete(m.maybe, key)
 		case errors.Is(r.Err, store.ErrNoSpace):
+			m.tally.rejected++
 			if !m.opts.Evicts && m.modelBytes()+int64(len(vals[i])) <= m.opts.Capacity {
 				t.Fatalf("%s(%q): key %q: %v, with %d of %d bytes of Capacity in use and no eviction declared", op, keys, key, r.Err, m.modelBytes(), m.opts.Capacity)
 			}
@@ -212,6 +324,33 @@ func (m *machine) putWith(t *rapid.T, op string) {
 		fillValue(m.src.bytes(i), "scribble", m.version)
 		fillValue(m.vsrc.bytes(i), "scribble", m.version)
 	}
+	n := make([]int, len(keys))
+	for i, r := range res {
+		if r.Err == nil {
+			n[i] = r.N
+		}
+	}
+	return n
+}
+
+// countPut counts a successful put of key, of n bytes, in the tally:
+// a put of a key the model holds absent is stored; of a key it holds
+// present, a duplicate, as is a repeat of a key the batch stored; where
+// the key may have been evicted or left by a removal, either.
+func (m *machine) countPut(key string, n int, again bool) {
+	w := &m.tally
+	w.stored++
+	switch cur := m.model[key]; {
+	case again && !m.opts.Evicts:
+	case again || m.opts.Evicts && len(cur) > 0 || m.maybe[key]:
+		w.putsHi++
+		w.inHi += int64(n)
+	case len(cur) == 0:
+		w.putsLo++
+		w.putsHi++
+		w.inLo += int64(n)
+		w.inHi += int64(n)
+	}
 }
 
 func (m *machine) get(t *rapid.T)  { m.getWith(t, "Get") }
@@ -219,8 +358,28 @@ func (m *machine) getV(t *rapid.T) { m.getWith(t, "GetV") }
 
 // getWith gets a batch with Get, or with GetV into regions of random
 // sizes whose total is the room Get would have.
-func (m *machine) getWith(t *rapid.T, op string) {
+func (m *machine) getWith(t *rapid.T, op string) { m.getKeys(t, op, m.drawKeys(t)) }
+
+// lookup probes keys with Exists and gets those it found at once, as a
+// connector looks up a prefix of blocks: in a store that evicts, a key
+// found may be gone by the get, but a get that succeeds returns its value.
+func (m *machine) lookup(t *rapid.T) {
 	keys := m.drawKeys(t)
+	var found []string
+	for i, r := range m.probe(t, keys) {
+		if r.Err == nil {
+			found = append(found, keys[i])
+		}
+	}
+	if len(found) > 0 {
+		m.getKeys(t, "Get", found)
+	}
+}
+
+// getKeys gets keys with Get, or with GetV into regions of random sizes
+// whose total is the room Get would have, and checks every byte of the
+// destinations against the model.
+func (m *machine) getKeys(t *rapid.T, op string, keys []string) {
 	dst := make([]rdma.Region, len(keys))
 	vdst := make([][]rdma.Region, len(keys))
 	short := make([]bool, len(keys))
@@ -294,7 +453,10 @@ func (m *machine) getWith(t *rapid.T, op string) {
 				t.Fatalf("%s(%q): key %q: wrote byte %d of the destination or beside it, past the %d-byte value", op, keys, key, j, r.N)
 			}
 			m.sawValue(t, op, key, got[:r.N])
+			m.tally.hits++
+			m.tally.bytesOut += int64(r.N)
 		case errors.Is(r.Err, store.ErrNotFound):
+			m.tally.misses++
 			if j := written(0); j >= 0 {
 				t.Fatalf("%s(%q): key %q: %v, but wrote byte %d of the destination", op, keys, key, r.Err, j)
 			}
@@ -324,6 +486,7 @@ func (m *machine) probe(t *rapid.T, keys []string) []store.Result {
 	if err := m.s.Exists(background, keys, res); err != nil {
 		t.Fatalf("Exists(%d keys) = %v, want per-key results and a nil error", len(keys), err)
 	}
+	m.tally.exists += int64(len(keys))
 	for i, key := range keys {
 		r := res[i]
 		switch {
@@ -348,6 +511,7 @@ func (m *machine) remove(t *rapid.T) {
 		}
 		delete(m.model, key)
 		delete(m.maybe, key)
+		m.absent[key] = "it was removed"
 	case errors.Is(err, store.ErrNotFound):
 		m.sawAbsent(t, "Remove", key)
 	case m.opts.Leases && errors.Is(err, store.ErrHasLease):
@@ -413,14 +577,24 @@ func (m *machine) removed(t *rapid.T, call string, n int, err error, match func(
 		} else {
 			delete(m.model, key)
 			delete(m.maybe, key)
+			m.absent[key] = "it was removed (" + call + ")"
 		}
 	}
 }
 
 // check is the invariant after every step: Exists answers for every key
-// as the model allows, and Stats count what Exists reports if declared.
+// as the model allows (the fill keys too, when Stats are declared: Keys
+// and Bytes count them), and Stats count what Exists and the calls before
+// report, as far as declared.
 func (m *machine) check(t *rapid.T) {
 	res := m.probe(t, m.keys)
+	if m.opts.Stats && len(m.fill) > 0 { // Keys and Bytes count them too
+		res = append(res, m.probe(t, m.fill)...)
+	}
+	st := m.s.Stats()
+	if bad := checkCounters(m.opts, st, m.tally); bad != "" {
+		t.Fatal(bad)
+	}
 	if !m.opts.Stats {
 		return
 	}
@@ -431,7 +605,6 @@ func (m *machine) check(t *rapid.T) {
 			size += int64(r.N)
 		}
 	}
-	st := m.s.Stats()
 	if st.Keys != keys || st.Bytes != size {
 		t.Fatalf("Stats() = {Keys: %d, Bytes: %d}, but Exists finds %d keys of %d bytes", st.Keys, st.Bytes, keys, size)
 	}
@@ -439,9 +612,13 @@ func (m *machine) check(t *rapid.T) {
 
 // sawAbsent records that key is absent.
 func (m *machine) sawAbsent(t *rapid.T, op, key string) {
-	if len(m.model[key]) > 0 && !m.opts.Evicts && !m.maybe[key] {
-		t.Fatalf("%s: key %q vanished: it was stored and never removed, and the store declares no eviction", op, key)
+	if len(m.model[key]) > 0 && !m.maybe[key] {
+		if !m.opts.Evicts {
+			t.Fatalf("%s: key %q vanished: it was stored and never removed, and the store declares no eviction", op, key)
+		}
+		m.tally.vanished++
 	}
+	m.absent[key] = "the store reported it absent (" + op + ")"
 	delete(m.model, key)
 	delete(m.maybe, key)
 }
@@ -450,7 +627,7 @@ func (m *machine) sawAbsent(t *rapid.T, op, key string) {
 func (m *machine) sawSize(t *rapid.T, key string, n int) {
 	vals := m.model[key]
 	if len(vals) == 0 {
-		t.Fatalf("Exists: key %q is present (%d bytes), but it was removed or never stored", key, n)
+		t.Fatalf("Exists: key %q is present (%d bytes), but %s", key, n, m.whyAbsent(key))
 	}
 	kept := slices.DeleteFunc(slices.Clone(vals), func(v []byte) bool { return len(v) != n })
 	if len(kept) == 0 {
@@ -464,7 +641,7 @@ func (m *machine) sawSize(t *rapid.T, key string, n int) {
 func (m *machine) sawValue(t *rapid.T, op, key string, got []byte) {
 	vals := m.model[key]
 	if len(vals) == 0 {
-		t.Fatalf("%s: key %q returned a %d-byte value, but it was removed or never stored", op, key, len(got))
+		t.Fatalf("%s: key %q returned a %d-byte value, but %s", op, key, len(got), m.whyAbsent(key))
 	}
 	for _, v := range vals {
 		if bytes.Equal(v, got) {
@@ -474,6 +651,14 @@ func (m *machine) sawValue(t *rapid.T, op, key string, got []byte) {
 		}
 	}
 	t.Fatalf("%s: key %q returned %d bytes that differ from its first-written value (%s)%s", op, key, len(got), sizesOf(vals), firstDiff(vals[0], got))
+}
+
+// whyAbsent says why the model holds key absent.
+func (m *machine) whyAbsent(key string) string {
+	if why, ok := m.absent[key]; ok {
+		return why + " and it was not put again: a stale entry"
+	}
+	return "it was removed or never stored"
 }
 
 func sizesOf(vals [][]byte) string {

@@ -2,8 +2,10 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"runtime"
+	"path"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -17,32 +19,59 @@ import (
 type bug int
 
 const (
-	noBug                  bug = iota
-	bugServesAfterRemove       // Remove reports success and keeps the key
-	bugLastWriterWins          // a second put replaces the value
-	bugEvictsDuringRead        // Get evicts and poisons the value half way through its copy
-	bugAcceptsSpaces           // keys with spaces are accepted
-	bugIgnoresMismatch         // batch slices of different lengths are served up to the shortest
-	bugWritesShortBuffer       // a too-short destination is written before ErrBufferTooSmall
-	bugVanishes                // every fifth put silently drops the oldest key
-	bugOpenAfterClose          // Close does not close
-	bugPrefixMiscount          // RemovePrefix reports one key more than it removed
-	bugIgnoresContext          // canceled contexts are ignored
-	bugRetainsSource           // Put keeps the source region and Get reads it then
-	bugWritesPastValue         // Get zeroes the destination past the value
-	bugStatsOffByOne           // Stats counts one key too many
-	bugRepeatLastWins          // a key repeated within a Put keeps its last occurrence's bytes
-	bugRepeatFillsLast         // a key repeated within a Get fills only its last destination (as Mooncake's batch_get_into)
-	bugTornUnderRemoval        // a Get overlapping a removal copies the rest of its value from another key's memory
-	bugForeignUnderRemoval     // a Get overlapping a removal returns another key's value, whose put reused the memory
-	bugLeaseRefusalLies        // Remove reports store.ErrHasLease but removes the key
+	noBug                      bug = iota
+	bugServesAfterRemove           // Remove reports success and keeps the key
+	bugLastWriterWins              // a second put replaces the value
+	bugEvictsDuringRead            // Get evicts and poisons the value half way through its copy
+	bugAcceptsSpaces               // keys with spaces are accepted
+	bugIgnoresMismatch             // batch slices of different lengths are served up to the shortest
+	bugWritesShortBuffer           // a too-short destination is written before ErrBufferTooSmall
+	bugVanishes                    // every fifth put silently drops the oldest key
+	bugOpenAfterClose              // Close does not close
+	bugPrefixMiscount              // RemovePrefix reports one key more than it removed
+	bugIgnoresContext              // canceled contexts are ignored
+	bugRetainsSource               // Put keeps the source region and Get reads it then
+	bugWritesPastValue             // Get zeroes the destination past the value
+	bugStatsOffByOne               // Stats counts one key too many
+	bugRepeatLastWins              // a key repeated within a Put keeps its last occurrence's bytes
+	bugRepeatFillsLast             // a key repeated within a Get fills only its last destination (as Mooncake's batch_get_into)
+	bugTornUnderRemoval            // a Get overlapping a removal copies the rest of its value from another key's memory
+	bugForeignUnderRemoval         // a Get overlapping a removal returns another key's value, whose put reused the memory
+	bugLeaseRefusalLies            // Remove reports store.ErrHasLease but removes the key
+	bugTruncatesKeys               // keys are cut to their first 250 bytes (memcached's limit)
+	bugFoldsCase                   // keys are compared without regard to case
+	bugPrefixRegex                 // RemovePrefix matches "^" + prefix as a regular expression
+	bugPrefixGlob                  // RemovePrefix matches prefix + "*" as a glob pattern
+	bugPrefixContains              // RemovePrefix removes the keys that contain prefix
+	bugIgnoresDeadline             // a context whose deadline has passed is ignored (only cancellation is seen)
+	bugCancelClaimsSuccess         // the keys a batch canceled part-way did not do report success
+	bugCancelAsMiss                // the keys a get or exists canceled part-way did not do report store.ErrNotFound
+	bugCancelMiscounts             // RemovePrefix and RemoveAll canceled part-way report 0 keys removed
+	bugAcceptsDevice               // device regions are taken for host memory
+	bugRegisterMissesStart         // Register misses an overlap with a region that starts before a registered one
+	bugRegisteredStartOnly         // with registration required, a region is taken if its first byte is registered
+	bugRegisteredEndOnly           // with registration required, a region is taken if its last byte is registered
+	bugRequiresRegistration        // unregistered host regions are refused, although the store does not say it needs registration
+	bugCountsShortAsHit            // a get into too short a destination counts as a hit
+	bugCountsShortAsMiss           // a get into too short a destination counts as a miss
+	bugCountsRoomAsBytesOut        // BytesOut counts the destination's length, not the value's
+	bugCountsFoundExists           // Exists counts only the keys it found
+	bugCountsPresentAsPut          // a put of a present key counts in Puts (as Mooncake's C API cannot tell them apart)
+	bugMissesRepeatDuplicate       // a key repeated within a put batch does not count as a duplicate
+	bugCountsDuplicateBytesIn      // BytesIn counts the bytes of duplicates too
+	bugCountsPresentAsRejected     // a put of a present key counts as rejected (OBJECT_ALREADY_EXISTS taken for a refusal)
+	bugStaleAfterEviction          // an evicted key stays readable by Get, stale, though Exists reports it absent
+	bugEvictedAliases              // an evicted key's entry is left pointing at the memory of the put that evicted it
+	bugNeverCountsEvictions        // Stats().Evictions stays zero
+	bugNeverEvicts                 // the store says it evicts, at Options.Capacity, but holds everything
 )
 
 // refStore is a simple, correct store on the Go heap, one mutex around
 // everything, with an optional FIFO eviction and an optional bug.
 type refStore struct {
 	bug      bug
-	capacity int // bytes; 0: no eviction
+	capacity int  // bytes; 0: no eviction
+	needsReg bool // Put and Get take only regions inside registered ones
 
 	mu     sync.Mutex
 	m      map[string][]byte
@@ -50,10 +79,14 @@ type refStore struct {
 	order  []string               // insertion order, for eviction
 	used   int
 	puts   int
+	st     store.Stats // the cumulative counters
 	regs   []rdma.Region
 	closed bool
 
+	stale    map[string][]byte // evicted values Get still serves (bugStaleAfterEviction)
+	alias    map[string]string // evicted key -> the key whose put took its memory (bugEvictedAliases)
 	removals atomic.Int64      // removal calls so far (bugTornUnderRemoval, bugForeignUnderRemoval)
+	getEpoch atomic.Int64      // removals as the previous get saw them
 	lastPut  string            // the key stored last
 	gone     map[string][]byte // the last value of each key dropped
 }
@@ -61,7 +94,8 @@ type refStore struct {
 var _ store.Store = (*refStore)(nil)
 
 func newRefStore(b bug, capacity int) *refStore {
-	return &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}, gone: map[string][]byte{}}
+	return &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}, gone: map[string][]byte{},
+		stale: map[string][]byte{}, alias: map[string]string{}}
 }
 
 func (s *refStore) validKey(k string) error {
@@ -71,11 +105,46 @@ func (s *refStore) validKey(k string) error {
 	return store.ValidateKey(k)
 }
 
+// index returns the key under which the map holds k: k itself, but for
+// the bugs that conflate keys.
+func (s *refStore) index(k string) string {
+	switch {
+	case s.bug == bugTruncatesKeys && len(k) > 250:
+		return k[:250]
+	case s.bug == bugFoldsCase:
+		return strings.ToLower(k)
+	}
+	return k
+}
+
 func validRegion(r rdma.Region) error {
 	if r.Len <= 0 || r.Addr == 0 || r.Loc != rdma.Host {
 		return fmt.Errorf("%w: %+v", store.ErrInvalidRegion, r)
 	}
 	return nil
+}
+
+// usable reports why r cannot be the source or destination of a put or a
+// get, or nil. The caller holds s.mu.
+func (s *refStore) usable(r rdma.Region) error {
+	if s.bug == bugAcceptsDevice && r.Len > 0 && r.Addr != 0 {
+		r.Loc = rdma.Host
+	}
+	if err := validRegion(r); err != nil {
+		return err
+	}
+	if !s.needsReg && s.bug != bugRequiresRegistration {
+		return nil
+	}
+	for _, x := range s.regs {
+		switch {
+		case s.bug == bugRegisteredStartOnly && r.Addr >= x.Addr && r.Addr < x.End(),
+			s.bug == bugRegisteredEndOnly && r.End()-1 >= x.Addr && r.End() <= x.End(),
+			x.Contains(r):
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %+v is not inside a registered region", store.ErrInvalidRegion, r)
 }
 
 func (s *refStore) begin(ctx context.Context, op string, keys, regions, res int) error {
@@ -84,15 +153,42 @@ func (s *refStore) begin(ctx context.Context, op string, keys, regions, res int)
 			return err
 		}
 	}
-	if s.bug != bugIgnoresContext {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	if err := s.ctxErr(ctx); err != nil {
+		return err
 	}
 	if s.closed {
 		return store.ErrClosed
 	}
 	return nil
+}
+
+// ctxErr is ctx.Err(), as the store sees it: checked when a call starts
+// and between the keys of a batch.
+func (s *refStore) ctxErr(ctx context.Context) error {
+	err := ctx.Err()
+	switch {
+	case s.bug == bugIgnoresContext:
+		return nil
+	case s.bug == bugIgnoresDeadline && errors.Is(err, context.DeadlineExceeded):
+		return nil
+	}
+	return err
+}
+
+// canceled fills the results of the keys a batch did not do because ctx
+// was done with err: claim(i) is what bugCancelClaimsSuccess claims for
+// key i, and miss says whether bugCancelAsMiss applies.
+func (s *refStore) canceled(res []store.Result, err error, miss bool, claim func(i int) int) {
+	for i := range res {
+		switch {
+		case s.bug == bugCancelClaimsSuccess:
+			res[i] = store.Result{N: claim(i)}
+		case s.bug == bugCancelAsMiss && miss:
+			res[i] = store.Result{Err: store.ErrNotFound}
+		default:
+			res[i] = store.Result{Err: err}
+		}
+	}
 }
 
 func batchLen(keys int, others ...int) int {
@@ -108,11 +204,28 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 	if err := s.begin(ctx, "exists", len(keys), -1, len(res)); err != nil {
 		return err
 	}
-	for i := range batchLen(len(keys), len(res)) {
+	n := batchLen(len(keys), len(res))
+	for i := range n {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:n], err, true, func(int) int { return 0 })
+			break
+		}
 		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
-		} else if v, ok := s.m[keys[i]]; ok {
+			continue
+		}
+		if s.bug != bugCountsFoundExists {
+			s.st.Exists++
+		}
+		v, ok := s.m[s.index(keys[i])]
+		if !ok && s.bug == bugEvictedAliases {
+			v, ok = s.evicted(s.index(keys[i]))
+		}
+		if ok {
 			res[i] = store.Result{N: len(v)}
+			if s.bug == bugCountsFoundExists {
+				s.st.Exists++
+			}
 		} else {
 			res[i] = store.Result{Err: store.ErrNotFound}
 		}
@@ -127,13 +240,18 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		return err
 	}
 	inBatch := map[string]bool{}
-	for i := range batchLen(len(keys), len(src), len(res)) {
-		k := keys[i]
-		if err := s.validKey(k); err != nil {
+	n := batchLen(len(keys), len(src), len(res))
+	for i := range n {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:n], err, false, func(j int) int { return src[i+j].Len })
+			break
+		}
+		k := s.index(keys[i])
+		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
 		}
-		if err := validRegion(src[i]); err != nil {
+		if err := s.usable(src[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
 		}
@@ -141,17 +259,32 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		inBatch[k] = true
 		if _, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
 			res[i] = store.Result{N: src[i].Len}
+			s.countDuplicate(src[i].Len, again)
 			continue
 		}
 		if s.capacity > 0 {
 			if src[i].Len > s.capacity {
 				res[i] = store.Result{Err: store.ErrNoSpace}
+				s.st.RejectedPuts++
 				continue
 			}
 			for s.used+src[i].Len > s.capacity {
-				s.drop(s.order[0])
+				victim := s.order[0]
+				v := s.m[victim]
+				s.drop(victim)
+				if s.bug != bugNeverCountsEvictions {
+					s.st.Evictions++
+				}
+				switch s.bug {
+				case bugStaleAfterEviction:
+					s.stale[victim] = v
+				case bugEvictedAliases:
+					s.alias[victim] = k
+				}
 			}
 		}
+		s.st.Puts++
+		s.st.BytesIn += int64(src[i].Len)
 		s.puts++
 		if s.bug == bugVanishes && s.puts%5 == 0 && len(s.order) > 0 {
 			s.drop(s.order[0])
@@ -161,6 +294,8 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == k })
 		}
 		s.m[k] = slices.Clone(src[i].Bytes())
+		delete(s.stale, k)
+		delete(s.alias, k)
 		s.src[k] = src[i]
 		s.lastPut = k
 		s.order = append(s.order, k)
@@ -168,6 +303,55 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		res[i] = store.Result{N: src[i].Len}
 	}
 	return nil
+}
+
+// evicted returns what the bugs that keep evicted keys serve for k.
+func (s *refStore) evicted(k string) ([]byte, bool) {
+	if v, ok := s.stale[k]; ok {
+		return v, true
+	}
+	if p, ok := s.alias[k]; ok {
+		v, ok := s.m[p]
+		return v, ok
+	}
+	return nil, false
+}
+
+// countDuplicate counts a put of n bytes of a present key; again: a
+// repeat of a key stored earlier in the batch.
+func (s *refStore) countDuplicate(n int, again bool) {
+	switch {
+	case s.bug == bugCountsPresentAsPut:
+		s.st.Puts++
+		s.st.BytesIn += int64(n)
+	case s.bug == bugMissesRepeatDuplicate && again:
+	case s.bug == bugCountsPresentAsRejected:
+		s.st.RejectedPuts++
+		s.st.Duplicates++
+	default:
+		s.st.Duplicates++
+	}
+	if s.bug == bugCountsDuplicateBytesIn {
+		s.st.BytesIn += int64(n)
+	}
+}
+
+// countGet counts the outcome of a get of one key into room bytes.
+func (s *refStore) countGet(r store.Result, room int) {
+	switch {
+	case r.Err == nil:
+		s.st.Hits++
+		s.st.BytesOut += int64(r.N)
+		if s.bug == bugCountsRoomAsBytesOut {
+			s.st.BytesOut += int64(room - r.N)
+		}
+	case errors.Is(r.Err, store.ErrNotFound):
+		s.st.Misses++
+	case errors.Is(r.Err, store.ErrBufferTooSmall) && s.bug == bugCountsShortAsHit:
+		s.st.Hits++
+	case errors.Is(r.Err, store.ErrBufferTooSmall) && s.bug == bugCountsShortAsMiss:
+		s.st.Misses++
+	}
 }
 
 func (s *refStore) drop(k string) {
@@ -186,16 +370,23 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 	}
 	n := batchLen(len(keys), len(dst), len(res))
 	for i := range n {
-		k := keys[i]
-		if err := s.validKey(k); err != nil {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:n], err, true, func(j int) int { return len(s.m[s.index(keys[i+j])]) })
+			break
+		}
+		k := s.index(keys[i])
+		if err := s.validKey(keys[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
 		}
-		if err := validRegion(dst[i]); err != nil {
+		if err := s.usable(dst[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
 		}
 		v, ok := s.m[k]
+		if !ok {
+			v, ok = s.evicted(k)
+		}
 		if ok && s.bug == bugRepeatFillsLast && len(v) <= dst[i].Len && slices.Contains(keys[i+1:n], k) {
 			res[i] = store.Result{N: len(v)} // a later occurrence gets the bytes
 			continue
@@ -233,23 +424,22 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		}
 		res[i] = store.Result{N: len(v)}
 	}
+	for i := range n {
+		s.countGet(res[i], dst[i].Len)
+	}
 	return nil
 }
 
 // underRemoval is the copy of a value, half done, when memory is not held
-// for reads: the store lets go of its lock, as if copying without it, for
-// long enough that a concurrent removal usually runs; if one did, the rest
-// of the copy comes from another key's value of the same size (the last
-// put, another present key or one removed before), as if memory had been
-// reused. The caller holds s.mu.
+// for reads: if a removal ran since the store's previous get (as one does,
+// all the time, while a remover runs beside the readers), the rest of the
+// copy comes from another key's value of the same size (the last put,
+// another present key or one removed before), as if memory had been
+// reused. It waits for nothing: whether a removal ran is counted, not
+// timed. The caller holds s.mu.
 func (s *refStore) underRemoval(key string, v []byte) []byte {
 	epoch := s.removals.Load()
-	s.mu.Unlock()
-	for i := 0; i < 1000 && s.removals.Load() == epoch; i++ {
-		runtime.Gosched()
-	}
-	s.mu.Lock()
-	if s.removals.Load() == epoch {
+	if s.getEpoch.Swap(epoch) == epoch {
 		return v
 	}
 	if o, ok := s.m[s.lastPut]; ok && s.lastPut != key && len(o) == len(v) {
@@ -275,6 +465,7 @@ func (s *refStore) Remove(ctx context.Context, key string) error {
 	if err := s.validKey(key); err != nil {
 		return err
 	}
+	key = s.index(key)
 	if _, ok := s.m[key]; !ok {
 		return store.ErrNotFound
 	}
@@ -291,7 +482,23 @@ func (s *refStore) RemovePrefix(ctx context.Context, prefix string) (int, error)
 	if prefix == "" {
 		return 0, fmt.Errorf("%w: empty prefix", store.ErrInvalidKey)
 	}
-	return s.removeIf(ctx, func(k string) bool { return strings.HasPrefix(k, prefix) })
+	match := func(k string) bool { return strings.HasPrefix(k, prefix) }
+	switch s.bug {
+	case bugPrefixRegex:
+		re, err := regexp.Compile("^" + prefix)
+		if err != nil {
+			return 0, err
+		}
+		match = re.MatchString
+	case bugPrefixGlob:
+		if _, err := path.Match(prefix+"*", ""); err != nil {
+			return 0, err
+		}
+		match = func(k string) bool { ok, _ := path.Match(prefix+"*", k); return ok }
+	case bugPrefixContains:
+		match = func(k string) bool { return strings.Contains(k, prefix) }
+	}
+	return s.removeIf(ctx, match)
 }
 
 func (s *refStore) RemoveAll(ctx context.Context) (int, error) {
@@ -307,6 +514,12 @@ func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, 
 	}
 	n := 0
 	for k := range s.m {
+		if err := s.ctxErr(ctx); err != nil {
+			if s.bug == bugCancelMiscounts {
+				n = 0
+			}
+			return n, err
+		}
 		if match(k) {
 			s.drop(k)
 			n++
@@ -324,11 +537,18 @@ func (s *refStore) Register(r rdma.Region) error {
 	if s.closed {
 		return store.ErrClosed
 	}
+	if s.bug == bugAcceptsDevice && r.Len > 0 && r.Addr != 0 {
+		r.Loc = rdma.Host
+	}
 	if err := validRegion(r); err != nil {
 		return err
 	}
 	for _, x := range s.regs {
-		if r.Addr < x.End() && x.Addr < r.End() {
+		overlap := r.Addr < x.End() && x.Addr < r.End()
+		if s.bug == bugRegisterMissesStart { // r's start inside x, or r around x
+			overlap = r.Addr >= x.Addr && r.Addr < x.End() || r.Addr <= x.Addr && r.End() >= x.End()
+		}
+		if overlap {
 			return fmt.Errorf("%w: %+v overlaps %+v", store.ErrInvalidRegion, r, x)
 		}
 	}
@@ -353,7 +573,8 @@ func (s *refStore) Unregister(r rdma.Region) error {
 func (s *refStore) Stats() store.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := store.Stats{Keys: int64(len(s.m)), Bytes: int64(s.used), Capacity: int64(s.capacity)}
+	st := s.st
+	st.Keys, st.Bytes, st.Capacity = int64(len(s.m)), int64(s.used), int64(s.capacity)
 	if s.bug == bugStatsOffByOne {
 		st.Keys++
 	}
@@ -424,8 +645,11 @@ func (s *vecStore) PutV(ctx context.Context, keys []string, src [][]rdma.Region,
 		}
 		if _, ok := s.m[k]; ok {
 			res[i] = store.Result{N: n}
+			s.countDuplicate(n, false)
 			continue
 		}
+		s.st.Puts++
+		s.st.BytesIn += int64(n)
 		var v []byte
 		switch rs := src[i]; {
 		case s.vbug == vbugContiguous && len(rs) > 0:
@@ -483,6 +707,13 @@ func (s *vecStore) GetV(ctx context.Context, keys []string, dst [][]rdma.Region,
 			continue
 		}
 		res[i] = store.Result{N: len(v)}
+	}
+	for i := range res {
+		room := 0
+		for _, r := range dst[i] {
+			room += r.Len
+		}
+		s.countGet(res[i], room)
 	}
 	return nil
 }

@@ -162,9 +162,9 @@ func (h *harness) removal(t tester) {
 			}
 		}
 	})
-	readersWG.Wait()
+	wait(t, "the readers' gets during removals", &readersWG)
 	read.Store(true)
-	wg.Wait()
+	wait(t, "the writers and the remover, once the readers were done", &wg)
 	t.Logf("Removal: %d keys removed, %d reported left under a lease, %d values read while removing", removed.Load(), left.Load(), hits.Load())
 	if stop.Load() || h.opts.Leases {
 		return

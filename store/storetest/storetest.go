@@ -4,26 +4,40 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
 
 // Options declares what the store under test does, so that [Run] checks
-// exactly that and nothing it does not claim.
+// exactly that and nothing it does not claim. The zero Options declares a
+// store that holds 1 MiB without dropping a key on its own, takes any
+// valid host region, grants no read leases and keeps no counter exactly;
+// each field says what Run checks with it and without it.
 type Options struct {
 	// Evicts declares that the store may drop keys on its own to make room,
 	// as a cache does. Run then accepts a key vanishing (and a put refused
 	// with store.ErrNoSpace) at any time, except while a Get copies the
 	// key's value, and stores several times Capacity to cause evictions.
-	// Without Evicts, every key stays until removed.
+	// Its state machine stores twice Capacity in values of MaxValueSize
+	// bytes (under at most 1024 keys of its own) beside the keys it
+	// models, so that the model sees its keys evicted: a key the store
+	// reported absent must not come back unless put again, and a get after
+	// an exists found a key returns its value or store.ErrNotFound. It
+	// fails when no check saw a key evicted or a put refused: declare the
+	// capacity the store has. Without Evicts, every key stays until
+	// removed.
 	Evicts bool
 
 	// Capacity is the number of value bytes the store holds without
 	// evicting or refusing a put. Without Evicts, Run fails a put refused
 	// with store.ErrNoSpace while the values it stored stay within
-	// Capacity. Zero means 1 MiB.
+	// Capacity. With Evicts, Run sizes its fills by it (see Evicts): a
+	// store that holds twice Capacity or more without evicting fails.
+	// Zero means 1 MiB.
 	Capacity int64
 
 	// MaxValueSize is the size in bytes of the largest value Run stores.
@@ -35,6 +49,13 @@ type Options struct {
 	// flight. Run then checks them after every step of its state machine.
 	Stats bool
 
+	// Counters declares the cumulative counters of store.Stats that the
+	// store keeps exactly (see Counter for what each counts). Run checks
+	// each after every step of its state machine against the results of
+	// the calls it made. A store whose counters are all zero declares
+	// none.
+	Counters Counter
+
 	// Leases declares that the store grants read leases and that its
 	// removals respect them, as store/mooncake does: Remove of a key under
 	// a lease may fail with an error matching store.ErrHasLease, the key
@@ -44,6 +65,23 @@ type Options struct {
 	// removal that left keys it learns from the next calls which ones.
 	// Without Leases, every removal removes what it names.
 	Leases bool
+
+	// Registration declares that the store, like Mooncake Store, takes
+	// only memory inside a region given to Register: Put and Get refuse
+	// any other region with store.ErrInvalidRegion for its key. Run then
+	// checks that they refuse regions outside registered memory, and
+	// regions that start before a registered one or end after it, storing
+	// and writing nothing for those keys. Without Registration, Run checks
+	// that the store accepts any valid host region, registered or not, as
+	// store.Store.Register says.
+	Registration bool
+
+	// DeviceMemory declares that the store takes device regions
+	// (rdma.Device) as sources and destinations. Run has no device memory
+	// to check them with. Without DeviceMemory, it checks that the store
+	// refuses device regions, in Register and per key in Put and Get (with
+	// store.ErrInvalidRegion), reading and writing nothing through them.
+	DeviceMemory bool
 }
 
 func (o *Options) ensureDefaults() error {
@@ -58,6 +96,8 @@ func (o *Options) ensureDefaults() error {
 		return fmt.Errorf("storetest: Options.Capacity %d: must not be negative", o.Capacity)
 	case o.MaxValueSize < 2:
 		return fmt.Errorf("storetest: Options.MaxValueSize %d: must be at least 2", o.MaxValueSize)
+	case o.Counters&^AllCounters != 0:
+		return fmt.Errorf("storetest: Options.Counters %v: unknown counters", o.Counters)
 	case int64(o.MaxValueSize) > o.Capacity:
 		return fmt.Errorf("storetest: Options.MaxValueSize %d: larger than Options.Capacity %d", o.MaxValueSize, o.Capacity)
 	}
@@ -69,11 +109,15 @@ func (o *Options) ensureDefaults() error {
 // each with stores of its own:
 //
 //   - StateMachine: a rapid state machine of batch puts, gets and exists,
-//     removes, prefix removes and remove-alls, checked against a model
+//     lookups (an exists, then a get of the keys found), removes, prefix
+//     removes and remove-alls, and, in a store that evicts, fills of twice
+//     its capacity that make it evict keys of the model, checked against a model
 //     after every step: a present value always has exactly its first-written
 //     bytes, a removed key never comes back, a key vanishes only if the
 //     store evicts, gets write exactly the value's bytes and nothing past
-//     them, puts neither write their sources nor keep reading them.
+//     them, puts neither write their sources nor keep reading them; and
+//     the Stats counters the store declares (Options.Stats,
+//     Options.Counters) read what the calls' results say.
 //   - FirstWriterWins: concurrent puts of different values under the same
 //     keys, with concurrent readers: every reader sees one winner per key.
 //   - Churn: concurrent puts, gets, exists and removes under eviction
@@ -81,6 +125,14 @@ func (o *Options) ensureDefaults() error {
 //   - RepeatedKeys: a key named more than once in one batch: a put keeps
 //     the first occurrence's bytes and every occurrence succeeds; a get
 //     fills every occurrence's destination, each judged on its own size.
+//   - DistinctKeys: keys of store.MaxKeyLen bytes that differ in one byte,
+//     keys that are prefixes of each other, keys that differ in case only:
+//     each holds its own value, and removing one leaves the others.
+//   - Prefixes: RemovePrefix of prefixes holding the metacharacters of
+//     regular expressions and glob patterns (. * [ + ? \ $ ^ ( | {), and
+//     of prefixes of each other, over keys that start with them and keys
+//     that such a pattern would match: exactly the keys that start with
+//     the prefix, byte for byte, are removed and counted.
 //   - Removal: gets running while Remove, RemovePrefix and RemoveAll take
 //     their keys away and puts store other keys' values of the same size
 //     in the space freed: every get returns its key's value whole or
@@ -89,11 +141,26 @@ func (o *Options) ensureDefaults() error {
 //     against the same values as Put and Get, across regions of random
 //     sizes, with short region lists, empty ones and repeated keys (the
 //     state machine then also puts and gets through them).
-//   - BadInput: invalid keys, empty and zero regions, short destinations
+//   - BadInput: invalid keys, empty and zero regions (and device regions,
+//     without Options.DeviceMemory), short destinations
 //     and batch slices of different lengths get per-key errors (or the
 //     whole-call error for slices) and change nothing.
-//   - Register: overlapping and unknown regions are refused.
-//   - Context: a canceled context fails calls as a whole, and they do nothing.
+//   - Register: overlapping regions (around, inside, across the start or
+//     the end of a registered one), unknown regions and, without
+//     Options.DeviceMemory, device regions are refused.
+//   - Registration: puts from and gets into regions outside registered
+//     memory, across the start or the end of a registered region, or
+//     around it, are refused per key with store.ErrInvalidRegion when the
+//     store declares Options.Registration, and served otherwise.
+//   - Context: a context canceled, or whose deadline has passed, before
+//     the call fails every call that takes one as a whole with the
+//     context's error, and they do nothing. Batch calls (and RemovePrefix
+//     and RemoveAll) canceled while they run, at the store's first look at
+//     the context, at a later one, or from another goroutine, may have
+//     done some keys: whenever the cancellation arrives, a key reported
+//     done was done exactly, a key not done reports the context's error
+//     (never success, nor store.ErrNotFound for a key that is present),
+//     and a removal counts exactly the keys it took.
 //   - Close and CloseWhileBusy: calls after Close fail with store.ErrClosed,
 //     Close is idempotent, and calls in flight when Close starts finish
 //     with correct results.
@@ -110,7 +177,7 @@ func (o *Options) ensureDefaults() error {
 // supported.
 func Run(t *testing.T, newStore func(t testing.TB) store.Store, opts Options) {
 	t.Helper()
-	run(tt{t}, newStore, opts)
+	run(tt{t}, newStore, opts, "")
 }
 
 // tester is the part of a test that Run uses: testing.TB and subtests. Run
@@ -128,7 +195,8 @@ func (t tt) run(name string, f func(t tester)) bool {
 	return t.T.Run(name, func(t *testing.T) { f(tt{t}) })
 }
 
-func run(t tester, newStore func(t testing.TB) store.Store, opts Options) {
+// run runs Run's subtests, or only the one named only if it is not "".
+func run(t tester, newStore func(t testing.TB) store.Store, opts Options, only string) {
 	t.Helper()
 	if err := opts.ensureDefaults(); err != nil {
 		t.Fatal(err)
@@ -144,17 +212,37 @@ func run(t tester, newStore func(t testing.TB) store.Store, opts Options) {
 		t.Fatalf("storetest: %v", err)
 	}
 	h := &harness{newStore: newStore, opts: opts}
-	t.run("StateMachine", h.stateMachine)
-	t.run("FirstWriterWins", h.firstWriterWins)
-	t.run("Churn", h.churn)
-	t.run("RepeatedKeys", h.repeatedKeys)
-	t.run("Removal", h.removal)
-	t.run("Vectored", h.vectored)
-	t.run("BadInput", h.badInput)
-	t.run("Register", h.register)
-	t.run("Context", h.context)
-	t.run("Close", h.close)
-	t.run("CloseWhileBusy", h.closeWhileBusy)
+	for _, sub := range h.subtests() {
+		if only == "" || sub.name == only {
+			t.run(sub.name, sub.f)
+		}
+	}
+}
+
+// subtests are Run's subtests, in order.
+func (h *harness) subtests() []struct {
+	name string
+	f    func(tester)
+} {
+	return []struct {
+		name string
+		f    func(tester)
+	}{
+		{"StateMachine", h.stateMachine},
+		{"FirstWriterWins", h.firstWriterWins},
+		{"Churn", h.churn},
+		{"RepeatedKeys", h.repeatedKeys},
+		{"DistinctKeys", h.distinct},
+		{"Prefixes", h.prefixes},
+		{"Removal", h.removal},
+		{"Vectored", h.vectored},
+		{"BadInput", h.badInput},
+		{"Register", h.register},
+		{"Registration", h.registration},
+		{"Context", h.context},
+		{"Close", h.close},
+		{"CloseWhileBusy", h.closeWhileBusy},
+	}
 }
 
 // harness carries what every subtest needs.
@@ -192,6 +280,32 @@ func closeStore(t testing.TB, s store.Store) {
 	t.Helper()
 	if err := s.Close(); err != nil {
 		t.Errorf("Close() = %v, want nil", err)
+	}
+}
+
+// waitBound is how long Run waits for the goroutines of a concurrent
+// subtest: generous, as the machine may be slow or busy; only a call that
+// hangs takes that long.
+var waitBound = time.Minute
+
+// wait waits for wg, what it waits for, at most waitBound. Past it, the
+// test ends by a panic naming what it waited for: the goroutines still
+// call the store and use memory that the test's cleanups would free, so
+// the test cannot fail and go on.
+func wait(t testing.TB, what string, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	timer := time.NewTimer(waitBound)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		t.Errorf("storetest: %s: not done after %v; a call into the store hangs", what, waitBound)
+		panic(fmt.Sprintf("storetest: %s: %s: not done after %v; a call into the store hangs", t.Name(), what, waitBound))
 	}
 }
 

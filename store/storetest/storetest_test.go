@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -114,14 +115,20 @@ func (r *recorder) runCleanups() {
 }
 
 // runRecorded runs the harness against the stores newStore returns, under
-// a recorder, and returns what it recorded.
-func runRecorded(t *testing.T, newStore func(testing.TB) store.Store, opts Options) *recording {
+// a recorder, and returns what it recorded. With only, it runs only the
+// subtest of that name (the first element of a name such as
+// "BadInput/Keys").
+func runRecorded(t *testing.T, newStore func(testing.TB) store.Store, opts Options, only ...string) *recording {
 	r := newRecorder(t, "Run")
+	sub := ""
+	if len(only) > 0 {
+		sub, _, _ = strings.Cut(only[0], "/")
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer r.runCleanups()
-		run(r, newStore, opts)
+		run(r, newStore, opts, sub)
 	}()
 	<-done
 	return r.log
@@ -179,54 +186,111 @@ func fastRapid(t *testing.T) {
 // that kind of bug.
 func TestRunCatchesBrokenStores(t *testing.T) {
 	fastRapid(t)
-	for _, tc := range []struct {
-		name   string
-		bug    bug
-		evicts bool
-		stats  bool
-		caught string // a subtest that must fail, under Run/
-		reason string // what its failure must say, if anything in particular
-		leases bool
-	}{
-		{"ServesAfterRemove", bugServesAfterRemove, false, false, "StateMachine", "", false},
-		{"LastWriterWins", bugLastWriterWins, false, false, "StateMachine", "", false},
-		{"LastWriterWinsConcurrently", bugLastWriterWins, false, false, "FirstWriterWins", "", false},
-		{"EvictsDuringRead", bugEvictsDuringRead, true, false, "StateMachine", "", false},
-		{"EvictsDuringReadConcurrently", bugEvictsDuringRead, true, false, "Churn", "", false},
-		{"AcceptsSpaces", bugAcceptsSpaces, false, false, "BadInput/Keys", "", false},
-		{"IgnoresMismatch", bugIgnoresMismatch, false, false, "BadInput/Mismatch", "", false},
-		{"WritesShortBuffer", bugWritesShortBuffer, false, false, "BadInput/ShortDestination", "", false},
-		{"WritesShortBufferModel", bugWritesShortBuffer, false, false, "StateMachine", "", false},
-		{"VanishesWithoutEviction", bugVanishes, false, false, "StateMachine", "", false},
-		{"OpenAfterClose", bugOpenAfterClose, false, false, "Close", "", false},
-		{"OpenAfterCloseWhileBusy", bugOpenAfterClose, false, false, "CloseWhileBusy", "", false},
-		{"PrefixMiscount", bugPrefixMiscount, false, false, "StateMachine", "", false},
-		{"IgnoresContext", bugIgnoresContext, false, false, "Context", "", false},
-		{"RetainsSource", bugRetainsSource, false, false, "StateMachine", "", false},
-		{"WritesPastValue", bugWritesPastValue, false, false, "StateMachine", "", false},
-		{"StatsOffByOne", bugStatsOffByOne, false, true, "StateMachine", "", false},
-		{"RepeatLastWins", bugRepeatLastWins, false, false, "RepeatedKeys", "first writer wins within a batch", false},
-		{"RepeatLastWinsModel", bugRepeatLastWins, false, false, "StateMachine", "", false},
-		{"RepeatFillsLast", bugRepeatFillsLast, false, false, "RepeatedKeys", "fills every occurrence's destination", false},
-		{"RepeatFillsLastModel", bugRepeatFillsLast, false, false, "StateMachine", "", false},
-		{"TornUnderRemoval", bugTornUnderRemoval, false, false, "Removal", "a torn value", false},
-		{"ForeignUnderRemoval", bugForeignUnderRemoval, false, false, "Removal", "another key's bytes", false},
-		{"ForeignUnderRemovalLeases", bugForeignUnderRemoval, false, false, "Removal", "another key's bytes", true},
-		{"LeaseRefusalLies", bugLeaseRefusalLies, false, false, "StateMachine", "vanished", true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			opts := Options{Evicts: tc.evicts, Capacity: 256 << 10, MaxValueSize: 2048, Stats: tc.stats, Leases: tc.leases}
-			capacity := 0
-			if tc.evicts {
-				capacity = int(opts.Capacity)
-			}
-			got := runRecorded(t, func(testing.TB) store.Store { return newRefStore(tc.bug, capacity) }, opts)
-			if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
-				t.Errorf("Run did not fail in %s for a store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
-			} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
-				t.Errorf("Run failed in %s for a store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
-			}
-		})
+	for _, tc := range brokenStores {
+		t.Run(tc.name, tc.run)
+	}
+}
+
+// brokenStores are the stores Run must fail, each with one bug.
+var brokenStores = []brokenCase{
+	{"ServesAfterRemove", bugServesAfterRemove, "StateMachine", "", Options{}},
+	{"LastWriterWins", bugLastWriterWins, "StateMachine", "", Options{}},
+	{"LastWriterWinsConcurrently", bugLastWriterWins, "FirstWriterWins", "", Options{}},
+	{"EvictsDuringRead", bugEvictsDuringRead, "StateMachine", "", Options{Evicts: true}},
+	{"EvictsDuringReadConcurrently", bugEvictsDuringRead, "Churn", "", Options{Evicts: true}},
+	{"AcceptsSpaces", bugAcceptsSpaces, "BadInput/Keys", "", Options{}},
+	{"IgnoresMismatch", bugIgnoresMismatch, "BadInput/Mismatch", "", Options{}},
+	{"WritesShortBuffer", bugWritesShortBuffer, "BadInput/ShortDestination", "", Options{}},
+	{"WritesShortBufferModel", bugWritesShortBuffer, "StateMachine", "", Options{}},
+	{"VanishesWithoutEviction", bugVanishes, "StateMachine", "", Options{}},
+	{"OpenAfterClose", bugOpenAfterClose, "Close", "", Options{}},
+	{"OpenAfterCloseWhileBusy", bugOpenAfterClose, "CloseWhileBusy", "", Options{}},
+	{"PrefixMiscount", bugPrefixMiscount, "StateMachine", "", Options{}},
+	{"IgnoresContext", bugIgnoresContext, "Context/Canceled", "with a canceled context", Options{}},
+	{"IgnoresDeadline", bugIgnoresDeadline, "Context/Deadline", "with a deadline an hour past", Options{}},
+	{"CancelClaimsSuccessPut", bugCancelClaimsSuccess, "Context/MidBatch/Put", "claimed success for a key the batch did not store", Options{}},
+	{"CancelClaimsSuccessGet", bugCancelClaimsSuccess, "Context/MidBatch/Get", "claimed success for a key the batch did not read", Options{}},
+	{"CancelClaimsSuccessExists", bugCancelClaimsSuccess, "Context/MidBatch/Exists", "claimed a key the batch did not probe", Options{}},
+	{"CancelAsMissGet", bugCancelAsMiss, "Context/MidBatch/Get", "but the key is present", Options{}},
+	{"CancelAsMissExists", bugCancelAsMiss, "Context/MidBatch/Exists", "but the key is present", Options{}},
+	{"CancelMiscountsPrefix", bugCancelMiscounts, "Context/MidBatch/RemovePrefix", "the count must be the keys it took", Options{}},
+	{"CancelMiscountsAll", bugCancelMiscounts, "Context/MidBatch/RemoveAll", "the count must be the keys it took", Options{}},
+	{"AcceptsDevice", bugAcceptsDevice, "BadInput/Regions", "a device region", Options{}},
+	{"AcceptsDeviceRegister", bugAcceptsDevice, "Register", "of a device region", Options{}},
+	{"RegisterMissesStart", bugRegisterMissesStart, "Register", "starts before a registered one and ends inside it", Options{}},
+	{"RegisteredStartOnly", bugRegisteredStartOnly, "Registration", "starts inside the registered one and ends after it", Options{Registration: true}},
+	{"RegisteredEndOnly", bugRegisteredEndOnly, "Registration", "starts before the registered one and ends inside it", Options{Registration: true}},
+	{"RequiresRegistration", bugRequiresRegistration, "Registration", "accepts any valid host region", Options{}},
+	{"CountsShortAsHit", bugCountsShortAsHit, "StateMachine", "Stats().Hits", Options{Counters: AllCounters}},
+	{"CountsShortAsMiss", bugCountsShortAsMiss, "StateMachine", "Stats().Misses", Options{Counters: AllCounters}},
+	{"CountsRoomAsBytesOut", bugCountsRoomAsBytesOut, "StateMachine", "Stats().BytesOut", Options{Counters: AllCounters}},
+	{"CountsFoundExists", bugCountsFoundExists, "StateMachine", "Stats().Exists", Options{Counters: AllCounters}},
+	{"CountsPresentAsPut", bugCountsPresentAsPut, "StateMachine", "Stats().Puts", Options{Counters: CounterPuts}},
+	{"CountsPresentAsPutDuplicates", bugCountsPresentAsPut, "StateMachine", "Stats().Duplicates", Options{Counters: CounterDuplicates}},
+	{"MissesRepeatDuplicate", bugMissesRepeatDuplicate, "StateMachine", "Stats().Duplicates", Options{Counters: CounterDuplicates}},
+	{"CountsDuplicateBytesIn", bugCountsDuplicateBytesIn, "StateMachine", "Stats().BytesIn", Options{Counters: CounterBytesIn}},
+	{"CountsPresentAsRejected", bugCountsPresentAsRejected, "StateMachine", "Stats().RejectedPuts", Options{Counters: CounterRejectedPuts}},
+	{"StaleAfterEviction", bugStaleAfterEviction, "StateMachine", "a stale entry", Options{Evicts: true}},
+	{"EvictedAliases", bugEvictedAliases, "StateMachine", "", Options{Evicts: true}},
+	{"NeverCountsEvictions", bugNeverCountsEvictions, "StateMachine", "Stats().Evictions", Options{Evicts: true, Counters: CounterEvictions}},
+	{"NeverEvicts", bugNeverEvicts, "StateMachine", "none saw a key evicted", Options{Evicts: true}},
+	{"RetainsSource", bugRetainsSource, "StateMachine", "", Options{}},
+	{"WritesPastValue", bugWritesPastValue, "StateMachine", "", Options{}},
+	{"StatsOffByOne", bugStatsOffByOne, "StateMachine", "", Options{Stats: true}},
+	{"RepeatLastWins", bugRepeatLastWins, "RepeatedKeys", "first writer wins within a batch", Options{}},
+	{"RepeatLastWinsModel", bugRepeatLastWins, "StateMachine", "", Options{}},
+	{"RepeatFillsLast", bugRepeatFillsLast, "RepeatedKeys", "fills every occurrence's destination", Options{}},
+	{"RepeatFillsLastModel", bugRepeatFillsLast, "StateMachine", "", Options{}},
+	{"TornUnderRemoval", bugTornUnderRemoval, "Removal", "a torn value", Options{}},
+	{"ForeignUnderRemoval", bugForeignUnderRemoval, "Removal", "another key's bytes", Options{}},
+	{"ForeignUnderRemovalLeases", bugForeignUnderRemoval, "Removal", "another key's bytes", Options{Leases: true}},
+	{"LeaseRefusalLies", bugLeaseRefusalLies, "StateMachine", "vanished", Options{Leases: true}},
+	{"TruncatesKeys", bugTruncatesKeys, "DistinctKeys", "conflates keys that differ", Options{}},
+	{"TruncatesKeysModel", bugTruncatesKeys, "StateMachine", "", Options{}},
+	{"FoldsCase", bugFoldsCase, "DistinctKeys", "in case only", Options{}},
+	{"FoldsCaseModel", bugFoldsCase, "StateMachine", "", Options{}},
+	{"PrefixRegex", bugPrefixRegex, "Prefixes", "which does not start with it", Options{}},
+	{"PrefixRegexLeft", bugPrefixRegex, "Prefixes/Dollar", "which starts with it", Options{}},
+	{"PrefixGlob", bugPrefixGlob, "Prefixes/Star", "which does not start with it", Options{}},
+	{"PrefixContains", bugPrefixContains, "Prefixes/PrefixOfOthers", "which does not start with it", Options{}},
+	{"PrefixRegexEvicting", bugPrefixRegex, "Prefixes/Dot", "which does not start with it", Options{Evicts: true, Counters: CounterEvictions}},
+}
+
+// brokenCase is a store with one bug, what it declares, and where and why
+// Run must fail for it.
+type brokenCase struct {
+	name   string
+	bug    bug
+	caught string  // the subtest that must fail, under Run/
+	reason string  // what its failure must say, if anything in particular
+	opts   Options // what the store declares; Capacity and MaxValueSize default to 256 KiB and 2 KiB
+}
+
+// run runs the harness on refStores with the bug, evicting at
+// Options.Capacity when they declare Evicts (but for bugNeverEvicts),
+// and checks that it fails in
+// tc.caught, saying tc.reason.
+func (tc brokenCase) run(t *testing.T) {
+	opts := tc.opts
+	if opts.Capacity == 0 {
+		opts.Capacity = 256 << 10
+	}
+	if opts.MaxValueSize == 0 {
+		opts.MaxValueSize = 2048
+	}
+	capacity := 0
+	if opts.Evicts && tc.bug != bugNeverEvicts {
+		capacity = int(opts.Capacity)
+	}
+	got := runRecorded(t, func(testing.TB) store.Store {
+		s := newRefStore(tc.bug, capacity)
+		s.needsReg = opts.Registration
+		return s
+	}, opts, tc.caught)
+	if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
+		t.Errorf("Run did not fail in %s for a store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
+	} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
+		t.Errorf("Run failed in %s for a store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
 	}
 }
 
@@ -251,7 +315,7 @@ func TestRunCatchesBrokenVectored(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := Options{Capacity: 256 << 10, MaxValueSize: 2048}
-			got := runRecorded(t, func(testing.TB) store.Store { return newVecStore(tc.bug) }, opts)
+			got := runRecorded(t, func(testing.TB) store.Store { return newVecStore(tc.bug) }, opts, tc.caught)
 			if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
 				t.Errorf("Run did not fail in %s for a Vectored store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
 			} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
@@ -271,17 +335,23 @@ func TestRunPassesCorrectStores(t *testing.T) {
 		opts     Options
 		wrap     bool
 	}{
-		{"Plain", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, false},
-		{"Evicting", 64 << 10, Options{Evicts: true, Capacity: 64 << 10, MaxValueSize: 2048, Stats: true}, false},
-		{"FaultyWithoutFaults", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, true},
-		{"Vectored", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, false},
-		{"FaultyVectoredWithoutFaults", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true}, true},
+		{"Plain", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"Evicting", 64 << 10, Options{Evicts: true, Capacity: 64 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"FaultyWithoutFaults", 0, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, true},
+		{"Registration", -2, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Registration: true}, false},
+		{"Vectored", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"FaultyVectoredWithoutFaults", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, true},
 	} {
 		newStore := func(testing.TB) store.Store {
 			var s store.Store
-			if tc.capacity < 0 { // -1: the reference store with PutV and GetV
+			switch tc.capacity {
+			case -1: // the reference store with PutV and GetV
 				s = newVecStore(noVBug)
-			} else {
+			case -2: // the reference store that takes registered memory only
+				r := newRefStore(noBug, 0)
+				r.needsReg = true
+				s = r
+			default:
 				s = newRefStore(noBug, tc.capacity)
 			}
 			if tc.wrap {
@@ -296,6 +366,33 @@ func TestRunPassesCorrectStores(t *testing.T) {
 			Run(t, newStore, tc.opts)
 		})
 	}
+}
+
+// TestWaitNamesWhatHangs checks that a wait for goroutines that never end
+// fails, naming what it waited for, once its bound has passed.
+func TestWaitNamesWhatHangs(t *testing.T) {
+	old := waitBound
+	waitBound = 10 * time.Millisecond
+	t.Cleanup(func() { waitBound = old })
+	r := newRecorder(t, "R")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	defer wg.Done()
+	var got any
+	func() {
+		defer func() { got = recover() }()
+		wait(r, "the hanging calls", &wg)
+	}()
+	if msg, _ := got.(string); !strings.Contains(msg, "the hanging calls") {
+		t.Errorf("wait for a WaitGroup never done panicked with %v, want a message naming what it waited for", got)
+	}
+	if !r.Failed() || !r.log.saidUnder("R", "the hanging calls: not done after") {
+		t.Errorf("wait for a WaitGroup never done: failed %v, recorded:\n%s", r.Failed(), r.log)
+	}
+
+	var done sync.WaitGroup // goroutines that end: wait returns
+	done.Go(func() {})
+	wait(t, "nothing", &done)
 }
 
 // TestRecorder checks the recorder itself: failures propagate to parents,
