@@ -68,7 +68,6 @@ type freq struct {
 	gen      uint64 // the generation its KV is computed in
 	matched  bool   // the connector has seen it
 	failed   bool   // its load failed under policy fail
-	since    time.Time
 
 	// Its load: blocks [loadFrom, loadFrom+loadN) of the chain.
 	inLoad   bool
@@ -145,34 +144,34 @@ type xfer struct {
 // (tenant, model, generation, layout...), the shard and the block hash, so
 // that any block the connector loads can be checked byte for byte.
 type engine struct {
-	w       *world
-	t       tb
-	label   string // names its requests
-	id      hashing.Identity
-	ns      hashing.Namespace
-	gens    map[uint64]hashing.Namespace // every generation it ran
-	pair    Pair
-	policy  connector.Policy
-	waiter  bool // its ready events implement connector.Waiter
-	kv      []connector.KVCache
-	mem     []*rdma.HostMemory
-	blocks  []block
-	free    []connector.BlockID
-	reqs    []*freq // admitted or waiting, in arrival order
-	kept    map[connector.RequestID]*freq
-	cache   map[hashing.BlockHash]connector.BlockID
-	clock   uint64
-	admits  uint64
-	nextReq int
-	lastStp uint64
-	outs    []*connector.Output // Outputs polled since the last Update, copied
-	xfers   map[uint64]*xfer
-	events  []connector.KVEvent
-	stats   engineStats
-	want    wantStats
-	offers  []offer           // see below
-	history [][]hashing.Token // prompts of requests that ended, in this generation
-	closed  bool
+	w        *world
+	t        tb
+	label    string // names its requests
+	id       hashing.Identity
+	ns       hashing.Namespace
+	gens     map[uint64]hashing.Namespace // every generation it ran
+	pair     Pair
+	policy   connector.Policy
+	waiter   bool // its ready events implement connector.Waiter
+	kv       []connector.KVCache
+	mem      []*rdma.HostMemory
+	blocks   []block
+	free     []connector.BlockID
+	reqs     []*freq // admitted or waiting, in arrival order
+	kept     map[connector.RequestID]*freq
+	cache    map[hashing.BlockHash]connector.BlockID
+	clock    uint64
+	admits   uint64
+	nextReq  int
+	lastStep uint64
+	outs     []*connector.Output // Outputs polled since the last Update, copied
+	xfers    map[uint64]*xfer
+	events   []connector.KVEvent
+	stats    engineStats
+	want     wantStats
+	offers   []offer           // see below
+	history  [][]hashing.Token // prompts of requests that ended, in this generation
+	closed   bool
 }
 
 // offer is a prompt this engine finished whose blocks its connector keeps
@@ -443,7 +442,7 @@ func (e *engine) addWith(prompt []hashing.Token, decode int, params []byte) {
 	if err != nil {
 		e.t.Fatalf("NewChain: %v", err)
 	}
-	r := &freq{tokens: slices.Clone(prompt), chain: chain, decode: decode, gen: e.id.Generation, failAt: -1, since: time.Now()}
+	r := &freq{tokens: slices.Clone(prompt), chain: chain, decode: decode, gen: e.id.Generation, failAt: -1}
 	r.conn.ID = connector.RequestID(fmt.Sprintf("%s-r%d", e.label, e.nextReq))
 	r.conn.Prompt = len(prompt)
 	r.conn.TransferParams = params
@@ -764,10 +763,10 @@ func (e *engine) checkPlan(m *connector.Metadata) {
 	if m.Generation != e.id.Generation {
 		e.t.Fatalf("%s: Plan().Generation = %d, want %d", e.label, m.Generation, e.id.Generation)
 	}
-	if m.Step <= e.lastStp && e.lastStp > 0 {
-		e.t.Fatalf("%s: Plan().Step = %d after step %d: steps increase", e.label, m.Step, e.lastStp)
+	if m.Step <= e.lastStep && e.lastStep > 0 {
+		e.t.Fatalf("%s: Plan().Step = %d after step %d: steps increase", e.label, m.Step, e.lastStep)
 	}
-	e.lastStp = m.Step
+	e.lastStep = m.Step
 	bs := e.id.Layout.BlockSize
 	for _, list := range []struct {
 		load bool

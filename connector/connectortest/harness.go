@@ -362,7 +362,7 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 	}
 	shape := rapid.SampledFrom([][2]int{{1, 1}, {2, 1}, {2, 2}}).Draw(t, "tp")
 	s.tp, s.repl = shape[0], shape[1]
-	engines := []*engine{w.open(s)}
+	specs := []spec{s}
 	s.label = "t1"
 	switch rapid.SampledFrom([]string{"another tenant", "another layout", "the same identity"}).Draw(t, "second engine") {
 	case "another tenant":
@@ -370,7 +370,8 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 	case "another layout":
 		s.heads = 2
 	}
-	engines = append(engines, w.open(s))
+	specs = append(specs, s)
+	engines := []*engine{w.open(specs[0]), w.open(specs[1])}
 	// Prompts share a few documents as prefixes, as system prompts and
 	// multi-turn histories do.
 	docs := make([][]hashing.Token, 2)
@@ -453,6 +454,20 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 		},
 	})
 	w.drain(engines...)
+	// A fresh engine of each identity, in its current generation, reads
+	// back what the prompts its engine ran left in the store.
+	for i, e := range engines {
+		if len(e.history) == 0 {
+			continue
+		}
+		fs := specs[i]
+		fs.label, fs.gen = fs.label+"-fresh", e.id.Generation
+		fresh := w.open(fs)
+		for _, p := range e.history {
+			fresh.add(p, 0)
+		}
+		w.drain(fresh)
+	}
 	w.finish()
 }
 
