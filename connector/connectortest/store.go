@@ -30,6 +30,7 @@ type recorder struct {
 	mu struct {
 		sync.Mutex
 		stored  map[string]bool  // keys a put stored or may have stored
+		pending map[string]int   // keys of puts under way: the store may already show them
 		puts    map[string]int64 // per tenant: keys of puts that succeeded
 		unsure  map[string]int64 // per tenant: keys of puts whose call failed as a whole
 		failPut map[string]bool
@@ -60,6 +61,7 @@ var errInjected = fmt.Errorf("connectortest: injected failure: %w", store.ErrTra
 func newRecorder(st store.Store) (*recorder, store.Store) {
 	r := &recorder{Store: st}
 	r.mu.stored = make(map[string]bool)
+	r.mu.pending = make(map[string]int)
 	r.mu.puts = make(map[string]int64)
 	r.mu.unsure = make(map[string]int64)
 	r.mu.failPut = make(map[string]bool)
@@ -75,11 +77,13 @@ func tenantOf(key string) string {
 	return t
 }
 
-// stored reports whether a put stored key, or may have.
+// stored reports whether a put stored key, or may have, or is storing it
+// now: a lookup on another goroutine may have seen the key before the put
+// that stores it returned.
 func (r *recorder) stored(key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.mu.stored[key]
+	return r.mu.stored[key] || r.mu.pending[key] > 0
 }
 
 // saves returns how many keys of tenant puts stored for sure, and how many
@@ -195,20 +199,41 @@ func batch[T any](keys []string, regions []T, res []store.Result, fwd []int, cal
 	return nil
 }
 
-// recordPuts notes what a put call stored.
-func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err error) {
-	var sent []bool // nil: every key was sent
-	if fwd != nil {
-		sent = make([]bool, len(keys))
-		for _, i := range fwd {
-			sent[i] = true
+// sent reports which keys of a batch go to the store (nil: all of them).
+func sent(keys []string, fwd []int) []bool {
+	if fwd == nil {
+		return nil
+	}
+	s := make([]bool, len(keys))
+	for _, i := range fwd {
+		s[i] = true
+	}
+	return s
+}
+
+// beginPuts notes the keys of a put about to reach the store.
+func (r *recorder) beginPuts(keys []string, fwd []int) {
+	sent := sent(keys, fwd)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, k := range keys {
+		if sent == nil || sent[i] {
+			r.mu.pending[k]++
 		}
 	}
+}
+
+// recordPuts notes what a put call that beginPuts announced stored.
+func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err error) {
+	sent := sent(keys, fwd)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, k := range keys {
 		if sent != nil && !sent[i] {
 			continue
+		}
+		if r.mu.pending[k]--; r.mu.pending[k] <= 0 {
+			delete(r.mu.pending, k)
 		}
 		switch {
 		case err != nil:
@@ -230,6 +255,7 @@ func (r *recorder) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		r.checkSources(k, src[i:i+1])
 	}
 	fwd := r.pick(keys, true)
+	r.beginPuts(keys, fwd)
 	err := batch(keys, src, res, fwd, func(k []string, s []rdma.Region, rs []store.Result) error { return r.Store.Put(ctx, k, s, rs) })
 	r.recordPuts(keys, res, fwd, err)
 	return err
@@ -253,6 +279,7 @@ func (v vrecorder) PutV(ctx context.Context, keys []string, src [][]rdma.Region,
 		v.checkSources(k, src[i])
 	}
 	fwd := v.pick(keys, true)
+	v.beginPuts(keys, fwd)
 	err := batch(keys, src, res, fwd, func(k []string, s [][]rdma.Region, rs []store.Result) error { return v.v.PutV(ctx, k, s, rs) })
 	v.recordPuts(keys, res, fwd, err)
 	return err
