@@ -43,9 +43,10 @@ timeout=${TIMEOUT:-10m}
 read -r -a extra <<<"${TESTFLAGS:-}"
 
 work=$(mktemp -d)
-pids=()
+pids=()  # the CPU-bound processes
+child="" # the test binary running now
 cleanup() {
-  for pid in "${pids[@]}"; do
+  for pid in "${pids[@]}" $child; do
     kill "$pid" 2>/dev/null || true
   done
   if [[ -n ${KEEP:-} ]]; then
@@ -55,6 +56,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # Build every binary before the load starts.
 declare -A bins
@@ -86,9 +88,13 @@ for t in "${targets[@]}"; do
   for i in $(seq 1 "$runs"); do
     log="$work/$(basename "$bin" .test)-$i.log"
     start=$(date +%s%N)
-    if (cd "$dir" && "$bin" -test.run "$tests" -test.count=1 -test.timeout "$timeout" -rapid.nofailfile "${extra[@]}") >"$log" 2>&1; then
+    (cd "$dir" && exec "$bin" -test.run "$tests" -test.count=1 -test.timeout "$timeout" -rapid.nofailfile "${extra[@]}") >"$log" 2>&1 &
+    child=$!
+    if wait "$child"; then
+      child=""
       rm -f "$log"
     else
+      child=""
       fails=$((fails + 1))
       echo "-- $t run $i FAILED:"
       grep -E -- '--- FAIL|\[rapid\] (failed|flaky|panic)|\.go:[0-9]+: [^[]' "$log" | grep -v 'draw ' | head -20 || true
