@@ -71,6 +71,10 @@ func open(broken string) connectortest.OpenFunc {
 			s = validOffByOne{inner, env.Identity.Layout.BlockSize}
 		case "frees-early":
 			s = freesEarly{inner}
+		case "never-releases":
+			s = neverReleases{inner}
+		case "never-reports-load":
+			s = neverReportsLoad{inner}
 		}
 		p.Scheduler = s
 		for rank := range env.Identity.Layout.TPSize {
@@ -277,6 +281,26 @@ type freesEarly struct{ *storeconn.Scheduler }
 func (s freesEarly) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
 	_, err := s.Scheduler.Finish(r, blocks)
 	return false, err
+}
+
+// neverReleases keeps the blocks of every request it knows when it ends,
+// and never releases them.
+type neverReleases struct{ *storeconn.Scheduler }
+
+func (s neverReleases) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+	keep, err := s.Scheduler.Finish(r, blocks)
+	return keep || err == nil, err
+}
+
+// neverReportsLoad never lists a load as loaded.
+type neverReportsLoad struct{ *storeconn.Scheduler }
+
+func (s neverReportsLoad) Update(outs []*connector.Output) (*connector.Progress, error) {
+	p, err := s.Scheduler.Update(outs)
+	if p != nil {
+		p.Loaded = p.Loaded[:0]
+	}
+	return p, err
 }
 
 // oneShard looks blocks up in shard 0 only: the scheduler half's store
@@ -505,6 +529,8 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"ignores-policy", `Fail = false under kv_load_failure_policy "fail"`},
 		{"valid-off-by-one", "valid = "},
 		{"frees-early", "keep false"},
+		{"never-releases", "and never releases them"},
+		{"never-reports-load", "Progress never listed"},
 		{"hits-at-match", "Stats().HitBlocks"},
 		{"loads-count-failed", "Stats().Loads"},
 		{"saves-count-failed", "Stats().Saves"},

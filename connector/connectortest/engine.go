@@ -735,7 +735,7 @@ func (e *engine) awaitSaves(meta *connector.Metadata, computed map[connector.Blo
 				e.t.Fatalf("%s: %s", e.label, early)
 			}
 			if time.Since(start) > waitBound {
-				e.t.Fatalf("%s: worker %d neither looked at step %d's ready event (Query or Wait) nor reported its saves %v of blocks the step computes in %v: a worker waits for the event from its own goroutines or from Poll",
+				e.w.gaveUp("%s: worker %d neither looked at step %d's ready event (Query or Wait) nor reported its saves %v of blocks the step computes in %v: a worker waits for the event from its own goroutines or from Poll",
 					e.label, rank, meta.Step, ids, waitBound)
 			}
 			p.sleep()
@@ -1156,6 +1156,25 @@ func (e *engine) waits(since time.Time, offers bool) (what string, began time.Ti
 		consider(fmt.Sprintf("%s: workers %v to report %s transfer %d (request %s, %d blocks) done", e.label, ranks, kind, x.id, x.req, x.n), x.since)
 	}
 	return what, began
+}
+
+// stuck says what the engine waits for when nothing is in flight.
+func (e *engine) stuck() []string {
+	var why []string
+	for _, r := range e.reqs {
+		if r.inLoad && len(r.loads) == 0 {
+			why = append(why, fmt.Sprintf("%s: Progress never listed %s loaded or failed, though every worker reported its load", e.label, r.conn.ID))
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(e.kept)) {
+		if !slices.ContainsFunc(slices.Collect(maps.Values(e.xfers)), func(x *xfer) bool { return x.req == id }) {
+			why = append(why, fmt.Sprintf("%s: the connector keeps the blocks of %s, which no unfinished transfer touches, and never releases them", e.label, id))
+		}
+	}
+	if len(why) == 0 {
+		why = append(why, fmt.Sprintf("%s: the engine waits for something the connector never does", e.label))
+	}
+	return why
 }
 
 // isOffer reports whether x is a producer's offer: a save of a request

@@ -77,6 +77,11 @@ type Options struct {
 	// in Request.TransferParams. The checks that read the store are not
 	// made.
 	OpenConsumer OpenFunc
+
+	// gaveUp, set by Run, holds what the first wait that reached
+	// waitBound waited for: later cases then fail at once, rather than
+	// wait out the bound again (and again as rapid shrinks).
+	gaveUp *string
 }
 
 // Run checks that a connector keeps the promises of package connector,
@@ -137,6 +142,7 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 	if opts.NewStore == nil {
 		t.Fatal("connectortest: Options.NewStore is nil")
 	}
+	opts.gaveUp = new(string)
 	if opts.OpenConsumer != nil {
 		runDisaggregated(t, open, opts)
 		return

@@ -52,6 +52,9 @@ func (c *counts) log(t *testing.T) {
 
 func newWorld(t tb, opts Options, c *counts) *world {
 	t.Helper()
+	if opts.gaveUp != nil && *opts.gaveUp != "" {
+		t.Fatalf("not run: an earlier case waited %v for work of the connector that never ended: %s", waitBound, *opts.gaveUp)
+	}
 	w := &world{t: t, ctx: context.Background(), opts: opts, pd: opts.OpenConsumer != nil, count: c, gid: currentGoroutine(), before: snapshot()}
 	raw, err := opts.NewStore()
 	if err != nil {
@@ -60,6 +63,17 @@ func newWorld(t tb, opts Options, c *counts) *world {
 	w.rec, w.base = newRecorder(raw)
 	w.st = w.base
 	return w
+}
+
+// gaveUp fails the test after a wait reached waitBound, and makes every
+// later case of the Run fail at once.
+func (w *world) gaveUp(format string, args ...any) {
+	w.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if w.opts.gaveUp != nil && *w.opts.gaveUp == "" {
+		*w.opts.gaveUp = msg
+	}
+	w.t.Fatalf("%s", msg)
 }
 
 // addFaults makes the connectors' store a storetest.Faulty over the
@@ -178,7 +192,7 @@ func (w *world) drainWith(es []*engine, handoff func() bool) {
 		if n := ended(es); n != ends {
 			ends, spinning = n, 0
 		} else if spinning > waitBound {
-			w.t.Fatalf("no request ended or was released in %v of steps that kept changing the engines: %s", spinning.Round(time.Second), describe(es))
+			w.gaveUp("no request ended or was released in %v of steps that kept changing the engines: %s", spinning.Round(time.Second), describe(es))
 		}
 		changed := handoff != nil && handoff()
 		if !changed && !slices.ContainsFunc(es, (*engine).busy) {
@@ -207,13 +221,17 @@ func (w *world) drainWith(es []*engine, handoff func() bool) {
 		if what != "" {
 			idle = 0
 			if d := time.Since(began); d > waitBound {
-				w.t.Fatalf("waited %v for %s; %s", d.Round(time.Second), what, describe(es))
+				w.gaveUp("waited %v for %s; %s", d.Round(time.Second), what, describe(es))
 			}
 			p.sleep()
 			continue
 		}
 		if idle++; idle > idleSteps {
-			w.t.Fatalf("%d steps in a row changed nothing, with nothing in flight (no lookup pending, no transfer unreported): the connector keeps blocks no transfer touches, or the engines wait for something it never does; %s", idleSteps, describe(es))
+			var why []string
+			for _, e := range es {
+				why = append(why, e.stuck()...)
+			}
+			w.t.Fatalf("%d steps in a row changed nothing, with nothing in flight (no lookup pending, no transfer unreported): %s; %s", idleSteps, strings.Join(why, "; "), describe(es))
 		}
 	}
 }
@@ -410,7 +428,7 @@ func (w *world) checkGoroutines() {
 			}
 		}
 		if time.Since(start) > waitBound {
-			w.t.Fatalf("a goroutine of the connector still runs %v after every half closed: a half owns the goroutines it starts and joins them in Close:\n%s", waitBound, left[0].stack)
+			w.gaveUp("a goroutine of the connector still runs %v after every half closed: a half owns the goroutines it starts and joins them in Close:\n%s", waitBound, left[0].stack)
 		}
 		p.sleep()
 	}
