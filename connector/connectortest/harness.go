@@ -1,6 +1,7 @@
 package connectortest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -313,7 +314,7 @@ func rotation(t *testing.T, open OpenFunc, opts Options) {
 			t.Fatalf("Rotate(%d) in generation 1 = %v, want an error wrapping connector.ErrGeneration: generations only move forward", gen, err)
 		}
 	}
-	e.step(w.ctx, 0) // Plan checks the generation is still 1
+	e.step(context.Background(), 0) // Plan checks the generation is still 1
 	// A fresh engine of the new generation reads back what the rotated
 	// engine saved.
 	s.label, s.gen = "t0-fresh", 1
@@ -415,7 +416,7 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 			e := pick(t)
 			chunk := rapid.SampledFrom([]int{0, 1, 3, 8}).Draw(t, "chunk")
 			for range rapid.IntRange(1, 4).Draw(t, "steps") {
-				e.step(w.ctx, chunk)
+				e.step(context.Background(), chunk)
 			}
 		},
 		"drain": func(t *rapid.T) {
@@ -452,7 +453,7 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 			// Rotations are rare: each one empties what the store can
 			// serve.
 			if rapid.IntRange(0, 3).Draw(t, "rotateNow") > 0 {
-				e.step(w.ctx, 0)
+				e.step(context.Background(), 0)
 				return
 			}
 			e.rotate(rot)
@@ -557,8 +558,8 @@ func disaggregatedMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 		"step": func(t *rapid.T) {
 			chunk := rapid.SampledFrom([]int{0, 1, 3, 8}).Draw(t, "chunk")
 			for range rapid.IntRange(1, 4).Draw(t, "steps") {
-				prod.step(w.ctx, chunk)
-				cons.step(w.ctx, chunk)
+				prod.step(context.Background(), chunk)
+				cons.step(context.Background(), chunk)
 			}
 		},
 		"preempt": func(t *rapid.T) {

@@ -20,7 +20,6 @@ import (
 // harness knows about both.
 type world struct {
 	t       tb
-	ctx     context.Context
 	opts    Options
 	pd      bool        // a disaggregated connector: the store is not checked
 	rec     *recorder   // what the store really holds
@@ -55,7 +54,7 @@ func newWorld(t tb, opts Options, c *counts) *world {
 	if opts.gaveUp != nil && *opts.gaveUp != "" {
 		t.Fatalf("not run: an earlier case waited %v for work of the connector that never ended: %s", waitBound, *opts.gaveUp)
 	}
-	w := &world{t: t, ctx: context.Background(), opts: opts, pd: opts.OpenConsumer != nil, count: c, gid: currentGoroutine(), before: snapshot()}
+	w := &world{t: t, opts: opts, pd: opts.OpenConsumer != nil, count: c, gid: currentGoroutine(), before: snapshot()}
 	raw, err := opts.NewStore()
 	if err != nil {
 		t.Fatalf("NewStore: %v", err)
@@ -199,7 +198,7 @@ func (w *world) drainWith(es []*engine, handoff func() bool) {
 			return
 		}
 		for _, e := range es {
-			if e.step(w.ctx, 0) {
+			if e.step(context.Background(), 0) {
 				changed = true
 			}
 		}
