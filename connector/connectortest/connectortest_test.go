@@ -2,6 +2,7 @@ package connectortest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvconnect/kvconnect/connector/connectortest"
 	"github.com/kvconnect/kvconnect/connector/p2p"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
+	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
@@ -22,20 +24,57 @@ const brokenEnv = "CONNECTORTEST_BROKEN"
 func newStore() (store.Store, error) { return memstore.New(memstore.Config{Capacity: 8 << 20}) }
 
 // open opens the reference connector, with the named breakage wrapped
-// around it ("" for none).
+// around it: "" for none, "wrapped" for wrappers that pass everything on.
+// Each broken connector wraps the reference one and breaks exactly one
+// behaviour.
 func open(broken string) connectortest.OpenFunc {
-	cfg := connector.Config{Connector: storeconn.Name}
-	return func(env connector.Env) (connectortest.Pair, error) {
-		var p connectortest.Pair
-		s, err := connector.OpenScheduler(cfg, env)
+	return func(cfg connector.Config, env connector.Env) (p connectortest.Pair, err error) {
+		cfg.Connector = storeconn.Name
+		defer func() {
+			if err != nil {
+				closePair(p)
+			}
+		}()
+		switch broken {
+		case "ignores-policy":
+			cfg.LoadFailurePolicy = connector.PolicyRecompute
+		case "ignores-layout":
+			env.Identity.Layout.KVHeads = 4
+		case "early-read-raw":
+			// Raw values move straight from block-major KV memory: the
+			// store reads the blocks themselves.
+			cfg.Extra = map[string]any{"verify": "none"}
+		}
+		senv := env
+		if broken == "one-shard-lookup" {
+			senv.Store = oneShard{env.Store}
+		}
+		s, err := connector.OpenScheduler(cfg, senv)
 		if err != nil {
 			return p, err
 		}
+		inner := s.(*storeconn.Scheduler)
 		switch broken {
+		case "wrapped":
+			s = &passScheduler{inner}
 		case "last-token":
-			s = lastToken{s.(*storeconn.Scheduler), env.Identity.Layout.BlockSize}
+			s = lastToken{inner, env.Identity.Layout.BlockSize}
 		case "ignores-rotation":
 			s = ignoresRotation{s}
+		case "inverted-policy":
+			s = invertedPolicy{inner}
+		case "hits-at-match":
+			s = &hitsAtMatch{Scheduler: inner, bs: env.Identity.Layout.BlockSize}
+		case "announces-failed":
+			s = &announcesFailed{Scheduler: inner, workers: env.Identity.Layout.TPSize, saves: make(map[uint64]*planned)}
+		case "valid-off-by-one":
+			s = validOffByOne{inner, env.Identity.Layout.BlockSize}
+		case "frees-early":
+			s = freesEarly{inner}
+		case "never-releases":
+			s = neverReleases{inner}
+		case "never-reports-load":
+			s = neverReportsLoad{inner}
 		}
 		p.Scheduler = s
 		for rank := range env.Identity.Layout.TPSize {
@@ -44,17 +83,48 @@ func open(broken string) connectortest.OpenFunc {
 			if err != nil {
 				return p, err
 			}
+			inner := w.(*storeconn.Worker)
 			switch broken {
+			case "wrapped":
+				w = &passWorker{inner}
 			case "early-load":
 				w = &earlyLoad{Worker: w}
 			case "drops-failed":
 				w = dropsFailed{w}
+			case "loads-count-failed":
+				w = loadsCountFailed{inner}
+			case "saves-count-failed":
+				w = savesCountFailed{inner}
+			case "close-twice":
+				w = &closeTwice{Worker: inner}
+			case "leaks-goroutine":
+				w = &leaksGoroutine{Worker: inner, stop: make(chan struct{})}
+			case "old-keys-after-rotate":
+				w = oldKeys{inner, env.Identity.Generation}
+			case "early-read", "early-read-raw":
+				w = earlyRead{inner}
+			case "late-write":
+				w = &lateWrite{Worker: inner, loads: make(map[uint64][]connector.BlockID)}
 			}
 			p.Workers = append(p.Workers, w)
 		}
 		return p, nil
 	}
 }
+
+func closePair(p connectortest.Pair) {
+	for _, w := range p.Workers {
+		w.Close()
+	}
+	if p.Scheduler != nil {
+		p.Scheduler.Close()
+	}
+}
+
+// passScheduler and passWorker wrap the halves and pass everything on:
+// wrappers as such break nothing.
+type passScheduler struct{ *storeconn.Scheduler }
+type passWorker struct{ *storeconn.Worker }
 
 // earlyLoad reports every load done at once, and never runs it.
 type earlyLoad struct {
@@ -108,31 +178,282 @@ type ignoresRotation struct{ connector.Scheduler }
 
 func (ignoresRotation) Rotate(uint64) error { return nil }
 
+// invertedPolicy reports Fail the other way round.
+type invertedPolicy struct{ *storeconn.Scheduler }
+
+func (s invertedPolicy) Update(outs []*connector.Output) (*connector.Progress, error) {
+	p, err := s.Scheduler.Update(outs)
+	if p != nil {
+		for i := range p.Failed {
+			p.Failed[i].Fail = !p.Failed[i].Fail
+		}
+	}
+	return p, err
+}
+
+// hitsAtMatch counts Stats.HitBlocks where it answers a match, also one
+// the engine has no room for and asks again.
+type hitsAtMatch struct {
+	*storeconn.Scheduler
+	bs   int
+	hits int64
+}
+
+func (s *hitsAtMatch) Match(r *connector.Request, computed int) (connector.Match, error) {
+	m, err := s.Scheduler.Match(r, computed)
+	s.hits += int64(m.Tokens / s.bs)
+	return m, err
+}
+
+func (s *hitsAtMatch) Stats() connector.Stats {
+	st := s.Scheduler.Stats()
+	st.HitBlocks = s.hits
+	return st
+}
+
+// announcesFailed announces every block of a save once every worker
+// reported it done, also the blocks that failed.
+type announcesFailed struct {
+	*storeconn.Scheduler
+	workers int
+	saves   map[uint64]*planned
+	events  []connector.KVEvent
+}
+
+type planned struct {
+	gen    uint64
+	hashes []hashing.BlockHash
+	left   int
+}
+
+func (s *announcesFailed) Plan() *connector.Metadata {
+	m := s.Scheduler.Plan()
+	for _, t := range m.Saves {
+		s.saves[t.ID] = &planned{gen: m.Generation, hashes: append([]hashing.BlockHash(nil), t.Hashes...), left: s.workers}
+	}
+	return m
+}
+
+func (s *announcesFailed) Update(outs []*connector.Output) (*connector.Progress, error) {
+	for _, o := range outs {
+		for _, id := range o.Done {
+			if x := s.saves[id]; x != nil {
+				if x.left--; x.left == 0 {
+					s.events = append(s.events, connector.KVEvent{Kind: connector.BlockStored, Generation: x.gen, Hashes: x.hashes})
+					delete(s.saves, id)
+				}
+			}
+		}
+	}
+	return s.Scheduler.Update(outs)
+}
+
+func (s *announcesFailed) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
+	for _, ev := range s.Scheduler.TakeEvents(nil) {
+		if ev.Kind != connector.BlockStored {
+			dst = append(dst, ev)
+		}
+	}
+	dst = append(dst, s.events...)
+	s.events = s.events[:0]
+	return dst
+}
+
+// validOffByOne counts the first failed block as valid.
+type validOffByOne struct {
+	*storeconn.Scheduler
+	bs int
+}
+
+func (s validOffByOne) Update(outs []*connector.Output) (*connector.Progress, error) {
+	p, err := s.Scheduler.Update(outs)
+	if p != nil {
+		for i := range p.Failed {
+			p.Failed[i].Valid += s.bs
+		}
+	}
+	return p, err
+}
+
+// freesEarly never keeps a finished request's blocks.
+type freesEarly struct{ *storeconn.Scheduler }
+
+func (s freesEarly) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+	_, err := s.Scheduler.Finish(r, blocks)
+	return false, err
+}
+
+// neverReleases keeps the blocks of every request it knows when it ends,
+// and never releases them.
+type neverReleases struct{ *storeconn.Scheduler }
+
+func (s neverReleases) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+	keep, err := s.Scheduler.Finish(r, blocks)
+	return keep || err == nil, err
+}
+
+// neverReportsLoad never lists a load as loaded.
+type neverReportsLoad struct{ *storeconn.Scheduler }
+
+func (s neverReportsLoad) Update(outs []*connector.Output) (*connector.Progress, error) {
+	p, err := s.Scheduler.Update(outs)
+	if p != nil {
+		p.Loaded = p.Loaded[:0]
+	}
+	return p, err
+}
+
+// oneShard looks blocks up in shard 0 only: the scheduler half's store
+// answers for every shard what it holds for shard 0.
+type oneShard struct{ store.Store }
+
+func (s oneShard) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	k0 := make([]string, len(keys))
+	for i, k := range keys {
+		key, err := hashing.ParseKey(k)
+		if err != nil {
+			return err
+		}
+		key.Rank = 0
+		k0[i] = key.String()
+	}
+	return s.Store.Exists(ctx, k0, res)
+}
+
+// loadsCountFailed counts failed blocks in Stats.Loads too.
+type loadsCountFailed struct{ *storeconn.Worker }
+
+func (w loadsCountFailed) Stats() connector.Stats {
+	st := w.Worker.Stats()
+	st.Loads += st.LoadFailures
+	return st
+}
+
+// savesCountFailed counts failed saves in Stats.Saves too.
+type savesCountFailed struct{ *storeconn.Worker }
+
+func (w savesCountFailed) Stats() connector.Stats {
+	st := w.Worker.Stats()
+	st.Saves += st.SaveFailures
+	return st
+}
+
+// closeTwice fails a second Close.
+type closeTwice struct {
+	*storeconn.Worker
+	closed bool
+}
+
+func (w *closeTwice) Close() error {
+	if w.closed {
+		return connector.ErrClosed
+	}
+	w.closed = true
+	return w.Worker.Close()
+}
+
+// leaksGoroutine starts a goroutine that Close never stops.
+type leaksGoroutine struct {
+	*storeconn.Worker
+	stop chan struct{}
+}
+
+func (w *leaksGoroutine) Register(kv connector.KVCache) error {
+	go func() { <-w.stop }()
+	return w.Worker.Register(kv)
+}
+
+// oldKeys runs every step in the generation it opened in: its keys stay
+// those of the old generation after Rotate.
+type oldKeys struct {
+	*storeconn.Worker
+	gen uint64
+}
+
+func (w oldKeys) Start(ctx context.Context, m *connector.Metadata) error {
+	old := *m
+	old.Generation = w.gen
+	return w.Worker.Start(ctx, &old)
+}
+
+// earlyRead saves without waiting for the step's ready event.
+type earlyRead struct{ *storeconn.Worker }
+
+func (w earlyRead) Save(ctx context.Context, _ connector.Event) error {
+	return w.Worker.Save(ctx, connector.Ready)
+}
+
+// lateWrite lets the bytes of a load it reported failed land later: it
+// writes the failed blocks when the next step starts.
+type lateWrite struct {
+	*storeconn.Worker
+	kv    connector.KVCache
+	loads map[uint64][]connector.BlockID
+	late  []connector.BlockID
+}
+
+func (w *lateWrite) Register(kv connector.KVCache) error {
+	w.kv = kv
+	return w.Worker.Register(kv)
+}
+
+func (w *lateWrite) Start(ctx context.Context, m *connector.Metadata) error {
+	for _, b := range w.late {
+		for _, sp := range w.kv.Spans(nil, b) {
+			clear(sp.Bytes())
+		}
+	}
+	w.late = w.late[:0]
+	for _, t := range m.Loads {
+		w.loads[t.ID] = append([]connector.BlockID(nil), t.Blocks...)
+	}
+	return w.Worker.Start(ctx, m)
+}
+
+func (w *lateWrite) Poll() *connector.Output {
+	o := w.Worker.Poll()
+	for _, f := range o.Failed {
+		if blocks := w.loads[f.Transfer]; blocks != nil {
+			w.late = append(w.late, blocks[f.Index])
+		}
+	}
+	for _, id := range o.Done {
+		delete(w.loads, id)
+	}
+	return o
+}
+
 // openP2P opens the producer and consumer halves of the p2p connector on one
 // loopback fabric, with the named breakage wrapped around the consumer.
-func openP2P(t *testing.T, broken string) (prod, cons connectortest.OpenFunc) {
+func openP2P(broken string) (prod, cons connectortest.OpenFunc) {
 	f := rdma.NewFabric()
 	n := 0
 	role := func(r connector.Role) connectortest.OpenFunc {
-		return func(env connector.Env) (connectortest.Pair, error) {
+		return func(cfg connector.Config, env connector.Env) (connectortest.Pair, error) {
 			var engines []rdma.Engine
+			closeEngines := func() error {
+				var errs []error
+				for _, e := range engines {
+					errs = append(errs, e.Close())
+				}
+				return errors.Join(errs...)
+			}
 			for rank := range env.Identity.Layout.TPSize {
 				n++
 				e, err := f.NewEngine(fmt.Sprintf("%s-%d-%d", r, n, rank), nil)
 				if err != nil {
-					return connectortest.Pair{}, err
+					return connectortest.Pair{}, errors.Join(err, closeEngines())
 				}
-				t.Cleanup(func() { e.Close() })
 				engines = append(engines, e)
 			}
 			// A short keep_timeout: a broken consumer that never reads leaves
 			// offers that only the timeout releases.
-			cfg := connector.Config{Connector: p2p.Name, Role: r, Extra: map[string]any{"keep_timeout": "1s"}}
+			cfg.Connector, cfg.Role, cfg.Extra = p2p.Name, r, map[string]any{"keep_timeout": "1s"}
 			s, ws, err := p2p.New(cfg, env, engines...)
 			if err != nil {
-				return connectortest.Pair{}, err
+				return connectortest.Pair{}, errors.Join(err, closeEngines())
 			}
-			p := connectortest.Pair{Scheduler: s}
+			p := connectortest.Pair{Scheduler: s, Close: closeEngines}
 			if r == connector.RoleConsumer && broken == "p2p-last-token" {
 				p.Scheduler = lastTokenP2P{s, env.Identity.Layout.BlockSize}
 			}
@@ -170,6 +491,13 @@ func TestStoreConnector(t *testing.T) {
 	connectortest.Run(t, open(""), connectortest.Options{NewStore: newStore})
 }
 
+// TestWrappedConnector runs the harness on the reference connector inside
+// wrappers that pass everything on, as the broken connectors' wrappers do
+// with all but one behaviour: it must pass.
+func TestWrappedConnector(t *testing.T) {
+	connectortest.Run(t, open("wrapped"), connectortest.Options{NewStore: newStore})
+}
+
 // TestBrokenTarget runs the harness on one broken connector; it is run in a
 // child process by TestHarnessCatchesBrokenConnectors, and must fail there.
 func TestBrokenTarget(t *testing.T) {
@@ -178,7 +506,7 @@ func TestBrokenTarget(t *testing.T) {
 		t.Skip("run by TestHarnessCatchesBrokenConnectors in a child process")
 	}
 	if strings.HasPrefix(broken, "p2p-") {
-		prod, cons := openP2P(t, broken)
+		prod, cons := openP2P(broken)
 		connectortest.Run(t, prod, connectortest.Options{NewStore: newStore, OpenConsumer: cons})
 		return
 	}
@@ -186,7 +514,8 @@ func TestBrokenTarget(t *testing.T) {
 }
 
 // TestHarnessCatchesBrokenConnectors proves that the harness can fail: each
-// broken connector must make it fail, for the reason given.
+// broken connector, a wrapper around a correct one that breaks exactly one
+// behaviour, must make it fail, for the reason given.
 func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 	if os.Getenv(brokenEnv) != "" {
 		t.Skip("in a child process")
@@ -196,18 +525,36 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"last-token", "covers the last prompt token"},
 		{"ignores-rotation", "Plan().Generation"},
 		{"drops-failed", "bytes differ from the KV saved for its key"},
+		{"inverted-policy", `Fail = true under kv_load_failure_policy "recompute"`},
+		{"ignores-policy", `Fail = false under kv_load_failure_policy "fail"`},
+		{"valid-off-by-one", "valid = "},
+		{"frees-early", "keep false"},
+		{"never-releases", "and never releases them"},
+		{"never-reports-load", "Progress never listed"},
+		{"hits-at-match", "Stats().HitBlocks"},
+		{"loads-count-failed", "Stats().Loads"},
+		{"saves-count-failed", "Stats().Saves"},
+		{"close-twice", "a second Close returned"},
+		{"leaks-goroutine", "goroutine of the connector is left"},
+		{"one-shard-lookup", "a match covers only blocks present in every shard"},
+		{"old-keys-after-rotate", "the store holds it under generation 0's namespace"},
+		{"announces-failed", "only saves that succeeded in every shard are announced"},
+		{"ignores-layout", "the store holds it under heads4's namespace"},
+		{"early-read", "the engine's unfinished write: the block was read before the step's ready event fired"},
+		{"early-read-raw", "a save read a block the step was still computing"},
+		{"late-write", "after its load was reported failed"},
 		{"p2p-early-load", "never written (still poisoned)"},
 		{"p2p-last-token", "covers the last prompt token"},
 	}
 	for _, c := range cases {
 		t.Run(c.broken, func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenTarget$", "-test.count=1",
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenTarget$", "-test.count=1", "-test.failfast",
 				"-rapid.checks=300", "-rapid.shrinktime=2s", "-rapid.nofailfile")
 			cmd.Env = append(os.Environ(), brokenEnv+"="+c.broken)
 			out, err := cmd.CombinedOutput()
 			if err == nil {
-				t.Fatalf("the harness passed the %s connector:\n%s", c.broken, out)
+				t.Fatalf("the harness passed the %s connector:\n%s", c.broken, tail(string(out), 3000))
 			}
 			if !strings.Contains(string(out), c.want) {
 				t.Errorf("the harness failed the %s connector, but not with %q:\n%s", c.broken, c.want, tail(string(out), 3000))

@@ -1,33 +1,85 @@
 // Package connectortest checks that a connector keeps the promises of
 // package connector. Any connector, ours or a third party's, runs it from a
-// test:
+// test, as testing/fstest.TestFS is run for a file system.
+//
+// # Usage
+//
+// Give Run an [OpenFunc] that opens the two halves of the connector with
+// the Config and Env it is handed, and a store factory:
 //
 //	func TestConnector(t *testing.T) {
-//		connectortest.Run(t, openMyPair, connectortest.Options{NewStore: newStore})
+//		open := func(cfg connector.Config, env connector.Env) (connectortest.Pair, error) {
+//			cfg.Connector = mine.Name // the harness set the load failure policy
+//			s, err := connector.OpenScheduler(cfg, env)
+//			... one connector.OpenWorker per rank, env.Rank set ...
+//			return connectortest.Pair{Scheduler: s, Workers: workers}, nil
+//		}
+//		connectortest.Run(t, open, connectortest.Options{NewStore: newStore})
 //	}
 //
-// Run drives the connector from a model engine with paged KV memory in
-// which every block's bytes are a known function of the tenant, the weights
-// generation, the shard and the block hash, and checks byte for byte that
-// every block the connector loads holds exactly what was saved under its
-// key, that no match crosses a namespace or covers the last prompt token,
-// that hits agree across shards, that no block is written after the engine
-// freed it, and that blocks kept after a request ends are always released.
-// The state machine runs with pgregory.net/rapid: failures shrink to a
-// short sequence of engine actions, and -rapid.checks sets how many cases
-// run.
+// ExampleRun shows the whole function for the store connector over the
+// embedded store. A connector for disaggregated prefill and decode (one
+// that hands a request's KV from a producer instance to a consumer
+// instance, such as connector/p2p) also sets Options.OpenConsumer; Run
+// then drives two model engines, prefilling on the producer and handing
+// each request on with the transfer parameters of the producer's
+// connector.TransferParamsSource. -rapid.checks sets how many state
+// machine cases run (100 by default); go test -v logs how many loads,
+// failed loads, saves, rotations and faults they made.
 //
-// Store faults come from store/storetest's Faulty wrapper.
+// # The model engine
 //
-// A connector for disaggregated prefill and decode (one that hands a
-// request's KV from a producer instance to a consumer instance, such as
-// connector/p2p) sets Options.OpenConsumer: Run then drives two model
-// engines, prefilling on the producer and handing each request on with the
-// transfer parameters of the producer's connector.TransferParamsSource, and
-// checks the consumer's loads the same way.
+// Run drives the connector from a model of an inference engine with paged
+// KV memory: a local prefix cache, requests sharing prefixes, chunked
+// prefill, decode, preemption (of the youngest admitted request, so that
+// the oldest always progresses), rotations, and KV bytes that are a known
+// function of the namespace (tenant, model, generation, layout...), the
+// shard and the block hash. So the harness checks byte for byte every
+// block a connector loads, and tells what a wrong block holds instead:
+// poison (never written), another generation's KV, another shard's,
+// another identity's, or the engine's unfinished write.
+//
+// Blocks that nothing may write (free, not yet computed, or whose load was
+// reported failed) hold poison, checked whenever the engine touches them
+// again. The engine writes each step's KV in two halves: the first half
+// and garbage, then, once every worker with a save of such a block waits
+// on its ready event (or has finished that save), the rest, and only then
+// fires the events; a save that reads its blocks early stores garbage, and
+// the next load of them finds it.
+//
+// The harness wraps the store it gets from Options.NewStore, below any
+// fault injection, and records what the store really holds: matches and
+// KV events are checked against it, and Stats.Saves. It also notes a put
+// whose source is a block the step is still computing.
+//
+// # What a connector must do
+//
+// Beyond the contract of package connector, Run relies on what connectors
+// sharing a store must do anyway: block h of shard s is stored under
+// hashing.Namespace.Key(s, h), once per shard (one replica saves it); a
+// worker learns that a step is ready by looking at the event (Query, or
+// Wait when the event is a connector.Waiter) from its own goroutines or
+// from Poll; and a half that reports Stats counts in the fields the
+// harness checks what connector.Stats says: the scheduler half HitBlocks,
+// HitTokens and LoadFailures, each worker Loads, LoadFailures (blocks of
+// loads dropped as stale count in StaleDiscarded, not here) and Corrupt,
+// and the worker halves together Saves.
+//
+// # Waiting
+//
+// Nothing depends on the speed of the machine. Where the harness waits for
+// a connector's background work (a lookup that answers Pending, a
+// transfer not yet reported, a save not yet looking at its event, a
+// goroutine on its way out) it waits for the condition itself, and fails
+// after a minute naming what it waited for. Where progress is impossible
+// it fails at once: a goroutine of the connector blocked after both
+// halves closed, or 100 steps in a row with nothing in flight while the
+// connector still keeps blocks.
 //
 // # Concurrency
 //
-// Run drives one engine per tenant from the test's goroutine; the connector
-// may run transfers on goroutines of its own.
+// Run drives every engine from the test's goroutine; the connector may run
+// transfers on goroutines of its own. Run may run in parallel with other
+// tests: it counts as the connector's only the goroutines it started,
+// directly or through goroutines it started.
 package connectortest

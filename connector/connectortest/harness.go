@@ -2,11 +2,10 @@ package connectortest
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"testing"
-	"time"
 
 	"pgregory.net/rapid"
 
@@ -21,85 +20,168 @@ import (
 type Pair struct {
 	Scheduler connector.Scheduler
 	Workers   []connector.Worker
+
+	// Close, when not nil, releases what the OpenFunc opened for the pair
+	// besides its halves (transfer engines, say). The harness calls it
+	// once, after it closed both halves.
+	Close func() error
 }
 
-// OpenFunc opens a connector pair for env: the scheduler half, and one
-// worker half for each rank 0 to env.Identity.Layout.TPSize-1 (with
-// env.Rank set to that rank). env.Store is the store the pair must use.
-// The harness registers the workers' KV memory and closes the pair.
-type OpenFunc func(env connector.Env) (Pair, error)
+// OpenFunc opens a connector pair: the scheduler half, and one worker half
+// for each rank 0 to env.Identity.Layout.TPSize-1 (with env.Rank set to
+// that rank).
+//
+// cfg holds what the harness chooses for the pair: its LoadFailurePolicy
+// (recompute or fail, drawn for each test case). OpenFunc fills in the
+// connector's own fields (Connector, Role, Extra) and opens both halves
+// with cfg: the harness checks every LoadFailure.Fail against the policy
+// it asked for. env.Store is the store the pair must use; env.Blocks is
+// the engine's number of KV blocks. The harness registers the workers' KV
+// memory and closes the pair: each half twice, then Pair.Close. With an
+// error, it closes the halves the Pair holds and fails the test.
+type OpenFunc func(cfg connector.Config, env connector.Env) (Pair, error)
 
-// Options select what Run exercises.
+// Options select what Run exercises, and say what it needs.
 type Options struct {
 	// NewStore returns a new, empty store for one test case. It is
-	// required. The harness wraps it to inject faults and closes it.
+	// required. The harness wraps it and closes it. The wrapper records
+	// what the store really holds: a match may claim only blocks that a
+	// put stored in every shard, a KV event (connector.EventSource) may
+	// announce only those, and the worker halves' Stats.Saves must add up
+	// to the keys their puts stored. So a connector must key block h of
+	// shard s as Namespace.Key(s, h) of package hashing (the keys that
+	// routers and other engines compute), and save each block of each
+	// shard once (one replica of a shard saves it). The wrapper also fails
+	// the puts and gets that some subtests pick.
 	NewStore func() (store.Store, error)
-	// NoFaults runs every test case without injected store faults. By
-	// default some cases wrap the store in a storetest.Faulty that fails
-	// calls and keys at random, makes keys vanish between an exists and a
-	// get, scribbles over the destination of a failed get, and answers
-	// puts with out-of-space.
+
+	// NoFaults runs without injected store faults: the state machine
+	// never wraps the store in a storetest.Faulty, and the LoadFailure and
+	// Shards subtests, which fail chosen puts and gets, are skipped. By
+	// default half of the state machine's cases run over a Faulty that
+	// fails calls and keys at random, makes keys vanish between an exists
+	// and a get, scribbles over the destination of a failed get, and
+	// answers puts with out-of-space.
 	NoFaults bool
-	// NoRotation skips generation rotation, for a connector whose scheduler
-	// half does not implement connector.Rotator.
+
+	// NoRotation skips generation rotation, for a connector whose
+	// scheduler half does not implement connector.Rotator: no Rotation
+	// subtest, no rotations in the state machine.
 	NoRotation bool
 
-	// OpenConsumer, when set, makes Run check a connector for disaggregated
-	// prefill and decode instead of one that shares KV through a store:
-	// open opens the producer's pair (the prefill instance) and
-	// OpenConsumer the consumer's (the decode instance). The producer's
-	// scheduler half must implement connector.TransferParamsSource; the
-	// consumer receives its parameters in Request.TransferParams.
+	// OpenConsumer, when set, makes Run check a connector for
+	// disaggregated prefill and decode instead of one that shares KV
+	// through a store: open opens the producer's pair (the prefill
+	// instance) and OpenConsumer the consumer's (the decode instance). The
+	// producer's scheduler half must implement
+	// connector.TransferParamsSource; the consumer receives its parameters
+	// in Request.TransferParams. The checks that read the store are not
+	// made.
 	OpenConsumer OpenFunc
+
+	// gaveUp, set by Run, holds what the first wait that reached
+	// waitBound waited for: later cases then fail at once, rather than
+	// wait out the bound again (and again as rapid shrinks).
+	gaveUp *string
 }
 
 // Run checks that a connector keeps the promises of package connector,
 // driving it from a model engine with paged KV memory in which every block
-// has known bytes. It runs these subtests:
+// has known bytes. For a connector that shares KV through a store it runs
+// these subtests:
 //
 //   - SharedPrefix: a prompt computed and saved by one request is matched,
 //     loaded and byte-identical for a later one after local eviction, for
 //     every shard; the last prompt token is never matched.
-//   - StateMachine: a rapid state machine over two engines of different
-//     tenants sharing one store: requests sharing prefixes, steps with
-//     chunked prefill and decode, local evictions, preemption, finishes,
-//     generation rotations, and store faults. After every step: every
-//     loaded block holds exactly the bytes saved for its key; a freed block
-//     is never written; matches never cover the last prompt token; and at
-//     the end every kept block is released.
+//   - LoadFailure: under each policy, a load of which one block of one
+//     shard fails is reported failed with Valid up to that block and Fail
+//     as the policy says; nothing writes the failed blocks afterwards.
+//   - Shards: with a block stored for one shard only, a match stops before
+//     it, although the other shard's load of it would fail cleanly.
+//   - Rotation: after Rotate, no block of the old generation is matched,
+//     and what the workers saved is read back by a fresh engine of the new
+//     generation; a rotation to the current generation is refused.
+//   - Layouts: an engine of another layout on the same store matches none
+//     of the blocks the first saved.
+//   - StateMachine: a rapid state machine over two engines sharing one
+//     store (of different tenants, of one tenant and different layouts,
+//     or of one identity): requests sharing prefixes, chunked prefill and
+//     decode, local evictions, preemption, finishes, generation rotations
+//     and store faults; at the end of each case a fresh engine of each
+//     identity, in its current generation, reads back the prompts its
+//     engine ran.
+//
+// Every subtest checks, step by step: every loaded block holds exactly the
+// bytes saved for its key, in every rank; Metadata names each request's
+// own blocks and hashes; a block nothing may write (free, not yet
+// computed, or whose load was reported failed) is never written; a save
+// reads a block only after the step's ready event fired (the engine writes
+// the step's KV in two halves and fires the events only once every worker
+// with such a save waits on its event or has finished it); matches never
+// cover the last prompt token and claim only blocks the store holds in
+// every shard; KV events announce only blocks the store holds; Loaded and
+// Failed come only once every worker reported the load, Failed with Valid
+// up to the first block any worker failed, Fail as the policy says. At
+// the end of each case: every kept block is released, Stats (where a half
+// implements connector.StatsReporter) agree with what the engine saw, each
+// half's second Close returns nil, and no goroutine of the connector's
+// packages is left.
+//
+// For a disaggregated connector (Options.OpenConsumer) it runs Handoff (a
+// prompt prefilled on the producer is loaded byte for byte by the
+// consumer from the parameters the producer hands on) and a StateMachine
+// of prefills, handoffs in any order, consumer requests with and without
+// parameters, preemption and local eviction on the consumer, with the same
+// checks except those that read the store.
+//
+// Nothing depends on the speed of the machine: where the harness waits for
+// a connector's background work it waits for the condition, failing after
+// a minute with what it waited for; where nothing is in flight and the
+// connector still holds blocks, it fails within 100 steps, at once.
 func Run(t *testing.T, open OpenFunc, opts Options) {
 	t.Helper()
 	if opts.NewStore == nil {
 		t.Fatal("connectortest: Options.NewStore is nil")
 	}
+	opts.gaveUp = new(string)
 	if opts.OpenConsumer != nil {
 		runDisaggregated(t, open, opts)
 		return
 	}
+	shapes := [][2]int{{1, 1}, {2, 1}, {2, 2}}
 	t.Run("SharedPrefix", func(t *testing.T) {
 		for _, order := range []connector.Order{connector.BlockMajor, connector.LayerMajor} {
-			for _, tp := range [][2]int{{1, 1}, {2, 1}, {2, 2}} {
+			for _, tp := range shapes {
 				t.Run(fmt.Sprintf("%v/tp%d-repl%d", order, tp[0], tp[1]), func(t *testing.T) {
 					sharedPrefix(t, open, opts, order, tp[0], tp[1])
 				})
 			}
 		}
 	})
+	if !opts.NoFaults {
+		t.Run("LoadFailure", func(t *testing.T) {
+			for _, policy := range []connector.Policy{connector.PolicyRecompute, connector.PolicyFail} {
+				for _, tp := range shapes {
+					t.Run(fmt.Sprintf("%s/tp%d-repl%d", policy, tp[0], tp[1]), func(t *testing.T) {
+						loadFailure(t, open, opts, policy, tp[0], tp[1])
+					})
+				}
+			}
+		})
+		t.Run("Shards", func(t *testing.T) { shards(t, open, opts) })
+	}
+	if !opts.NoRotation {
+		t.Run("Rotation", func(t *testing.T) { rotation(t, open, opts) })
+	}
+	t.Run("Layouts", func(t *testing.T) { layouts(t, open, opts) })
 	t.Run("StateMachine", func(t *testing.T) {
-		rapid.Check(t, func(t *rapid.T) { stateMachine(t, open, opts) })
+		var c counts
+		rapid.Check(t, func(t *rapid.T) { stateMachine(t, open, opts, &c) })
+		c.log(t)
 	})
 }
 
-// runDisaggregated checks a producer/consumer pair of connectors:
-//
-//   - Handoff: a prompt prefilled by the producer is matched by the
-//     consumer from the parameters the producer hands on, loaded byte for
-//     byte in every shard, never its last token; the producer's kept blocks
-//     are released.
-//   - StateMachine: a rapid state machine of prefills, handoffs (in any
-//     order, or never until the end), consumer requests with and without
-//     parameters sharing prefixes, preemption and local eviction on the
-//     consumer, with the checks of the store state machine.
+// runDisaggregated checks a producer/consumer pair of connectors.
 func runDisaggregated(t *testing.T, open OpenFunc, opts Options) {
 	t.Run("Handoff", func(t *testing.T) {
 		for _, order := range []connector.Order{connector.BlockMajor, connector.LayerMajor} {
@@ -111,221 +193,162 @@ func runDisaggregated(t *testing.T, open OpenFunc, opts Options) {
 		}
 	})
 	t.Run("StateMachine", func(t *testing.T) {
-		rapid.Check(t, func(t *rapid.T) { disaggregatedMachine(t, open, opts) })
+		var c counts
+		rapid.Check(t, func(t *rapid.T) { disaggregatedMachine(t, open, opts, &c) })
+		c.log(t)
 	})
 }
 
-// openPD opens the producer and consumer engines of one test case.
-func openPD(t tb, open OpenFunc, opts Options, order connector.Order, tp, repl, bs, blocks int) (prod, cons *engine, closeAll func()) {
+// testPrompt returns a prompt of n tokens from base on.
+func testPrompt(n, base int) []hashing.Token {
+	p := make([]hashing.Token, n)
+	for i := range p {
+		p[i] = hashing.Token(base + i)
+	}
+	return p
+}
+
+// hashesOf returns the block hashes of prompt in blocks of bs tokens.
+func hashesOf(t tb, prompt []hashing.Token, bs int) []hashing.BlockHash {
 	t.Helper()
-	st, err := opts.NewStore()
+	c, err := hashing.NewChain(bs)
 	if err != nil {
-		t.Fatalf("NewStore: %v", err)
+		t.Fatalf("NewChain: %v", err)
 	}
-	prod = openEngine(t, open, st, 0, order, tp, repl, bs, blocks)
-	prod.label = "p"
-	cons = openEngine(t, opts.OpenConsumer, st, 0, order, tp, repl, bs, blocks)
-	cons.label = "c"
-	if _, ok := prod.pair.Scheduler.(connector.TransferParamsSource); !ok {
-		t.Fatalf("the producer's scheduler half does not implement connector.TransferParamsSource")
-	}
-	return prod, cons, func() {
-		for _, e := range []*engine{cons, prod} {
-			if err := e.close(); err != nil {
-				t.Logf("close: %v", err)
-			}
-		}
-		st.Close()
-	}
-}
-
-// drainPD steps both engines, handing every offer on, until nothing runs
-// and nothing is kept.
-func drainPD(t tb, ctx context.Context, prod, cons *engine, decode int) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for prod.busy() || cons.busy() || len(prod.offers) > 0 {
-		for _, o := range prod.offers {
-			cons.addWith(o.prompt, decode, o.params)
-		}
-		prod.offers = prod.offers[:0]
-		for _, e := range []*engine{prod, cons} {
-			e.step(ctx, 0)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 20s: producer %s; consumer %s", prod.describe(), cons.describe())
-		}
-		runtime.Gosched()
-	}
-}
-
-func handoff(t *testing.T, open OpenFunc, opts Options, order connector.Order, tp, repl int) {
-	const bs = 4
-	prod, cons, closeAll := openPD(t, open, opts, order, tp, repl, bs, 64)
-	defer closeAll()
-	ctx := context.Background()
-	prompt := make([]hashing.Token, 6*bs)
-	for i := range prompt {
-		prompt[i] = hashing.Token(2000 + i)
-	}
-	prod.add(prompt, 0)
-	drainPD(t, ctx, prod, cons, 2)
-	if got := cons.stats.externalHits; got != 5 {
-		t.Errorf("the consumer loaded %d blocks of a 6-block prompt the producer prefilled, want 5 (all but the block with the last prompt token)", got)
-	}
-	if cons.stats.loads == 0 {
-		t.Errorf("no load finished on the consumer")
-	}
-}
-
-// disaggregatedMachine is one rapid test case of a producer and a consumer.
-func disaggregatedMachine(t *rapid.T, open OpenFunc, opts Options) {
-	order := rapid.SampledFrom([]connector.Order{connector.BlockMajor, connector.LayerMajor}).Draw(t, "order")
-	shape := rapid.SampledFrom([][2]int{{1, 1}, {2, 1}, {2, 2}}).Draw(t, "tp")
-	bs := rapid.SampledFrom([]int{1, 2, 4}).Draw(t, "blockSize")
-	blocks := rapid.IntRange(40, 96).Draw(t, "blocks")
-	prod, cons, closeAll := openPD(t, open, opts, order, shape[0], shape[1], bs, blocks)
-	defer closeAll()
-	ctx := context.Background()
-	docs := make([][]hashing.Token, 2)
-	for i := range docs {
-		docs[i] = rapid.SliceOfN(rapid.Uint32Range(0, 50000), 4, 24).Draw(t, fmt.Sprintf("doc%d", i))
-	}
-	prompt := func(t *rapid.T) []hashing.Token {
-		doc := docs[rapid.IntRange(0, len(docs)-1).Draw(t, "doc")]
-		cut := rapid.IntRange(len(doc)/2, len(doc)).Draw(t, "cut")
-		suffix := rapid.SliceOfN(rapid.Uint32Range(0, 50000), 0, 8).Draw(t, "suffix")
-		return append(slices.Clone(doc[:cut]), suffix...)
-	}
-	t.Repeat(map[string]func(*rapid.T){
-		"prefill": func(t *rapid.T) {
-			if len(prod.reqs) >= 6 {
-				t.Skip("enough requests")
-			}
-			prod.add(prompt(t), 0)
-		},
-		"handoff": func(t *rapid.T) {
-			if len(prod.offers) == 0 || len(cons.reqs) >= 6 {
-				t.Skip("nothing to hand on")
-			}
-			i := rapid.IntRange(0, len(prod.offers)-1).Draw(t, "offer")
-			o := prod.offers[i]
-			prod.offers = slices.Delete(prod.offers, i, i+1)
-			cons.addWith(o.prompt, rapid.IntRange(0, 4).Draw(t, "decode"), o.params)
-		},
-		"addLocal": func(t *rapid.T) {
-			if len(cons.reqs) >= 6 {
-				t.Skip("enough requests")
-			}
-			cons.add(prompt(t), rapid.IntRange(0, 4).Draw(t, "decode"))
-		},
-		"step": func(t *rapid.T) {
-			chunk := rapid.SampledFrom([]int{0, 1, 3, 8}).Draw(t, "chunk")
-			for range rapid.IntRange(1, 4).Draw(t, "steps") {
-				prod.step(ctx, chunk)
-				cons.step(ctx, chunk)
-			}
-		},
-		"preempt": func(t *rapid.T) {
-			if len(cons.reqs) == 0 {
-				t.Skip("no request")
-			}
-			cons.preempt(cons.reqs[rapid.IntRange(0, len(cons.reqs)-1).Draw(t, "req")])
-		},
-		"dropLocal": func(t *rapid.T) { cons.dropCache() },
-	})
-	drainPD(t, ctx, prod, cons, 1)
-}
-
-// identity returns a valid test identity of the given tenant and shape.
-func identity(tenant string, tp, repl, blockSize int) hashing.Identity {
-	return hashing.Identity{
-		Tenant:         tenant,
-		Model:          "connectortest/model",
-		WeightsVersion: "v1",
-		Format:         hashing.Format{Device: "cpu", ModelDType: "bf16", KVDType: "bf16"},
-		Layout: hashing.Layout{
-			Layers: 2, KVHeads: 4, HeadDim: 8, BlockSize: blockSize,
-			TPSize: tp, Replication: repl,
-		},
-	}
-}
-
-// openEngine opens a pair for tenant over st and builds a model engine.
-func openEngine(t tb, open OpenFunc, st store.Store, tenant int, order connector.Order, tp, repl, blockSize, blocks int) *engine {
-	t.Helper()
-	id := identity(fmt.Sprintf("tenant%d", tenant), tp, repl, blockSize)
-	pair, err := open(connector.Env{Identity: id, Store: st})
-	if err != nil {
-		t.Fatalf("open: %v", err)
-	}
-	if pair.Scheduler == nil || len(pair.Workers) != tp {
-		t.Fatalf("open returned %d workers (scheduler %v), want %d", len(pair.Workers), pair.Scheduler != nil, tp)
-	}
-	e, err := newEngine(t, tenant, id, pair, order, blocks)
-	if err != nil {
-		t.Fatalf("engine: %v", err)
-	}
-	return e
-}
-
-// drain steps e until every request finished and every kept block was
-// released, failing after a generous bound.
-func drain(t tb, e *engine, ctx context.Context) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for e.busy() {
-		e.step(ctx, 0)
-		if time.Now().After(deadline) {
-			t.Fatalf("tenant %d: after 20s, %d requests still run and %d finished requests still keep blocks: %s", e.tenant, len(e.reqs), len(e.kept), e.describe())
-		}
-		runtime.Gosched()
-	}
+	return c.Append(nil, prompt...)
 }
 
 func sharedPrefix(t *testing.T, open OpenFunc, opts Options, order connector.Order, tp, repl int) {
-	st, err := opts.NewStore()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
 	const bs = 4
-	e := openEngine(t, open, st, 0, order, tp, repl, bs, 64)
-	defer func() {
-		if err := e.close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	}()
-	ctx := context.Background()
-	// Prompt of exactly 6 blocks: the match must stop short of the last
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: order, tp: tp, repl: repl, bs: bs, blocks: 64})
+	// A prompt of exactly 6 blocks: the match must stop short of the last
 	// token, so at most 5 blocks load.
-	prompt := make([]hashing.Token, 6*bs)
-	for i := range prompt {
-		prompt[i] = hashing.Token(1000 + i)
-	}
+	prompt := testPrompt(6*bs, 1000)
 	e.add(prompt, 2)
-	drain(t, e, ctx)
+	w.drain(e)
 	e.dropCache()
 	before := e.stats.externalHits
 	e.add(prompt, 2)
-	drain(t, e, ctx)
-	if got := e.stats.externalHits - before; got != 5 {
-		t.Errorf("the second request of a saved 6-block prompt loaded %d blocks, want 5 (all but the block with the last prompt token)", got)
-	}
-	if e.stats.loads == 0 {
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before, 5, "the second request of a saved 6-block prompt", "all but the block with the last prompt token")
+	if e.stats.loads == 0 && e.storeFailure() == "" {
 		t.Errorf("no load finished")
 	}
+	w.finish()
 }
 
-// stateMachine is one rapid test case.
-func stateMachine(t *rapid.T, open OpenFunc, opts Options) {
-	st, err := opts.NewStore()
-	if err != nil {
-		t.Fatal(err)
+func loadFailure(t *testing.T, open OpenFunc, opts Options, policy connector.Policy, tp, repl int) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: connector.LayerMajor, tp: tp, repl: repl, bs: bs, blocks: 64, policy: policy})
+	prompt := testPrompt(6*bs, 3000)
+	e.add(prompt, 1)
+	w.drain(e)
+	// Block 2 of the last shard fails to load: the request's KV is valid
+	// up to block 2, in every rank.
+	h := hashesOf(t, prompt, bs)
+	w.rec.failGets(e.ns.Key(e.ns.Shards()-1, h[2]))
+	e.dropCache()
+	before := e.stats
+	e.add(prompt, 1)
+	w.drain(e)
+	w.rec.failGets()
+	w.expectHits(e, e.stats.externalHits-before.externalHits, 5, "the second request of a saved 6-block prompt", "all but the block with the last prompt token")
+	if got := e.stats.failedLoads - before.failedLoads; got != 1 && e.storeFailure() == "" {
+		t.Fatalf("%d loads failed, want 1: the store failed to read block 2 of shard %d", got, e.ns.Shards()-1)
 	}
-	defer st.Close()
+	w.finish()
+}
+
+func shards(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: connector.BlockMajor, tp: 2, repl: 1, bs: bs, blocks: 64})
+	prompt := testPrompt(6*bs, 5000)
+	h := hashesOf(t, prompt, bs)
+	// Block 2 is saved for shard 0 only.
+	w.rec.failPuts(e.ns.Key(1, h[2]))
+	e.add(prompt, 1)
+	w.drain(e)
+	w.rec.failPuts()
+	e.dropCache()
+	before := e.stats.externalHits
+	e.add(prompt, 1)
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before, 2, "a request for a 6-block prompt whose block 2 the store holds for shard 0 only", "the blocks before block 2")
+	// The request saved block 2 of shard 1: all but the last block now.
+	e.dropCache()
+	before = e.stats.externalHits
+	e.add(prompt, 1)
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before, 5, "a third request of the prompt", "all but the block with the last prompt token")
+	w.finish()
+}
+
+func rotation(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	s := spec{label: "t0", open: open, tenant: "tenant0", order: connector.BlockMajor, tp: 2, repl: 1, bs: bs, blocks: 64}
+	e := w.open(s)
+	rot, ok := e.pair.Scheduler.(connector.Rotator)
+	if !ok {
+		t.Fatalf("the scheduler half does not implement connector.Rotator (set Options.NoRotation)")
+	}
+	prompt := testPrompt(6*bs, 7000)
+	e.add(prompt, 1)
+	w.drain(e)
+	e.rotate(rot)
+	before := e.stats.externalHits
+	e.add(prompt, 1)
+	w.drain(e)
+	if got := e.stats.externalHits - before; got != 0 {
+		t.Fatalf("after Rotate(1), a request matched %d blocks that only generation 0 saved", got)
+	}
+	for _, gen := range []uint64{1, 0} {
+		if err := rot.Rotate(gen); !errors.Is(err, connector.ErrGeneration) {
+			t.Fatalf("Rotate(%d) in generation 1 = %v, want an error wrapping connector.ErrGeneration: generations only move forward", gen, err)
+		}
+	}
+	e.step(context.Background(), 0) // Plan checks the generation is still 1
+	// A fresh engine of the new generation reads back what the rotated
+	// engine saved.
+	s.label, s.gen = "t0-fresh", 1
+	fresh := w.open(s)
+	fresh.add(prompt, 1)
+	w.drain(fresh)
+	w.expectHits(fresh, fresh.stats.externalHits, 5, "a fresh engine of generation 1, for a 6-block prompt the rotated engine computed in generation 1", "all but the block with the last prompt token: the workers save under the new generation's keys")
+	w.finish()
+}
+
+func layouts(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	a := w.open(spec{label: "heads4", open: open, tenant: "tenant0", order: connector.BlockMajor, tp: 1, repl: 1, bs: bs, blocks: 64})
+	b := w.open(spec{label: "heads2", open: open, tenant: "tenant0", heads: 2, order: connector.BlockMajor, tp: 1, repl: 1, bs: bs, blocks: 64})
+	prompt := testPrompt(6*bs, 9000)
+	a.add(prompt, 1)
+	w.drain(a)
+	b.add(prompt, 1)
+	w.drain(b)
+	if b.stats.externalHits != 0 {
+		t.Fatalf("an engine with Layout.KVHeads 2 matched %d blocks that only an engine with KVHeads 4 saved: layouts never share blocks", b.stats.externalHits)
+	}
+	w.finish()
+}
+
+// stateMachine is one rapid test case of two engines over one store.
+func stateMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
+	c.cases++
+	w := newWorld(t, opts, c)
+	defer w.close()
 	if !opts.NoFaults && rapid.Bool().Draw(t, "faults") {
-		st = storetest.NewFaulty(st, storetest.FaultOptions{
+		w.addFaults(storetest.FaultOptions{
 			Seed:       rapid.Uint64().Draw(t, "faultSeed"),
 			CallRate:   0.02,
 			KeyRate:    0.1,
@@ -333,22 +356,28 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options) {
 			Scribble:   true,
 		})
 	}
-	order := rapid.SampledFrom([]connector.Order{connector.BlockMajor, connector.LayerMajor}).Draw(t, "order")
-	shape := rapid.SampledFrom([][2]int{{1, 1}, {2, 1}, {2, 2}}).Draw(t, "tp")
-	bs := rapid.SampledFrom([]int{1, 2, 4}).Draw(t, "blockSize")
-	blocks := rapid.IntRange(40, 96).Draw(t, "blocks") // the longest request needs 36
-	engines := []*engine{
-		openEngine(t, open, st, 0, order, shape[0], shape[1], bs, blocks),
-		openEngine(t, open, st, 1, order, shape[0], shape[1], bs, blocks),
+	s := spec{
+		label:  "t0",
+		open:   open,
+		tenant: "tenant0",
+		policy: rapid.SampledFrom([]connector.Policy{connector.PolicyRecompute, connector.PolicyFail}).Draw(t, "policy"),
+		order:  rapid.SampledFrom([]connector.Order{connector.BlockMajor, connector.LayerMajor}).Draw(t, "order"),
+		bs:     rapid.SampledFrom([]int{1, 2, 4}).Draw(t, "blockSize"),
+		blocks: rapid.IntRange(40, 96).Draw(t, "blocks"), // the longest request needs 36
+		waiter: rapid.Bool().Draw(t, "waiter"),
 	}
-	defer func() {
-		for _, e := range engines {
-			if err := e.close(); err != nil {
-				t.Errorf("close: %v", err)
-			}
-		}
-	}()
-	ctx := context.Background()
+	shape := rapid.SampledFrom([][2]int{{1, 1}, {2, 1}, {2, 2}}).Draw(t, "tp")
+	s.tp, s.repl = shape[0], shape[1]
+	specs := []spec{s}
+	s.label = "t1"
+	switch rapid.SampledFrom([]string{"another tenant", "another layout", "the same identity"}).Draw(t, "second engine") {
+	case "another tenant":
+		s.tenant = "tenant1"
+	case "another layout":
+		s.heads = 2
+	}
+	specs = append(specs, s)
+	engines := []*engine{w.open(specs[0]), w.open(specs[1])}
 	// Prompts share a few documents as prefixes, as system prompts and
 	// multi-turn histories do.
 	docs := make([][]hashing.Token, 2)
@@ -362,23 +391,38 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options) {
 			if len(e.reqs) >= 6 {
 				t.Skip("enough requests")
 			}
-			doc := docs[rapid.IntRange(0, len(docs)-1).Draw(t, "doc")]
-			cut := rapid.IntRange(len(doc)/2, len(doc)).Draw(t, "cut")
-			suffix := rapid.SliceOfN(rapid.Uint32Range(0, 50000), 0, 8).Draw(t, "suffix")
-			prompt := append(slices.Clone(doc[:cut]), suffix...)
-			e.add(prompt, rapid.IntRange(0, 4).Draw(t, "decode"))
+			e.add(prompt(t, docs), rapid.IntRange(0, 4).Draw(t, "decode"))
+		},
+		"again": func(t *rapid.T) {
+			// A prompt the engine (or the other one) ran before, with the
+			// local cache gone or not: the store serves it, or its load
+			// fails.
+			e, o := pick(t), pick(t)
+			if len(o.history) == 0 || len(e.reqs) >= 6 {
+				t.Skip("no prompt ran yet")
+			}
+			switch rapid.IntRange(0, 2).Draw(t, "local") {
+			case 0:
+				e.dropCache()
+			case 1:
+				e.evictOne()
+			}
+			e.add(o.history[rapid.IntRange(0, len(o.history)-1).Draw(t, "prompt")], rapid.IntRange(0, 4).Draw(t, "decode"))
+			if rapid.Bool().Draw(t, "drain") {
+				w.drain(e)
+			}
 		},
 		"step": func(t *rapid.T) {
 			e := pick(t)
 			chunk := rapid.SampledFrom([]int{0, 1, 3, 8}).Draw(t, "chunk")
 			for range rapid.IntRange(1, 4).Draw(t, "steps") {
-				e.step(ctx, chunk)
+				e.step(context.Background(), chunk)
 			}
 		},
 		"drain": func(t *rapid.T) {
 			// Every request runs to its end and every save lands, so that
 			// later requests find their prefixes in the store.
-			drain(t, pick(t), ctx)
+			w.drain(pick(t))
 		},
 		"dropLocal": func(t *rapid.T) {
 			// The local cache is lost (eviction, a restart): only the
@@ -393,8 +437,7 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options) {
 			e.preempt(e.reqs[rapid.IntRange(0, len(e.reqs)-1).Draw(t, "req")])
 		},
 		"evictLocal": func(t *rapid.T) {
-			e := pick(t)
-			if !e.evictOne() {
+			if !pick(t).evictOne() {
 				t.Skip("nothing cached")
 			}
 		},
@@ -407,10 +450,126 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options) {
 			if !ok {
 				t.Fatalf("the scheduler half does not implement connector.Rotator (set Options.NoRotation)")
 			}
+			// Rotations are rare: each one empties what the store can
+			// serve.
+			if rapid.IntRange(0, 3).Draw(t, "rotateNow") > 0 {
+				e.step(context.Background(), 0)
+				return
+			}
 			e.rotate(rot)
 		},
 	})
-	for _, e := range engines {
-		drain(t, e, ctx)
+	w.drain(engines...)
+	// A fresh engine of each identity, in its current generation, reads
+	// back what the prompts its engine ran left in the store.
+	for i, e := range engines {
+		if len(e.history) == 0 {
+			continue
+		}
+		fs := specs[i]
+		fs.label, fs.gen = fs.label+"-fresh", e.id.Generation
+		fresh := w.open(fs)
+		for _, p := range e.history {
+			fresh.add(p, 0)
+		}
+		w.drain(fresh)
 	}
+	w.finish()
+}
+
+// prompt draws a prompt: a prefix of one of docs and a few tokens of its
+// own.
+func prompt(t *rapid.T, docs [][]hashing.Token) []hashing.Token {
+	doc := docs[rapid.IntRange(0, len(docs)-1).Draw(t, "doc")]
+	cut := rapid.IntRange(len(doc)/2, len(doc)).Draw(t, "cut")
+	suffix := rapid.SliceOfN(rapid.Uint32Range(0, 50000), 0, 8).Draw(t, "suffix")
+	return append(slices.Clone(doc[:cut]), suffix...)
+}
+
+// openPD opens the producer and consumer engines of one test case.
+func openPD(w *world, open OpenFunc, s spec) (prod, cons *engine) {
+	w.t.Helper()
+	s.label, s.open = "p", open
+	prod = w.open(s)
+	s.label, s.open = "c", w.opts.OpenConsumer
+	cons = w.open(s)
+	if _, ok := prod.pair.Scheduler.(connector.TransferParamsSource); !ok {
+		w.t.Fatalf("the producer's scheduler half does not implement connector.TransferParamsSource")
+	}
+	return prod, cons
+}
+
+func handoff(t *testing.T, open OpenFunc, opts Options, order connector.Order, tp, repl int) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	prod, cons := openPD(w, open, spec{tenant: "tenant0", order: order, tp: tp, repl: repl, bs: bs, blocks: 64})
+	prod.add(testPrompt(6*bs, 2000), 0)
+	w.drainPD(prod, cons, 2)
+	w.expectHits(cons, cons.stats.externalHits, 5, "the consumer of a 6-block prompt the producer prefilled", "all but the block with the last prompt token")
+	if cons.stats.loads == 0 {
+		t.Errorf("no load finished on the consumer")
+	}
+	w.finish()
+}
+
+// disaggregatedMachine is one rapid test case of a producer and a consumer.
+func disaggregatedMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
+	c.cases++
+	w := newWorld(t, opts, c)
+	defer w.close()
+	s := spec{
+		tenant: "tenant0",
+		policy: rapid.SampledFrom([]connector.Policy{connector.PolicyRecompute, connector.PolicyFail}).Draw(t, "policy"),
+		order:  rapid.SampledFrom([]connector.Order{connector.BlockMajor, connector.LayerMajor}).Draw(t, "order"),
+		bs:     rapid.SampledFrom([]int{1, 2, 4}).Draw(t, "blockSize"),
+		blocks: rapid.IntRange(40, 96).Draw(t, "blocks"),
+		waiter: rapid.Bool().Draw(t, "waiter"),
+	}
+	shape := rapid.SampledFrom([][2]int{{1, 1}, {2, 1}, {2, 2}}).Draw(t, "tp")
+	s.tp, s.repl = shape[0], shape[1]
+	prod, cons := openPD(w, open, s)
+	docs := make([][]hashing.Token, 2)
+	for i := range docs {
+		docs[i] = rapid.SliceOfN(rapid.Uint32Range(0, 50000), 4, 24).Draw(t, fmt.Sprintf("doc%d", i))
+	}
+	t.Repeat(map[string]func(*rapid.T){
+		"prefill": func(t *rapid.T) {
+			if len(prod.reqs) >= 6 {
+				t.Skip("enough requests")
+			}
+			prod.add(prompt(t, docs), 0)
+		},
+		"handoff": func(t *rapid.T) {
+			if len(prod.offers) == 0 || len(cons.reqs) >= 6 {
+				t.Skip("nothing to hand on")
+			}
+			i := rapid.IntRange(0, len(prod.offers)-1).Draw(t, "offer")
+			o := prod.offers[i]
+			prod.offers = slices.Delete(prod.offers, i, i+1)
+			cons.addWith(o.prompt, rapid.IntRange(0, 4).Draw(t, "decode"), o.params)
+		},
+		"addLocal": func(t *rapid.T) {
+			if len(cons.reqs) >= 6 {
+				t.Skip("enough requests")
+			}
+			cons.add(prompt(t, docs), rapid.IntRange(0, 4).Draw(t, "decode"))
+		},
+		"step": func(t *rapid.T) {
+			chunk := rapid.SampledFrom([]int{0, 1, 3, 8}).Draw(t, "chunk")
+			for range rapid.IntRange(1, 4).Draw(t, "steps") {
+				prod.step(context.Background(), chunk)
+				cons.step(context.Background(), chunk)
+			}
+		},
+		"preempt": func(t *rapid.T) {
+			if len(cons.reqs) == 0 {
+				t.Skip("no request")
+			}
+			cons.preempt(cons.reqs[rapid.IntRange(0, len(cons.reqs)-1).Draw(t, "req")])
+		},
+		"dropLocal": func(t *rapid.T) { cons.dropCache() },
+	})
+	w.drainPD(prod, cons, 1)
+	w.finish()
 }

@@ -1,6 +1,7 @@
 package p2p_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -13,24 +14,32 @@ import (
 )
 
 // openRole opens the p2p connector of one instance, with one loopback
-// transfer engine per rank on a fabric shared with the other instance.
-func openRole(t *testing.T, f *rdma.Fabric, n *int, role connector.Role) connectortest.OpenFunc {
-	return func(env connector.Env) (connectortest.Pair, error) {
+// transfer engine per rank on a fabric shared with the other instance;
+// the pair's Close closes the engines.
+func openRole(f *rdma.Fabric, n *int, role connector.Role) connectortest.OpenFunc {
+	return func(cfg connector.Config, env connector.Env) (connectortest.Pair, error) {
 		var engines []rdma.Engine
+		closeEngines := func() error {
+			var errs []error
+			for _, e := range engines {
+				errs = append(errs, e.Close())
+			}
+			return errors.Join(errs...)
+		}
 		for rank := range env.Identity.Layout.TPSize {
 			*n++
 			e, err := f.NewEngine(fmt.Sprintf("%s-%d-rank%d", role, *n, rank), nil)
 			if err != nil {
-				return connectortest.Pair{}, err
+				return connectortest.Pair{}, errors.Join(err, closeEngines())
 			}
-			t.Cleanup(func() { e.Close() })
 			engines = append(engines, e)
 		}
-		s, ws, err := p2p.New(connector.Config{Connector: p2p.Name, Role: role}, env, engines...)
+		cfg.Connector, cfg.Role = p2p.Name, role
+		s, ws, err := p2p.New(cfg, env, engines...)
 		if err != nil {
-			return connectortest.Pair{}, err
+			return connectortest.Pair{}, errors.Join(err, closeEngines())
 		}
-		p := connectortest.Pair{Scheduler: s}
+		p := connectortest.Pair{Scheduler: s, Close: closeEngines}
 		for _, w := range ws {
 			p.Workers = append(p.Workers, w)
 		}
@@ -44,8 +53,8 @@ func openRole(t *testing.T, f *rdma.Fabric, n *int, role connector.Role) connect
 func TestConnectorTest(t *testing.T) {
 	f := rdma.NewFabric()
 	var n int // names engines uniquely on the fabric
-	connectortest.Run(t, openRole(t, f, &n, connector.RoleProducer), connectortest.Options{
+	connectortest.Run(t, openRole(f, &n, connector.RoleProducer), connectortest.Options{
 		NewStore:     func() (store.Store, error) { return memstore.New(memstore.Config{Capacity: 1 << 20}) },
-		OpenConsumer: openRole(t, f, &n, connector.RoleConsumer),
+		OpenConsumer: openRole(f, &n, connector.RoleConsumer),
 	})
 }

@@ -49,8 +49,11 @@ func TestVerify(t *testing.T) {
 				if mismatches != 1 {
 					t.Errorf("Stats().Corrupt over the consumer's workers = %d, want 1", mismatches)
 				}
-				if st := c.workers[rank].Stats(); st.LoadFailures != 3 {
-					t.Errorf("rank %d LoadFailures = %d, want 3 (blocks 2 to 4)", rank, st.LoadFailures)
+				if st := c.workers[rank].Stats(); st.LoadFailures != 3 || st.Loads != 2 {
+					t.Errorf("rank %d Loads, LoadFailures = %d, %d, want 2 (blocks 0 and 1), 3 (blocks 2 to 4)", rank, st.Loads, st.LoadFailures)
+				}
+				if st := c.workers[1-rank].Stats(); st.LoadFailures != 0 || st.Loads != 5 {
+					t.Errorf("rank %d Loads, LoadFailures = %d, %d, want 5, 0", 1-rank, st.Loads, st.LoadFailures)
 				}
 				settle(t, func() bool { return len(p.kept) == 0 }, c, p)
 			})

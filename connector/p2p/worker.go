@@ -459,7 +459,7 @@ func (w *Worker) load(id uint64, blocks []connector.BlockID, plan *loadPlan) {
 	w.mu.Lock()
 	w.mu.stats.TransferNanos += time.Since(start).Nanoseconds()
 	if !plan.notify {
-		w.mu.stats.Loads += int64(len(blocks))
+		w.mu.stats.Loads += int64(len(blocks) - len(failures))
 		w.mu.stats.LoadBytes += bytes
 		w.mu.stats.LoadFailures += int64(len(failures))
 	}

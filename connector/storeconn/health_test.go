@@ -39,6 +39,9 @@ func TestStoreOutageVisible(t *testing.T) {
 	if len(fails) != 1 || fails[0].Valid != 0 {
 		t.Fatalf("load with the store closed: failures %+v, want one with 0 valid tokens", fails)
 	}
+	if ws := r.ws[0].(connector.StatsReporter).Stats(); ws.LoadFailures != 4 || ws.Loads != 0 {
+		t.Errorf("worker Stats: LoadFailures = %d, Loads = %d after a get of 4 blocks failed as a whole, want 4, 0", ws.LoadFailures, ws.Loads)
+	}
 	if m, err := r.s.Match(request("c", 4*bs+1), 0); err != nil || m.Tokens != 0 || m.Pending {
 		t.Fatalf("Match with the store closed = %+v, %v; want a miss and no error", m, err)
 	}

@@ -553,13 +553,16 @@ func (w *Worker) corrupted(key string, err error) {
 // load copies a load transfer's blocks from the store into KV memory, in
 // batches. A block whose value is missing, of the wrong size, or fails
 // verification fails.
-func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
+func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 	t := &j.t
 	sc.fails = sc.fails[:0]
 	if w.stale(j) {
 		w.stats.stale.Add(int64(len(t.Blocks)))
 		return fail(sc.fails, t.ID, 0, len(t.Blocks), connector.ReasonStale)
 	}
+	// Every failed block counts, also those of a batch that failed as a
+	// whole.
+	defer func() { w.stats.loadFailures.Add(int64(len(fails))) }()
 	shard := j.ns.Shard(w.rank)
 	bs := w.blockSize
 	stride := bs + w.tl // bytes of one value
@@ -633,7 +636,6 @@ func (w *Worker) load(j *job, sc *scratch) []connector.Failure {
 		w.stats.loads.Add(loaded)
 		w.stats.loadBytes.Add(loaded * int64(bs))
 	}
-	w.stats.loadFailures.Add(int64(len(sc.fails)))
 	return sc.fails
 }
 

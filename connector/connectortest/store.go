@@ -1,0 +1,295 @@
+package connectortest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// recorder wraps a test case's store and keeps what the harness needs to
+// know about it, whatever the connector says:
+//
+//   - every key a put stored (or may have stored: a put whose call failed
+//     as a whole leaves the store's contents unspecified), to check that a
+//     match or a KV event names only blocks the store held;
+//   - the keys each tenant's puts stored, to check Stats.Saves;
+//   - the source of every put, to see a save that reads a block the engine
+//     is still computing, before the step's ready event fired.
+//
+// It also fails the keys a subtest picks (failPut, failGet), so that a
+// load or a save fails exactly where the subtest wants it to. Keys that
+// fail that way never reach the store. A recorder sits right above the
+// store that NewStore returned, below any storetest.Faulty, so it sees
+// what the store really did. It is safe for concurrent use.
+type recorder struct {
+	store.Store
+	mu struct {
+		sync.Mutex
+		stored  map[string]bool  // keys a put stored or may have stored
+		pending map[string]int   // keys of puts under way: the store may already show them
+		puts    map[string]int64 // per tenant: keys of puts that succeeded
+		unsure  map[string]int64 // per tenant: keys of puts whose call failed as a whole
+		failPut map[string]bool
+		failGet map[string]bool
+		unready []span // blocks the engines are still computing
+		early   string // the first put that read an unready block, described
+	}
+}
+
+// span is a block of an engine's KV memory that a step is computing.
+type span struct {
+	lo, hi uintptr
+	what   string
+}
+
+// vrecorder is a recorder over a store that implements store.Vectored,
+// which it passes on: connectors choose how to move bytes by it.
+type vrecorder struct {
+	*recorder
+	v store.Vectored
+}
+
+// errInjected is the error of a key a subtest fails.
+var errInjected = fmt.Errorf("connectortest: injected failure: %w", store.ErrTransfer)
+
+// newRecorder wraps st. The store to hand on is the second result: the
+// recorder itself, or a vrecorder when st is vectored.
+func newRecorder(st store.Store) (*recorder, store.Store) {
+	r := &recorder{Store: st}
+	r.mu.stored = make(map[string]bool)
+	r.mu.pending = make(map[string]int)
+	r.mu.puts = make(map[string]int64)
+	r.mu.unsure = make(map[string]int64)
+	r.mu.failPut = make(map[string]bool)
+	r.mu.failGet = make(map[string]bool)
+	if v, ok := st.(store.Vectored); ok {
+		return r, vrecorder{r, v}
+	}
+	return r, r
+}
+
+func tenantOf(key string) string {
+	t, _, _ := strings.Cut(key, "/")
+	return t
+}
+
+// stored reports whether a put stored key, or may have, or is storing it
+// now: a lookup on another goroutine may have seen the key before the put
+// that stores it returned.
+func (r *recorder) stored(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.stored[key] || r.mu.pending[key] > 0
+}
+
+// saves returns how many keys of tenant puts stored for sure, and how many
+// more they may have stored.
+func (r *recorder) saves(tenant string) (sure, maybe int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.puts[tenant], r.mu.unsure[tenant]
+}
+
+// failPuts makes puts of keys fail (without reaching the store) until
+// cleared; failGets the same for gets.
+func (r *recorder) failPuts(keys ...string) { r.setFail(&r.mu.failPut, keys) }
+func (r *recorder) failGets(keys ...string) { r.setFail(&r.mu.failGet, keys) }
+
+func (r *recorder) setFail(m *map[string]bool, keys []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(*m)
+	for _, k := range keys {
+		(*m)[k] = true
+	}
+}
+
+// setUnready replaces the blocks being computed.
+func (r *recorder) setUnready(s []span) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mu.unready = append(r.mu.unready[:0], s...)
+}
+
+// earlyRead returns the first put that read a block being computed, or "".
+func (r *recorder) earlyRead() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.early
+}
+
+// checkSources notes a put whose source overlaps a block being computed.
+func (r *recorder) checkSources(key string, src []rdma.Region) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mu.early != "" || len(r.mu.unready) == 0 {
+		return
+	}
+	for _, reg := range src {
+		for _, s := range r.mu.unready {
+			if reg.Addr < s.hi && s.lo < reg.End() {
+				r.mu.early = fmt.Sprintf("the store was handed %s, for key %s, before the step's ready event fired: a save read a block the step was still computing", s.what, key)
+				return
+			}
+		}
+	}
+}
+
+// pick returns the indexes of the keys a subtest does not fail (of puts
+// or of gets), or nil when every key goes through.
+func (r *recorder) pick(keys []string, put bool) []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fail := r.mu.failGet
+	if put {
+		fail = r.mu.failPut
+	}
+	if len(fail) == 0 {
+		return nil
+	}
+	var fwd []int
+	hit := false
+	for i, k := range keys {
+		if fail[k] {
+			hit = true
+			continue
+		}
+		fwd = append(fwd, i)
+	}
+	if !hit {
+		return nil
+	}
+	if fwd == nil {
+		fwd = []int{}
+	}
+	return fwd
+}
+
+// subset returns the elements of s at idx.
+func subset[T any](s []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for j, i := range idx {
+		out[j] = s[i]
+	}
+	return out
+}
+
+// batch runs a batch call over the keys that are not failed, and writes
+// the failed keys' results.
+func batch[T any](keys []string, regions []T, res []store.Result, fwd []int, call func(keys []string, regions []T, res []store.Result) error) error {
+	if fwd == nil {
+		return call(keys, regions, res)
+	}
+	sub := make([]store.Result, len(fwd))
+	if len(fwd) > 0 {
+		if err := call(subset(keys, fwd), subset(regions, fwd), sub); err != nil {
+			return err
+		}
+	}
+	for i := range res {
+		res[i] = store.Result{Err: errInjected}
+	}
+	for j, i := range fwd {
+		res[i] = sub[j]
+	}
+	return nil
+}
+
+// sent reports which keys of a batch go to the store (nil: all of them).
+func sent(keys []string, fwd []int) []bool {
+	if fwd == nil {
+		return nil
+	}
+	s := make([]bool, len(keys))
+	for _, i := range fwd {
+		s[i] = true
+	}
+	return s
+}
+
+// beginPuts notes the keys of a put about to reach the store.
+func (r *recorder) beginPuts(keys []string, fwd []int) {
+	sent := sent(keys, fwd)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, k := range keys {
+		if sent == nil || sent[i] {
+			r.mu.pending[k]++
+		}
+	}
+}
+
+// recordPuts notes what a put call that beginPuts announced stored.
+func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err error) {
+	sent := sent(keys, fwd)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, k := range keys {
+		if sent != nil && !sent[i] {
+			continue
+		}
+		if r.mu.pending[k]--; r.mu.pending[k] <= 0 {
+			delete(r.mu.pending, k)
+		}
+		switch {
+		case err != nil:
+			r.mu.stored[k] = true
+			r.mu.unsure[tenantOf(k)]++
+		case res[i].Err == nil:
+			r.mu.stored[k] = true
+			r.mu.puts[tenantOf(k)]++
+		}
+	}
+}
+
+// Put implements store.Store.
+func (r *recorder) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
+	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
+		return err
+	}
+	for i, k := range keys {
+		r.checkSources(k, src[i:i+1])
+	}
+	fwd := r.pick(keys, true)
+	r.beginPuts(keys, fwd)
+	err := batch(keys, src, res, fwd, func(k []string, s []rdma.Region, rs []store.Result) error { return r.Store.Put(ctx, k, s, rs) })
+	r.recordPuts(keys, res, fwd, err)
+	return err
+}
+
+// Get implements store.Store.
+func (r *recorder) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
+		return err
+	}
+	fwd := r.pick(keys, false)
+	return batch(keys, dst, res, fwd, func(k []string, d []rdma.Region, rs []store.Result) error { return r.Store.Get(ctx, k, d, rs) })
+}
+
+// PutV implements store.Vectored.
+func (v vrecorder) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
+	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
+		return err
+	}
+	for i, k := range keys {
+		v.checkSources(k, src[i])
+	}
+	fwd := v.pick(keys, true)
+	v.beginPuts(keys, fwd)
+	err := batch(keys, src, res, fwd, func(k []string, s [][]rdma.Region, rs []store.Result) error { return v.v.PutV(ctx, k, s, rs) })
+	v.recordPuts(keys, res, fwd, err)
+	return err
+}
+
+// GetV implements store.Vectored.
+func (v vrecorder) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
+	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
+		return err
+	}
+	fwd := v.pick(keys, false)
+	return batch(keys, dst, res, fwd, func(k []string, d [][]rdma.Region, rs []store.Result) error { return v.v.GetV(ctx, k, d, rs) })
+}

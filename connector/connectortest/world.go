@@ -1,0 +1,434 @@
+package connectortest
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/store"
+	"github.com/kvconnect/kvconnect/store/storetest"
+)
+
+// world is one test case: a store, the engines over it, and what the
+// harness knows about both.
+type world struct {
+	t       tb
+	opts    Options
+	pd      bool        // a disaggregated connector: the store is not checked
+	rec     *recorder   // what the store really holds
+	base    store.Store // the recorded store
+	st      store.Store // what the connectors get: base, or a Faulty over it
+	faulty  *storetest.Faulty
+	engines []*engine
+	pkgs    []string        // the packages of the halves' types
+	gid     uint64          // the goroutine running the case
+	before  map[uint64]bool // the goroutines alive when it began
+	count   *counts
+	closed  bool
+}
+
+// counts add up a state machine's cases, for the verbose log: how much
+// each check had to look at.
+type counts struct {
+	cases, steps, requests, preemptions, rotations int
+	loads, loadedBlocks, failedLoads, failedBlocks int
+	saves, waitedSaves                             int64
+	faults                                         storetest.FaultCounts
+}
+
+func (c *counts) log(t *testing.T) {
+	t.Logf("%d cases, %d engine steps, %d requests (%d preempted), %d rotations: %d loads (%d blocks) and %d failed loads (%d blocks discarded); %d keys saved; %d steps held their ready events until a save waited; faults injected: %d calls, %d keys, %d vanished",
+		c.cases, c.steps, c.requests, c.preemptions, c.rotations, c.loads, c.loadedBlocks, c.failedLoads, c.failedBlocks,
+		c.saves, c.waitedSaves, c.faults.Calls, c.faults.Keys, c.faults.Vanished)
+}
+
+func newWorld(t tb, opts Options, c *counts) *world {
+	t.Helper()
+	if opts.gaveUp != nil && *opts.gaveUp != "" {
+		t.Fatalf("not run: an earlier case waited %v for work of the connector that never ended: %s", waitBound, *opts.gaveUp)
+	}
+	w := &world{t: t, opts: opts, pd: opts.OpenConsumer != nil, count: c, gid: currentGoroutine(), before: snapshot()}
+	raw, err := opts.NewStore()
+	if err != nil {
+		t.Fatalf("NewStore: %v", err)
+	}
+	w.rec, w.base = newRecorder(raw)
+	w.st = w.base
+	return w
+}
+
+// gaveUp fails the test after a wait reached waitBound, and makes every
+// later case of the Run fail at once.
+func (w *world) gaveUp(format string, args ...any) {
+	w.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if w.opts.gaveUp != nil && *w.opts.gaveUp == "" {
+		*w.opts.gaveUp = msg
+	}
+	w.t.Fatalf("%s", msg)
+}
+
+// addFaults makes the connectors' store a storetest.Faulty over the
+// recorded one.
+func (w *world) addFaults(fo storetest.FaultOptions) {
+	w.faulty = storetest.NewFaulty(w.base, fo)
+	w.st = w.faulty
+}
+
+// spec describes an engine and its connector pair.
+type spec struct {
+	label    string
+	open     OpenFunc
+	tenant   string
+	heads    int    // Layout.KVHeads; 0 for 4
+	gen      uint64 // the generation to start in
+	order    connector.Order
+	tp, repl int
+	bs       int // tokens per block
+	blocks   int
+	policy   connector.Policy // "" for recompute
+	waiter   bool             // ready events implement connector.Waiter
+}
+
+// identity returns the spec's identity.
+func (s spec) identity() hashing.Identity {
+	return hashing.Identity{
+		Tenant:         s.tenant,
+		Model:          "connectortest/model",
+		WeightsVersion: "v1",
+		Generation:     s.gen,
+		Format:         hashing.Format{Device: "cpu", ModelDType: "bf16", KVDType: "bf16"},
+		Layout: hashing.Layout{
+			Layers: 2, KVHeads: cmp.Or(s.heads, 4), HeadDim: 8, BlockSize: s.bs,
+			TPSize: s.tp, Replication: s.repl,
+		},
+	}
+}
+
+// open opens a pair for s over the case's store and builds its engine.
+func (w *world) open(s spec) *engine {
+	w.t.Helper()
+	s.policy = cmp.Or(s.policy, connector.PolicyRecompute)
+	id := s.identity()
+	pair, err := s.open(connector.Config{LoadFailurePolicy: s.policy}, connector.Env{Identity: id, Store: w.st, Blocks: s.blocks})
+	if err != nil {
+		for _, wk := range pair.Workers {
+			if wk != nil {
+				_ = wk.Close() // the open failed already
+			}
+		}
+		if pair.Scheduler != nil {
+			_ = pair.Scheduler.Close()
+		}
+		if pair.Close != nil {
+			_ = pair.Close()
+		}
+		w.t.Fatalf("open %s: %v", s.label, err)
+	}
+	if pair.Scheduler == nil || len(pair.Workers) != s.tp || slices.Contains(pair.Workers, nil) {
+		w.t.Fatalf("open %s returned %d workers (scheduler %v), want %d, none nil", s.label, len(pair.Workers), pair.Scheduler != nil, s.tp)
+	}
+	for _, half := range append([]any{pair.Scheduler}, anys(pair.Workers)...) {
+		if p := packageOf(half); p != "" && !slices.Contains(w.pkgs, p) {
+			w.pkgs = append(w.pkgs, p)
+		}
+	}
+	e, err := newEngine(w, s.label, id, pair, s.policy, s.order, s.blocks, s.waiter)
+	w.engines = append(w.engines, e) // closed with the case, even half built
+	if err != nil {
+		w.t.Fatalf("%s: %v", s.label, err)
+	}
+	return e
+}
+
+func anys[T any](s []T) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
+
+// drain steps the engines until every request ended, every kept block was
+// released and every transfer reported.
+func (w *world) drain(es ...*engine) { w.drainWith(es, nil) }
+
+// drainPD drains a producer and a consumer, handing every offer of the
+// producer on to the consumer as a request that decodes decode tokens.
+func (w *world) drainPD(prod, cons *engine, decode int) {
+	w.drainWith([]*engine{prod, cons}, func() bool {
+		for _, o := range prod.offers {
+			cons.addWith(o.prompt, decode, o.params)
+		}
+		handed := len(prod.offers) > 0
+		prod.offers = prod.offers[:0]
+		return handed
+	})
+}
+
+// drainWith steps es, calling handoff (if not nil) before each round. A
+// round that changes nothing waits for the connectors' background work,
+// for up to waitBound per item; when there is none, the connectors have
+// idleSteps rounds to release what they keep, and then the test fails.
+func (w *world) drainWith(es []*engine, handoff func() bool) {
+	w.t.Helper()
+	start := time.Now()
+	idle := 0
+	var p pause
+	// The oldest admitted request always progresses, so requests keep
+	// ending while the engines change: spinning, rounds that change
+	// something, for a minute without one ending is a livelock.
+	ends, spinning := -1, time.Duration(0)
+	for {
+		round := time.Now()
+		if n := ended(es); n != ends {
+			ends, spinning = n, 0
+		} else if spinning > waitBound {
+			w.gaveUp("no request ended or was released in %v of steps that kept changing the engines: %s", spinning.Round(time.Second), describe(es))
+		}
+		changed := handoff != nil && handoff()
+		if !changed && !slices.ContainsFunc(es, (*engine).busy) {
+			return
+		}
+		for _, e := range es {
+			if e.step(context.Background(), 0) {
+				changed = true
+			}
+		}
+		if changed {
+			idle = 0
+			p.reset()
+			spinning += time.Since(round)
+			continue
+		}
+		what, began := "", time.Time{}
+		for _, e := range es {
+			// A producer's offer waits for the consumer: it counts as
+			// background work only while another engine is busy.
+			others := slices.ContainsFunc(es, func(o *engine) bool { return o != e && o.busy() })
+			if wh, b := e.waits(start, others); wh != "" && (what == "" || b.Before(began)) {
+				what, began = wh, b
+			}
+		}
+		if what != "" {
+			idle = 0
+			if d := time.Since(began); d > waitBound {
+				w.gaveUp("waited %v for %s; %s", d.Round(time.Second), what, describe(es))
+			}
+			p.sleep()
+			continue
+		}
+		if idle++; idle > idleSteps {
+			var why []string
+			for _, e := range es {
+				why = append(why, e.stuck()...)
+			}
+			w.t.Fatalf("%d steps in a row changed nothing, with nothing in flight (no lookup pending, no transfer unreported): %s; %s", idleSteps, strings.Join(why, "; "), describe(es))
+		}
+	}
+}
+
+// ended counts the requests of es that finished, and those released.
+func ended(es []*engine) int {
+	n := 0
+	for _, e := range es {
+		n += e.stats.finished + e.stats.released
+	}
+	return n
+}
+
+func describe(es []*engine) string {
+	var s []string
+	for _, e := range es {
+		s = append(s, e.describe())
+	}
+	return strings.Join(s, "; ")
+}
+
+// storeFailure returns the scheduler half's last store failure, when its
+// Health (connector.HealthReporter) reports one: a lookup that failed or
+// timed out is a miss, and a miss is then no error.
+func (e *engine) storeFailure() string {
+	if hr, ok := e.pair.Scheduler.(connector.HealthReporter); ok {
+		if h := hr.Health(); h.Failures > 0 {
+			return fmt.Sprint(h.LastError)
+		}
+	}
+	return ""
+}
+
+// expectHits fails the test unless got blocks of what were matched from
+// the store, the want of why; fewer are excused when the store failed a
+// lookup meanwhile.
+func (w *world) expectHits(e *engine, got, want int, what, why string) {
+	w.t.Helper()
+	if got == want {
+		return
+	}
+	if f := e.storeFailure(); f != "" && got < want {
+		w.t.Logf("%s matched %d blocks, want %d, but a lookup failed meanwhile (%s): a miss is correct then", what, got, want, f)
+		return
+	}
+	w.t.Fatalf("%s matched %d blocks from the store, want %d (%s)", what, got, want, why)
+}
+
+// checkMatch fails the test unless the store held blocks [from, from+n)
+// of r in every shard.
+func (w *world) checkMatch(e *engine, r *freq, from, n int) {
+	w.t.Helper()
+	if w.pd {
+		return
+	}
+	for i := from; i < from+n; i++ {
+		for sh := range e.ns.Shards() {
+			key := e.ns.Key(sh, r.conn.Hashes[i])
+			if !w.rec.stored(key) {
+				w.t.Fatalf("%s: Match(%s, %d) = %d tokens, but no put ever stored block %d for shard %d (key %s)%s: a match covers only blocks present in every shard",
+					e.label, r.conn.ID, from*e.id.Layout.BlockSize, n*e.id.Layout.BlockSize, i, sh, key, w.elsewhere(e, sh, r.conn.Hashes[i]))
+			}
+		}
+	}
+}
+
+// elsewhere says under which other namespace the store holds block h of
+// shard shard, if any.
+func (w *world) elsewhere(e *engine, shard int, h hashing.BlockHash) string {
+	for _, o := range w.engines {
+		for _, gen := range slices.Sorted(maps.Keys(o.gens)) {
+			ns := o.gens[gen]
+			if ns == e.ns || shard >= ns.Shards() || !w.rec.stored(ns.Key(shard, h)) {
+				continue
+			}
+			if o == e {
+				return fmt.Sprintf("; the store holds it under generation %d's namespace", gen)
+			}
+			return fmt.Sprintf("; the store holds it under %s's namespace (%s, generation %d)", o.label, ns, gen)
+		}
+	}
+	return ""
+}
+
+// checkEvents fails the test unless every block a BlockStored event names
+// is in the store for every shard, under the event's generation.
+func (w *world) checkEvents(e *engine, evs []connector.KVEvent) {
+	w.t.Helper()
+	if w.pd {
+		return
+	}
+	for _, ev := range evs {
+		if ev.Kind != connector.BlockStored {
+			continue
+		}
+		ns, ok := e.gens[ev.Generation]
+		if !ok {
+			w.t.Fatalf("%s: a BlockStored event names generation %d, which the engine never ran", e.label, ev.Generation)
+		}
+		for _, h := range ev.Hashes {
+			for sh := range ns.Shards() {
+				if key := ns.Key(sh, h); !w.rec.stored(key) {
+					w.t.Fatalf("%s: a BlockStored event (generation %d) names block %v, but no put ever stored it for shard %d (key %s)%s: only saves that succeeded in every shard are announced",
+						e.label, ev.Generation, h, sh, key, w.elsewhere(e, sh, h))
+				}
+			}
+		}
+	}
+}
+
+// checkSaves compares, tenant by tenant, the worker halves' Stats.Saves
+// with the keys puts stored.
+func (w *world) checkSaves() {
+	w.t.Helper()
+	tenants := make(map[string][]*engine)
+	for _, e := range w.engines {
+		tenants[e.id.Tenant] = append(tenants[e.id.Tenant], e)
+	}
+	for _, tenant := range slices.Sorted(maps.Keys(tenants)) {
+		sure, maybe := w.rec.saves(tenant)
+		w.count.saves += sure
+		var got int64
+		var labels []string
+		for _, e := range tenants[tenant] {
+			labels = append(labels, e.label)
+			for _, wk := range e.pair.Workers {
+				sr, ok := wk.(connector.StatsReporter)
+				if !ok {
+					return
+				}
+				got += sr.Stats().Saves
+			}
+		}
+		if got < sure || got > sure+maybe {
+			w.t.Fatalf("the worker halves of %v (tenant %s) count %d blocks in Stats().Saves, but their puts stored %d keys (and %d more in puts that failed as a whole)", labels, tenant, got, sure, maybe)
+		}
+	}
+}
+
+// finish ends a case that passed: it checks Stats, closes every engine
+// (each half twice) and the store, and checks that no goroutine of the
+// connector's packages is left.
+func (w *world) finish() {
+	w.t.Helper()
+	for _, e := range w.engines {
+		e.checkStats()
+	}
+	if !w.pd {
+		w.checkSaves()
+	}
+	if w.faulty != nil {
+		f := w.faulty.Faults()
+		w.count.faults.Calls += f.Calls
+		w.count.faults.Keys += f.Keys
+		w.count.faults.Vanished += f.Vanished
+	}
+	w.closed = true
+	for _, e := range w.engines {
+		e.close(true)
+	}
+	if err := w.base.Close(); err != nil {
+		w.t.Fatalf("close the store: %v", err)
+	}
+	w.checkGoroutines()
+}
+
+// close releases what a case that failed still holds.
+func (w *world) close() {
+	if w.closed {
+		return
+	}
+	w.closed = true
+	for _, e := range w.engines {
+		e.close(false)
+	}
+	_ = w.base.Close() // the case failed already
+}
+
+// checkGoroutines fails the test if a goroutine the case started runs
+// code of the connector's packages after every half closed: one that
+// waits on something fails at once, one still running after waitBound.
+func (w *world) checkGoroutines() {
+	w.t.Helper()
+	start := time.Now()
+	var p pause
+	for {
+		left := leftovers(w.gid, w.before, w.pkgs)
+		if len(left) == 0 {
+			return
+		}
+		for _, g := range left {
+			if blocked(g.state) {
+				w.t.Fatalf("a goroutine of the connector is left after every half closed, blocked (%s): a half owns the goroutines it starts and joins them in Close:\n%s", g.state, g.stack)
+			}
+		}
+		if time.Since(start) > waitBound {
+			w.gaveUp("a goroutine of the connector still runs %v after every half closed: a half owns the goroutines it starts and joins them in Close:\n%s", waitBound, left[0].stack)
+		}
+		p.sleep()
+	}
+}
