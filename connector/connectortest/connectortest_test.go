@@ -540,7 +540,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"old-keys-after-rotate", "the store holds it under generation 0's namespace"},
 		{"announces-failed", "only saves that succeeded in every shard are announced"},
 		{"ignores-layout", "the store holds it under heads4's namespace"},
-		{"early-read", "the engine's unfinished write: the block was read before the step's ready event fired"},
+		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
 		{"early-read-raw", "a save read a block the step was still computing"},
 		{"late-write", "after its load was reported failed"},
 		{"p2p-early-load", "never written (still poisoned)"},

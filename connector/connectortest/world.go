@@ -25,7 +25,7 @@ type world struct {
 	rec     *recorder   // what the store really holds
 	base    store.Store // the recorded store
 	st      store.Store // what the connectors get: base, or a Faulty over it
-	faulty  *storetest.Faulty
+	faulty  storetest.Faulty
 	engines []*engine
 	pkgs    []string        // the packages of the halves' types
 	gid     uint64          // the goroutine running the case
