@@ -9,9 +9,12 @@
 #
 # A TARGET is PACKAGE:TESTS, a package path as go test takes it and a
 # -test.run pattern, for instance
+#   ./store/memstore:^TestConformance$               storetest over memstore
+#   ./store/mooncake:^TestConformance$               storetest over the fake Mooncake
 #   ./connector/connectortest:^TestStoreConnector$   storeconn over memstore
 #   ./connector/p2p:^TestConnectorTest$              p2p, producer and consumer
-# (the default targets). Each package's test binary is built once
+# (the default targets; the fake Mooncake needs gcc, and
+# MOONCAKE_FAKE_REQUIRE=1 makes its absence a failure). Each package's test binary is built once
 # (go test -c -race) and run RUNS times (default 200, or $RUNS), from the
 # package's directory as go test runs it.
 #
@@ -34,6 +37,8 @@ shift $((OPTIND - 1))
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
   targets=(
+    "./store/memstore:^TestConformance\$"
+    "./store/mooncake:^TestConformance\$"
     "./connector/connectortest:^TestStoreConnector\$"
     "./connector/p2p:^TestConnectorTest\$"
   )
