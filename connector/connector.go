@@ -14,8 +14,16 @@ import (
 type RequestID string
 
 // BlockID is the index of a block in the engine's paged KV memory, the same
-// in every worker.
+// in every worker. With several KV cache groups (see [KVCache].Groups),
+// each group has its own memory and its own block ids.
 type BlockID int32
+
+// NoBlock marks an entry of a block table that holds no block: in a
+// sliding-window group, a block that fell out of the window and was freed;
+// in a state group, a block boundary whose state the engine did not keep.
+// The connector neither loads into nor saves from such an entry. It is
+// vLLM's null block.
+const NoBlock BlockID = -1
 
 // Request is the scheduler half's view of one engine request.
 //
@@ -50,7 +58,7 @@ type Request struct {
 // preempted one, and keeps only the blocks that transfers still touch.
 // Fallback: Finish.
 type Preempter interface {
-	Preempt(r *Request, blocks []BlockID) (keep bool, err error)
+	Preempt(r *Request, blocks ...[]BlockID) (keep bool, err error)
 }
 
 // TransferParamsSource is an optional interface of a Scheduler whose
@@ -99,30 +107,33 @@ type Scheduler interface {
 	Match(r *Request, computed int) (Match, error)
 
 	// Allocated tells the connector which blocks the engine allocated for r
-	// after a Match: blocks[i] holds tokens [i*B, (i+1)*B), for every block
-	// of the request so far, and external is the number of tokens (from
-	// computed on) to load from the store, 0 for none. A load is planned in
-	// the next Plan; the engine must not run r until Progress lists it as
-	// loaded or failed.
-	Allocated(r *Request, blocks []BlockID, external int) error
+	// after a Match: external is the number of tokens (from computed on) to
+	// load from the store, 0 for none, and blocks holds r's block table,
+	// one per KV cache group (see "Block tables" in the package doc):
+	// with one group, blocks[0][i] holds tokens [i*B, (i+1)*B), for every
+	// block of the request so far. A load is planned in the next Plan; the
+	// engine must not run r until Progress lists it as loaded or failed.
+	Allocated(r *Request, external int, blocks ...[]BlockID) error
 
 	// Scheduled tells the connector that after this step the first computed
-	// tokens of r will be in blocks (blocks[i] holding tokens [i*B, (i+1)*B)).
-	// Full blocks that the store lacks are saved by the workers once the
-	// step's compute is ready. Call it only for requests that compute this
-	// step, after the step's last preemption decision: a block named here
-	// is saved, so it must hold the KV of its tokens when the step is ready.
-	Scheduled(r *Request, blocks []BlockID, computed int) error
+	// tokens of r will be in its blocks, one block table per group as in
+	// Allocated. Full blocks that the store lacks are saved by the workers
+	// once the step's compute is ready. Call it only for requests that
+	// compute this step, after the step's last preemption decision: a block
+	// named here is saved, so it must hold the KV of its tokens (for a state
+	// group, the state at its end) when the step is ready.
+	Scheduled(r *Request, computed int, blocks ...[]BlockID) error
 
 	// Plan returns the step's Metadata, to be shipped to every worker. It
-	// is called once per step. The Metadata is owned by the connector and
-	// valid until the next Plan; encode or copy it to keep it.
+	// is called once per step. The Metadata is owned by the connector,
+	// read-only, and valid until the next Plan; encode or copy it to keep
+	// it (see "Ownership" in the package doc).
 	Plan() *Metadata
 
 	// Update consumes the Outputs that workers reported since the last
 	// Update (any number per worker, in any order) and returns what the
-	// engine must act on. The Progress is owned by the connector and valid
-	// until the next Update.
+	// engine must act on. The Progress is owned by the connector, read-only,
+	// and valid until the next Update.
 	Update(outs []*Output) (*Progress, error)
 
 	// Finish ends r in the connector: finished, aborted or preempted. keep
@@ -130,8 +141,9 @@ type Scheduler interface {
 	// reuse them until a Progress lists r in Released. A request ID may be
 	// used again only once Finish returned keep == false or r was released.
 	// Finish of a request the connector never saw (no Match or Scheduled)
-	// returns false and no error.
-	Finish(r *Request, blocks []BlockID) (keep bool, err error)
+	// returns false and no error. blocks are r's block tables, as in
+	// Allocated; a request that holds no blocks may pass none.
+	Finish(r *Request, blocks ...[]BlockID) (keep bool, err error)
 
 	// Close stops background lookups and releases resources. It is
 	// idempotent and joins every goroutine the Scheduler started.
@@ -189,7 +201,11 @@ type Worker interface {
 	Start(ctx context.Context, m *Metadata) error
 
 	// Save starts the saves of the last Started Metadata; they read the
-	// blocks only once ready reports done.
+	// blocks only once ready reports done. The worker keeps ready after
+	// the call, and queries or waits on it until it reports done (or fails),
+	// never after: an engine that recycles its events (a pool of CUDA
+	// events, say) may reuse ready once a later Poll has reported every
+	// save of that Metadata, or once Close returned.
 	Save(ctx context.Context, ready Event) error
 
 	// Poll returns the transfers that finished since the last Poll. The

@@ -27,8 +27,8 @@
 //
 //	// each step, scheduler side
 //	m, err := sched.Match(req, localHitTokens)   // Pending: ask next step
-//	err = sched.Allocated(req, blocks, m.Tokens)
-//	err = sched.Scheduled(req, blocks, computedAfterStep)
+//	err = sched.Allocated(req, m.Tokens, blocks)
+//	err = sched.Scheduled(req, computedAfterStep, blocks)
 //	meta := sched.Plan()
 //	// each step, worker side
 //	err = w.Start(ctx, meta)
@@ -43,6 +43,50 @@
 // scheduler.Scheduler is the engine's scheduler, which drives a
 // connector.Scheduler (this package's interface, the connector's scheduler
 // half); the two are never interchangeable.
+//
+// # Block tables
+//
+// The calls that name a request's blocks (Allocated, Scheduled, Finish,
+// Preempt) take its block tables as their last, variadic, arguments: one
+// table per KV cache group of the identity's layout (hashing.Layout.Groups),
+// in the layout's order. A model with one group, a plain transformer,
+// passes its one table: sched.Allocated(req, m.Tokens, blocks). A hybrid
+// model passes one per group: sched.Allocated(req, m.Tokens, full, swa,
+// state), or tables... from a [][]BlockID. The number of tables must equal
+// the number of groups ([CheckTables]); Finish and Preempt of a request
+// that holds no blocks may pass none. A call that lists its tables makes Go
+// build a slice of them, which escapes through the interface: one small
+// allocation per call. An engine that counts allocations keeps a
+// [][]BlockID per request and passes tables... (the scheduler package
+// does). In every group, entry i of the table
+// holds the group's block i, tokens [i*B, (i+1)*B) for the group's block
+// size B, or [NoBlock]:
+//
+//   - full attention: every block before the point the request has reached.
+//   - sliding window of W tokens: the blocks holding the last W tokens
+//     before that point; older entries may be NoBlock (freed).
+//   - state (recurrent, Mamba, linear attention): entry i holds the state
+//     after the tokens of blocks 0..i, where the engine kept it; NoBlock
+//     where it did not. The engine decides which boundaries it keeps (every
+//     one, or only the ends of its prefill chunks); a match can end only at
+//     a boundary whose state some engine saved.
+//
+// A match is the longest prefix every group can resume from: all its blocks
+// for full attention, the window before the match point for a sliding
+// window, the state at the match point for a state group. A load fills, in
+// the engine's tables, exactly the entries the match needs beyond the
+// engine's own local hit, and nothing else.
+//
+// # Ownership
+//
+// Values cross the API in one direction at a time. What the engine passes
+// in (a Request, block tables, Outputs) is read during the call and never
+// retained. What a half hands out (the Metadata from Plan, the Progress
+// from Update, the Output from Poll) is the half's, read-only, and valid
+// until the next call of the same method: an engine that writes into one
+// corrupts nothing of the connector's state, because the connector keeps
+// its own records apart (connectortest checks it), but what it wrote is
+// what the workers receive. Copy or encode a value to keep it longer.
 //
 // # Identity
 //

@@ -106,10 +106,10 @@ func Example() {
 
 	a := &connector.Request{ID: "a", Prompt: len(tokens), Hashes: hashes}
 	fmt.Printf("a: %d tokens in the store\n", match(a).Tokens)
-	if err := sched.Allocated(a, blocks, 0); err != nil {
+	if err := sched.Allocated(a, 0, blocks); err != nil {
 		panic(err)
 	}
-	if err := sched.Scheduled(a, blocks, a.Prompt); err != nil { // the whole prompt this step
+	if err := sched.Scheduled(a, a.Prompt, blocks); err != nil { // the whole prompt this step
 		panic(err)
 	}
 	var keep bool
@@ -129,7 +129,7 @@ func Example() {
 	b := &connector.Request{ID: "b", Prompt: len(tokens), Hashes: hashes}
 	m := match(b)
 	fmt.Printf("b: %d tokens in the store\n", m.Tokens)
-	if err := sched.Allocated(b, []connector.BlockID{5, 6, 7, 0, 1}, m.Tokens); err != nil {
+	if err := sched.Allocated(b, m.Tokens, []connector.BlockID{5, 6, 7, 0, 1}); err != nil {
 		panic(err)
 	}
 	for loading := true; loading; {

@@ -45,13 +45,41 @@ func (o Order) String() string {
 // (k×Blocks+b)×BlockBytes.
 //
 // Every region lives in the same place: host memory, or one device.
+//
+// A model with several KV cache groups (a hybrid model: see
+// hashing.Layout.Groups) has one KVCache per group in Groups, and the
+// other fields zero. Each group's memory has its own blocks, addressed by
+// the block ids of that group's block table. A sliding-window group is
+// laid out like a full-attention one; a state group (recurrent or Mamba
+// layers) has KV = 1 and BlockBytes = the group's StateBytes: one block
+// holds one state of each of its layers.
 type KVCache struct {
-	Layers     int           // transformer layers held by this worker
+	Layers     int           // layers held by this worker (of the group, with Groups)
 	Blocks     int           // blocks per layer
-	KV         int           // 2 for separate K and V, 1 for one latent cache (MLA)
+	KV         int           // 2 for separate K and V, 1 for one latent cache (MLA) or a state
 	BlockBytes int           // bytes of one block of one layer for one of K/V
 	Order      Order         // memory order of the blocks
 	Regions    []rdma.Region // the memory; see above
+
+	// Groups holds each KV cache group's memory, in the order of the
+	// layout's groups, when the layout has more than one; nil otherwise.
+	Groups []KVCache
+}
+
+// NumGroups returns the number of KV cache groups kv describes: len(Groups),
+// or 1 when Groups is empty.
+func (kv KVCache) NumGroups() int { return max(1, len(kv.Groups)) }
+
+// Group returns the memory of group g: kv itself when Groups is empty (g
+// must then be 0), else Groups[g]. It panics when g is out of range.
+func (kv KVCache) Group(g int) KVCache {
+	if len(kv.Groups) == 0 {
+		if g != 0 {
+			panic(fmt.Sprintf("connector: KVCache.Group(%d) of a cache with one group", g))
+		}
+		return kv
+	}
+	return kv.Groups[g]
 }
 
 // BlockSize returns the bytes of one whole block: all layers, K and V.
@@ -62,42 +90,68 @@ func (kv KVCache) BlockSize() int { return kv.Layers * kv.KV * kv.BlockBytes }
 // Validate reports the first field that is out of range or disagrees with
 // the size of the registered memory, naming the field and its value.
 func (kv KVCache) Validate() error {
+	if len(kv.Groups) == 0 {
+		return kv.validate("KVCache")
+	}
+	if kv.Layers != 0 || kv.Blocks != 0 || kv.KV != 0 || kv.BlockBytes != 0 || kv.Order != 0 || len(kv.Regions) != 0 {
+		return fmt.Errorf("connector: KVCache has %d Groups and also Layers = %d, Blocks = %d, KV = %d, BlockBytes = %d, Order = %v, %d Regions: with Groups, describe each group's memory in its entry and leave these zero",
+			len(kv.Groups), kv.Layers, kv.Blocks, kv.KV, kv.BlockBytes, kv.Order, len(kv.Regions))
+	}
+	var loc rdma.Location
+	for g, gc := range kv.Groups {
+		name := fmt.Sprintf("KVCache.Groups[%d]", g)
+		if len(gc.Groups) != 0 {
+			return fmt.Errorf("connector: %s.Groups has %d entries: groups do not nest", name, len(gc.Groups))
+		}
+		if err := gc.validate(name); err != nil {
+			return err
+		}
+		if g == 0 {
+			loc = gc.Regions[0].Loc
+		} else if l := gc.Regions[0].Loc; l != loc {
+			return fmt.Errorf("connector: %s.Regions[0] is in %v, KVCache.Groups[0]'s in %v: every group's memory lives in the same place", name, l, loc)
+		}
+	}
+	return nil
+}
+
+func (kv KVCache) validate(name string) error {
 	switch {
 	case kv.Layers <= 0:
-		return fmt.Errorf("connector: KVCache.Layers = %d, want > 0", kv.Layers)
+		return fmt.Errorf("connector: %s.Layers = %d, want > 0", name, kv.Layers)
 	case kv.Blocks <= 0:
-		return fmt.Errorf("connector: KVCache.Blocks = %d, want > 0", kv.Blocks)
+		return fmt.Errorf("connector: %s.Blocks = %d, want > 0", name, kv.Blocks)
 	case kv.KV != 1 && kv.KV != 2:
-		return fmt.Errorf("connector: KVCache.KV = %d, want 1 or 2", kv.KV)
+		return fmt.Errorf("connector: %s.KV = %d, want 1 or 2", name, kv.KV)
 	case kv.BlockBytes <= 0:
-		return fmt.Errorf("connector: KVCache.BlockBytes = %d, want > 0", kv.BlockBytes)
+		return fmt.Errorf("connector: %s.BlockBytes = %d, want > 0", name, kv.BlockBytes)
 	case kv.Order != BlockMajor && kv.Order != LayerMajor:
-		return fmt.Errorf("connector: KVCache.Order = %v, want BlockMajor or LayerMajor", kv.Order)
+		return fmt.Errorf("connector: %s.Order = %v, want BlockMajor or LayerMajor", name, kv.Order)
 	case len(kv.Regions) == 0:
-		return fmt.Errorf("connector: KVCache.Regions is empty")
+		return fmt.Errorf("connector: %s.Regions is empty", name)
 	}
-	total, err := kv.size()
+	total, err := kv.size(name)
 	if err != nil {
 		return err
 	}
 	per := total
 	if len(kv.Regions) != 1 {
 		if kv.Order != LayerMajor || len(kv.Regions) != kv.Layers {
-			return fmt.Errorf("connector: KVCache.Regions has %d regions, want 1 (or Layers = %d with LayerMajor)", len(kv.Regions), kv.Layers)
+			return fmt.Errorf("connector: %s.Regions has %d regions, want 1 (or Layers = %d with LayerMajor)", name, len(kv.Regions), kv.Layers)
 		}
 		per = total / kv.Layers
 	}
 	loc := kv.Regions[0].Loc
 	for i, r := range kv.Regions {
 		if r.Addr == 0 {
-			return fmt.Errorf("connector: KVCache.Regions[%d] has address 0", i)
+			return fmt.Errorf("connector: %s.Regions[%d] has address 0", name, i)
 		}
 		if r.Len != per {
-			return fmt.Errorf("connector: KVCache.Regions[%d] is %d bytes, want %d for %d layers × %d × %d blocks × %d bytes",
+			return fmt.Errorf("connector: %s.Regions[%d] is %d bytes, want %d for %d layers × %d × %d blocks × %d bytes", name,
 				i, r.Len, per, kv.Layers, kv.KV, kv.Blocks, kv.BlockBytes)
 		}
 		if r.Loc != loc {
-			return fmt.Errorf("connector: KVCache.Regions[%d] is in %v, Regions[0] in %v", i, r.Loc, loc)
+			return fmt.Errorf("connector: %s.Regions[%d] is in %v, Regions[0] in %v", name, i, r.Loc, loc)
 		}
 	}
 	return nil
@@ -108,7 +162,7 @@ func (kv KVCache) Validate() error {
 // int: every offset Spans computes is smaller, so none overflows once the
 // product is the size of the registered memory. The fields must be
 // positive.
-func (kv KVCache) size() (int, error) {
+func (kv KVCache) size(name string) (int, error) {
 	factors := [...]struct {
 		name string
 		v    int
@@ -117,7 +171,7 @@ func (kv KVCache) size() (int, error) {
 	for _, f := range factors {
 		hi, lo := bits.Mul64(p, uint64(f.v))
 		if hi != 0 || lo > math.MaxInt {
-			return 0, fmt.Errorf("connector: KVCache.%s = %d overflows the size Layers × KV × Blocks × BlockBytes = %d × %d × %d × %d, more than %d bytes",
+			return 0, fmt.Errorf("connector: %s.%s = %d overflows the size Layers × KV × Blocks × BlockBytes = %d × %d × %d × %d, more than %d bytes", name,
 				f.name, f.v, kv.Layers, kv.KV, kv.Blocks, kv.BlockBytes, math.MaxInt)
 		}
 		p = lo

@@ -121,3 +121,82 @@ func TestKVCacheSpans(t *testing.T) {
 		t.Errorf("Contiguous: block-major %v, layer-major %v", bm.Contiguous(), lm.Contiguous())
 	}
 }
+
+func TestKVCacheValidateGroups(t *testing.T) {
+	full := connector.KVCache{Layers: 2, Blocks: 4, KV: 2, BlockBytes: 16, Order: connector.BlockMajor,
+		Regions: []rdma.Region{{Addr: 4096, Len: 2 * 4 * 2 * 16, Loc: rdma.Host}}}
+	state := connector.KVCache{Layers: 1, Blocks: 3, KV: 1, BlockBytes: 64, Order: connector.BlockMajor,
+		Regions: []rdma.Region{{Addr: 8192, Len: 3 * 64, Loc: rdma.Host}}}
+	good := connector.KVCache{Groups: []connector.KVCache{full, state}}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("Validate(two groups) = %v", err)
+	}
+	if n := good.NumGroups(); n != 2 {
+		t.Errorf("NumGroups() = %d, want 2", n)
+	}
+	if g := good.Group(1); g.BlockBytes != 64 {
+		t.Errorf("Group(1).BlockBytes = %d, want the state group's 64", g.BlockBytes)
+	}
+	if n := full.NumGroups(); n != 1 || full.Group(0).Blocks != 4 {
+		t.Errorf("a cache without Groups: NumGroups() = %d, Group(0).Blocks = %d; want 1 and its own 4", n, full.Group(0).Blocks)
+	}
+	tests := []struct {
+		name string
+		edit func(*connector.KVCache)
+		want string
+	}{
+		{"fields beside groups", func(k *connector.KVCache) { k.Layers = 2 }, "KVCache has 2 Groups and also Layers = 2"},
+		{"a group's field", func(k *connector.KVCache) { k.Groups[1].BlockBytes = 0 }, "KVCache.Groups[1].BlockBytes = 0, want > 0"},
+		{"a group's size", func(k *connector.KVCache) { k.Groups[1].Regions[0].Len-- }, "KVCache.Groups[1].Regions[0] is 191 bytes, want 192"},
+		{"nested", func(k *connector.KVCache) { k.Groups[0].Groups = []connector.KVCache{full} }, "KVCache.Groups[0].Groups has 1 entries: groups do not nest"},
+		{"places", func(k *connector.KVCache) { k.Groups[1].Regions[0].Loc = rdma.Device(0) }, "KVCache.Groups[1].Regions[0] is in"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := connector.KVCache{Groups: []connector.KVCache{full, state}}
+			for i := range k.Groups {
+				k.Groups[i].Regions = append([]rdma.Region(nil), k.Groups[i].Regions...)
+			}
+			tt.edit(&k)
+			err := k.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheckTables(t *testing.T) {
+	a, b := []connector.BlockID{1}, []connector.BlockID{2}
+	for _, tt := range []struct {
+		name       string
+		tables     [][]connector.BlockID
+		groups     int
+		allowEmpty bool
+		want       string // "" for no error
+	}{
+		{"one of one", [][]connector.BlockID{a}, 1, false, ""},
+		{"two of two", [][]connector.BlockID{a, b}, 2, false, ""},
+		{"a nil table counts", [][]connector.BlockID{nil}, 1, false, ""},
+		{"none for Finish", nil, 3, true, ""},
+		{"none for Allocated", nil, 1, false, `Allocated("r"): 0 block tables, want 1: the request's one block table`},
+		{"a group missing", [][]connector.BlockID{a}, 2, false, `Allocated("r"): 1 block tables, want 2: one per KV cache group`},
+		{"one too many", [][]connector.BlockID{a, b}, 1, true, `Allocated("r"): 2 block tables, want 1`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := connector.CheckTables("Allocated", "r", tt.tables, tt.groups, tt.allowEmpty)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("CheckTables = %v, want nil", err)
+			case tt.want != "" && (!errors.Is(err, connector.ErrInvalidBlock) || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("CheckTables = %v, want ErrInvalidBlock containing %q", err, tt.want)
+			}
+		})
+	}
+	if got := connector.Table(nil, 0); got != nil {
+		t.Errorf("Table(nil, 0) = %v, want nil", got)
+	}
+	if got := connector.Table([][]connector.BlockID{a, b}, 1); len(got) != 1 || got[0] != 2 {
+		t.Errorf("Table(tables, 1) = %v, want [2]", got)
+	}
+}

@@ -20,13 +20,15 @@ type Metadata struct {
 	Saves      []Transfer // blocks to save to the store
 }
 
-// Transfer is a run of one request's blocks to load or save.
+// Transfer is a run of one request's blocks of one KV cache group to load
+// or save.
 type Transfer struct {
 	ID     uint64              // unique among the connector's transfers
 	Req    RequestID           // the request the blocks belong to
-	First  int                 // index in the request's chain of Blocks[0]
-	Blocks []BlockID           // engine blocks, the same in every worker
-	Hashes []hashing.BlockHash // Hashes[i] is the hash of Blocks[i]'s tokens
+	Group  int                 // the KV cache group (its index in the layout's groups); 0 with one group
+	First  int                 // index of Blocks[0] in the request's block table of Group
+	Blocks []BlockID           // engine blocks of Group, the same in every worker
+	Hashes []hashing.BlockHash // Hashes[i] is the hash of Blocks[i]'s tokens: the chain's hash of the prefix that ends with it
 }
 
 // Reason says why a block's transfer failed.
@@ -86,24 +88,24 @@ func (m *Metadata) Reset() {
 	m.Saves = m.Saves[:0]
 }
 
-// Wire format, version 2. Every encoding is one frame: a header, a body
+// Wire format, version 3. Every encoding is one frame: a header, a body
 // and a checksum over both.
 //
 //	frame    = magic version length body checksum
 //	magic    = "KVM" (a Metadata) | "KVO" (an Output)
-//	version  = 0x02
+//	version  = 0x03
 //	length   = uint32, little-endian: the number of bytes in body
 //	body     = metadata | output, as magic says
 //	checksum = uint32, little-endian: CRC-32 (IEEE) of magic, version,
 //	           length and body, every byte before it
 //
 //	metadata = step generation nloads transfer* nsaves transfer*
-//	transfer = id nreq byte* first nblocks block* hash*
+//	transfer = id nreq byte* group first nblocks block* hash*
 //	output   = rank ndone id* nfailed failure*
 //	failure  = transfer index reason
 //
-// In the body, integers are unsigned varints, signed ones (first, block,
-// rank, index) zig-zag varints within the range of an int32; reason is one
+// In the body, integers are unsigned varints, signed ones (group, first,
+// block, rank, index) zig-zag varints within the range of an int32; reason is one
 // byte and a hash 32 raw bytes, one per block.
 //
 // # Versioning
@@ -121,7 +123,10 @@ func (m *Metadata) Reset() {
 // fields is read. The checksum finds accidental corruption, not tampering:
 // it is no authentication, and a party that can write frames can forge
 // them.
-const wireVersion = 2
+//
+// Version 3 added the group of a transfer; version 2 added the length and
+// the checksum.
+const wireVersion = 3
 
 // frameHeader is the size of magic, version and length; frameTrailer of
 // the checksum.
@@ -236,9 +241,13 @@ func (m *Metadata) appendBody(b []byte) ([]byte, error) {
 			if !fitsInt32(t.First) {
 				return b, fmt.Errorf("%w: transfer %d has First = %d, outside the wire's int32 range", ErrBadMetadata, t.ID, t.First)
 			}
+			if t.Group < 0 || !fitsInt32(t.Group) {
+				return b, fmt.Errorf("%w: transfer %d has Group = %d, want a group index in [0, 2^31)", ErrBadMetadata, t.ID, t.Group)
+			}
 			b = binary.AppendUvarint(b, t.ID)
 			b = binary.AppendUvarint(b, uint64(len(t.Req)))
 			b = append(b, t.Req...)
+			b = binary.AppendVarint(b, int64(t.Group))
 			b = binary.AppendVarint(b, int64(t.First))
 			b = binary.AppendUvarint(b, uint64(len(t.Blocks)))
 			for _, id := range t.Blocks {
@@ -436,6 +445,10 @@ func (d *decoder) transfers(dst []Transfer) []Transfer {
 		var t Transfer
 		t.ID = d.uvarint()
 		t.Req = RequestID(d.bytes(d.count(1)))
+		t.Group = d.int()
+		if t.Group < 0 && d.err == nil {
+			d.fail("transfer %d: group %d, want >= 0", t.ID, t.Group)
+		}
 		t.First = d.int()
 		nb := d.count(1 + len(hashing.BlockHash{}))
 		if d.err != nil {

@@ -26,6 +26,7 @@ func genTransfer(t *rapid.T) connector.Transfer {
 	tr := connector.Transfer{
 		ID:    rapid.Uint64().Draw(t, "id"),
 		Req:   connector.RequestID(rapid.String().Draw(t, "req")),
+		Group: int(rapid.Int32Range(0, math.MaxInt32).Draw(t, "group")),
 		First: int(rapid.Int32().Draw(t, "first")),
 	}
 	for i := 0; i < n; i++ {
@@ -344,8 +345,8 @@ func TestWireChecksum(t *testing.T) {
 		if got, want := binary.LittleEndian.Uint32(f.b[4:]), uint32(len(f.b)-12); got != want {
 			t.Errorf("%s: length = %d, want %d", f.name, got, want)
 		}
-		if f.b[3] != 2 {
-			t.Errorf("%s: version = %d, want 2", f.name, f.b[3])
+		if f.b[3] != 3 {
+			t.Errorf("%s: version = %d, want 3", f.name, f.b[3])
 		}
 	}
 }
@@ -353,15 +354,16 @@ func TestWireChecksum(t *testing.T) {
 // TestWireGolden pins the encoding: a change to it must come with a new
 // wire version (see the versioning policy in metadata.go).
 func TestWireGolden(t *testing.T) {
-	m := connector.Metadata{Step: 7, Generation: 1, Loads: []connector.Transfer{{ID: 1, Req: "r", First: -1, Blocks: []connector.BlockID{3}, Hashes: make([]hashing.BlockHash, 1)}}}
+	m := connector.Metadata{Step: 7, Generation: 1, Loads: []connector.Transfer{{ID: 1, Req: "r", Group: 2, First: -1, Blocks: []connector.BlockID{3}, Hashes: make([]hashing.BlockHash, 1)}}}
 	o := connector.Output{Rank: 1, Done: []uint64{1}, Failed: []connector.Failure{{Transfer: 1, Index: 0, Reason: connector.ReasonIO}}}
 	for _, tt := range []struct {
 		name string
 		v    interface{ MarshalBinary() ([]byte, error) }
 		want string
 	}{
-		{"metadata", &m, "4b564d02" + "2a000000" + "070101010172010106" + strings.Repeat("00", 32) + "00" + "4e7bfdfe"},
-		{"output", &o, "4b564f02" + "07000000" + "02010101010001" + "354732ec"},
+		// step gen nloads id nreq "r" group(2) first(-1) nblocks block(3) hash nsaves
+		{"metadata", &m, "4b564d03" + "2b000000" + "07010101017204010106" + strings.Repeat("00", 32) + "00" + "7753b721"},
+		{"output", &o, "4b564f03" + "07000000" + "02010101010001" + "5a0b9777"},
 	} {
 		b, err := tt.v.MarshalBinary()
 		if err != nil {
@@ -377,16 +379,25 @@ func TestWireOldVersionRefused(t *testing.T) {
 	// Frames of wire version 1, which had neither length nor checksum.
 	v1meta, _ := hex.DecodeString("4b564d01070101010172000106" + strings.Repeat("00", 32))
 	v1out, _ := hex.DecodeString("4b564f0102010101010001")
-	var m connector.Metadata
-	err := m.UnmarshalBinary(v1meta)
-	const want = "wire version 1 is no longer accepted: re-encode with version 2"
-	if !errors.Is(err, connector.ErrBadMetadata) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "metadata frame") {
-		t.Errorf("Metadata.UnmarshalBinary(version 1) = %v, want ErrBadMetadata with %q", err, want)
-	}
-	var o connector.Output
-	err = o.UnmarshalBinary(v1out)
-	if !errors.Is(err, connector.ErrBadMetadata) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "output frame") {
-		t.Errorf("Output.UnmarshalBinary(version 1) = %v, want ErrBadMetadata with %q", err, want)
+	// Frames of wire version 2, the golden ones of TestWireGolden before
+	// transfers had a group.
+	v2meta, _ := hex.DecodeString("4b564d02" + "2a000000" + "070101010172010106" + strings.Repeat("00", 32) + "00" + "4e7bfdfe")
+	v2out, _ := hex.DecodeString("4b564f02" + "07000000" + "02010101010001" + "354732ec")
+	for _, f := range []struct {
+		v         int
+		meta, out []byte
+	}{{1, v1meta, v1out}, {2, v2meta, v2out}} {
+		var m connector.Metadata
+		err := m.UnmarshalBinary(f.meta)
+		want := fmt.Sprintf("wire version %d is no longer accepted: re-encode with version 3", f.v)
+		if !errors.Is(err, connector.ErrBadMetadata) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "metadata frame") {
+			t.Errorf("Metadata.UnmarshalBinary(version %d) = %v, want ErrBadMetadata with %q", f.v, err, want)
+		}
+		var o connector.Output
+		err = o.UnmarshalBinary(f.out)
+		if !errors.Is(err, connector.ErrBadMetadata) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "output frame") {
+			t.Errorf("Output.UnmarshalBinary(version %d) = %v, want ErrBadMetadata with %q", f.v, err, want)
+		}
 	}
 }
 
@@ -400,6 +411,14 @@ func TestMetadataRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	withVersion := func(v byte) []byte { b := bytes.Clone(good); b[3] = v; return b }
+	// good with its group, the varint after id 1 and "r", made -1 (zig-zag
+	// 1), and the checksum made again.
+	negGroup := bytes.Clone(good[:len(good)-4])
+	if negGroup[8+2+1+1+1+1] != 0 {
+		t.Fatalf("group byte of %x is %#x, want 0", good, negGroup[14])
+	}
+	negGroup[14] = 1
+	negGroup = binary.LittleEndian.AppendUint32(negGroup, crc32.ChecksumIEEE(negGroup))
 	tests := []struct {
 		name string
 		data []byte
@@ -410,8 +429,9 @@ func TestMetadataRejects(t *testing.T) {
 		{"short magic", good[:2], `bad magic "KV", want "KVM"`},
 		{"magic", append([]byte("XXX"), good[3:]...), "bad magic"},
 		{"an output frame", out, `bad magic "KVO", want "KVM"`},
-		{"version 0", withVersion(0), "unknown wire version 0, want 2"},
-		{"version 3", withVersion(3), "unknown wire version 3, want 2"},
+		{"negative group", negGroup, "transfer 1: group -1, want >= 0"},
+		{"version 0", withVersion(0), "unknown wire version 0, want 3"},
+		{"version 4", withVersion(4), "unknown wire version 4, want 3"},
 		{"header only", good[:8], "truncated: 8 bytes"},
 		{"truncated", good[:len(good)-1], "truncated: length"},
 		{"trailing", append(bytes.Clone(good), 0), "1 bytes appended"},
@@ -443,12 +463,14 @@ func TestEncodeRejects(t *testing.T) {
 	}{
 		{"hashes", &connector.Metadata{Saves: []connector.Transfer{{ID: 1, Blocks: []connector.BlockID{1, 2}, Hashes: make([]hashing.BlockHash, 1)}}}, "transfer 1 has 2 blocks but 1 hashes"},
 		{"first", &connector.Metadata{Loads: []connector.Transfer{{ID: 2, First: int(-big - 1)}}}, "transfer 2 has First = -2147483649"},
+		{"negative group", &connector.Metadata{Saves: []connector.Transfer{{ID: 4, Group: -1}}}, "transfer 4 has Group = -1"},
+		{"group", &connector.Metadata{Loads: []connector.Transfer{{ID: 5, Group: int(big)}}}, "transfer 5 has Group = 2147483648"},
 		{"rank", &connector.Output{Rank: int(big)}, "Output.Rank = 2147483648"},
 		{"index", &connector.Output{Failed: []connector.Failure{{Transfer: 3, Index: int(big)}}}, "failure of transfer 3 has Index = 2147483648"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if strconv.IntSize == 32 && tt.name != "hashes" {
+			if strconv.IntSize == 32 && tt.name != "hashes" && tt.name != "negative group" {
 				t.Skip("int is 32 bits: every value fits the wire")
 			}
 			prefix := []byte("keep")

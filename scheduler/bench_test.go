@@ -21,11 +21,11 @@ type stubConn struct {
 func (c *stubConn) Match(r *connector.Request, _ int) (connector.Match, error) {
 	return connector.Match{Pending: strings.HasPrefix(string(r.ID), "wait-")}, nil
 }
-func (c *stubConn) Allocated(*connector.Request, []connector.BlockID, int) error { return nil }
-func (c *stubConn) Scheduled(*connector.Request, []connector.BlockID, int) error { return nil }
-func (c *stubConn) Plan() *connector.Metadata                                    { c.meta.Step++; return &c.meta }
-func (c *stubConn) Update([]*connector.Output) (*connector.Progress, error)      { return &c.prog, nil }
-func (c *stubConn) Finish(*connector.Request, []connector.BlockID) (bool, error) {
+func (c *stubConn) Allocated(*connector.Request, int, ...[]connector.BlockID) error { return nil }
+func (c *stubConn) Scheduled(*connector.Request, int, ...[]connector.BlockID) error { return nil }
+func (c *stubConn) Plan() *connector.Metadata                                       { c.meta.Step++; return &c.meta }
+func (c *stubConn) Update([]*connector.Output) (*connector.Progress, error)         { return &c.prog, nil }
+func (c *stubConn) Finish(*connector.Request, ...[]connector.BlockID) (bool, error) {
 	return false, nil
 }
 func (c *stubConn) Close() error { return nil }

@@ -212,7 +212,8 @@ func (c *fakeConn) Match(r *connector.Request, computed int) (connector.Match, e
 	return connector.Match{Tokens: q.lookup * c.bs}, nil
 }
 
-func (c *fakeConn) Allocated(r *connector.Request, blocks []connector.BlockID, external int) error {
+func (c *fakeConn) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
+	blocks := connector.Table(tables, 0)
 	if err := c.inject["Allocated"]; err != nil {
 		return err
 	}
@@ -247,7 +248,8 @@ func (c *fakeConn) Allocated(r *connector.Request, blocks []connector.BlockID, e
 	return nil
 }
 
-func (c *fakeConn) Scheduled(r *connector.Request, blocks []connector.BlockID, computed int) error {
+func (c *fakeConn) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
+	blocks := connector.Table(tables, 0)
 	if err := c.inject["Scheduled"]; err != nil {
 		return err
 	}
@@ -368,7 +370,8 @@ func (c *fakeConn) Update(outs []*connector.Output) (*connector.Progress, error)
 	return &c.prog, nil
 }
 
-func (c *fakeConn) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+func (c *fakeConn) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	blocks := connector.Table(tables, 0)
 	if err := c.inject["Finish"]; err != nil {
 		return false, err
 	}
@@ -433,17 +436,20 @@ type plainConn struct{ c *fakeConn }
 func (p plainConn) Match(r *connector.Request, computed int) (connector.Match, error) {
 	return p.c.Match(r, computed)
 }
-func (p plainConn) Allocated(r *connector.Request, blocks []connector.BlockID, external int) error {
-	return p.c.Allocated(r, blocks, external)
+func (p plainConn) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
+	blocks := connector.Table(tables, 0)
+	return p.c.Allocated(r, external, blocks)
 }
-func (p plainConn) Scheduled(r *connector.Request, blocks []connector.BlockID, computed int) error {
-	return p.c.Scheduled(r, blocks, computed)
+func (p plainConn) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
+	blocks := connector.Table(tables, 0)
+	return p.c.Scheduled(r, computed, blocks)
 }
 func (p plainConn) Plan() *connector.Metadata { return p.c.Plan() }
 func (p plainConn) Update(outs []*connector.Output) (*connector.Progress, error) {
 	return p.c.Update(outs)
 }
-func (p plainConn) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+func (p plainConn) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	blocks := connector.Table(tables, 0)
 	return p.c.Finish(r, blocks)
 }
 func (p plainConn) Close() error { return p.c.Close() }

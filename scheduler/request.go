@@ -134,6 +134,7 @@ type request struct {
 	plain  bool              // chain has no extras: reusable by any request without extras
 	creq   connector.Request // the connector's view; Hashes is chain.Hashes()
 	blocks []BlockID         // block table: blocks[i] holds tokens [i*B, (i+1)*B)
+	table  [1][]BlockID      // the connector's view of blocks: see tables
 
 	computed  int  // tokens whose KV is in blocks
 	committed int  // leading blocks indexed in (or taken from) the prefix cache
@@ -190,4 +191,12 @@ func (q *queue) remove(r *request) bool {
 	s[len(s)-1] = nil
 	*q = s[:len(s)-1]
 	return true
+}
+
+// tables returns r's block tables as the connector takes them: one, its
+// blocks, in space r owns, so that passing them (tables()...) through the
+// connector's interface does not allocate.
+func (r *request) tables() [][]BlockID {
+	r.table[0] = r.blocks
+	return r.table[:]
 }

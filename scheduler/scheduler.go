@@ -316,7 +316,7 @@ func (s *Scheduler) Step() (*Plan, error) {
 		for i, it := range p.Items {
 			r := s.items[i]
 			r.known = true
-			if err := s.conn.Scheduled(&r.creq, r.blocks, it.End); err != nil {
+			if err := s.conn.Scheduled(&r.creq, it.End, r.tables()...); err != nil {
 				r.planned = 0
 				s.end(r, Failed, fmt.Errorf("%w: Scheduled(%q): %w", ErrConnector, r.id, err))
 				continue
@@ -487,7 +487,7 @@ func (s *Scheduler) admit(budget *int) {
 		s.stats.LocalTokens += int64(hit * s.bs)
 		s.stats.Admitted++
 		if lookups {
-			if err := s.conn.Allocated(&r.creq, r.blocks, ext); err != nil {
+			if err := s.conn.Allocated(&r.creq, ext, r.tables()...); err != nil {
 				s.end(r, Failed, fmt.Errorf("%w: Allocated(%q, %d external tokens): %w", ErrConnector, r.id, ext, err))
 				continue
 			}
@@ -541,9 +541,9 @@ func (s *Scheduler) finishConn(r *request, preempted bool) (keep bool, err error
 	op := "Finish"
 	if p, ok := s.conn.(connector.Preempter); ok && preempted {
 		op = "Preempt"
-		keep, err = p.Preempt(&r.creq, r.blocks)
+		keep, err = p.Preempt(&r.creq, r.tables()...)
 	} else {
-		keep, err = s.conn.Finish(&r.creq, r.blocks)
+		keep, err = s.conn.Finish(&r.creq, r.tables()...)
 	}
 	if err != nil {
 		return false, fmt.Errorf("%w: %s(%q): %w", ErrConnector, op, r.id, err)

@@ -278,7 +278,8 @@ func (s validOffByOne) Update(outs []*connector.Output) (*connector.Progress, er
 // freesEarly never keeps a finished request's blocks.
 type freesEarly struct{ *storeconn.Scheduler }
 
-func (s freesEarly) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+func (s freesEarly) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	blocks := connector.Table(tables, 0)
 	_, err := s.Scheduler.Finish(r, blocks)
 	return false, err
 }
@@ -287,7 +288,8 @@ func (s freesEarly) Finish(r *connector.Request, blocks []connector.BlockID) (bo
 // and never releases them.
 type neverReleases struct{ *storeconn.Scheduler }
 
-func (s neverReleases) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+func (s neverReleases) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	blocks := connector.Table(tables, 0)
 	keep, err := s.Scheduler.Finish(r, blocks)
 	return keep || err == nil, err
 }

@@ -509,7 +509,7 @@ func (e *engine) admit(r *freq) bool {
 		}
 		r.blocks = append(r.blocks, b)
 	}
-	if err := e.pair.Scheduler.Allocated(&r.conn, r.blocks, m.Tokens); err != nil {
+	if err := e.pair.Scheduler.Allocated(&r.conn, m.Tokens, r.blocks); err != nil {
 		e.t.Fatalf("Allocated(%s, %d blocks, %d): %v", r.conn.ID, len(r.blocks), m.Tokens, err)
 	}
 	e.admits++
@@ -624,7 +624,7 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		if chunk > 0 && to-r.computed > chunk {
 			to = r.computed + chunk
 		}
-		if err := e.pair.Scheduler.Scheduled(&r.conn, r.blocks, to); err != nil {
+		if err := e.pair.Scheduler.Scheduled(&r.conn, to, r.blocks); err != nil {
 			e.t.Fatalf("Scheduled(%s, %d): %v", r.conn.ID, to, err)
 		}
 		for i := r.computed / bs; i < to/bs; i++ {

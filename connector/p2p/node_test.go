@@ -299,10 +299,10 @@ func (n *node) prefill(id string, prompt []hashing.Token) []byte {
 	for range (len(prompt) + bs - 1) / bs {
 		r.blocks = append(r.blocks, n.alloc())
 	}
-	if err := n.sched.Allocated(&r.conn, r.blocks, 0); err != nil {
+	if err := n.sched.Allocated(&r.conn, 0, r.blocks); err != nil {
 		n.t.Fatalf("Allocated: %v", err)
 	}
-	if err := n.sched.Scheduled(&r.conn, r.blocks, len(prompt)); err != nil {
+	if err := n.sched.Scheduled(&r.conn, len(prompt), r.blocks); err != nil {
 		n.t.Fatalf("Scheduled: %v", err)
 	}
 	n.step(func() {
@@ -352,7 +352,7 @@ func (n *node) admit(id string, prompt []hashing.Token, params []byte, local int
 	for i := range local {
 		n.write(r.blocks[i], r.conn.Hashes[i])
 	}
-	if err := n.sched.Allocated(&r.conn, r.blocks, m.Tokens); err != nil {
+	if err := n.sched.Allocated(&r.conn, m.Tokens, r.blocks); err != nil {
 		n.t.Fatalf("Allocated: %v", err)
 	}
 	r.load, r.loadFrom = m.Tokens, local

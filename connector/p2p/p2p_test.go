@@ -303,7 +303,7 @@ func TestHandshake(t *testing.T) {
 	}
 	q := &connector.Request{ID: "x", Prompt: 8}
 	q.Hashes = n.newReq("x", prompt(1, 8)).conn.Hashes
-	if err := other.Scheduled(q, []connector.BlockID{0, 1}, 8); err != nil {
+	if err := other.Scheduled(q, 8, []connector.BlockID{0, 1}); err != nil {
 		t.Fatal(err)
 	}
 	if keep, err := other.Finish(q, []connector.BlockID{0, 1}); keep || err != nil {
@@ -328,7 +328,7 @@ func TestHandshake(t *testing.T) {
 		t.Errorf("SetHandshake(rank 5 of 2) = nil")
 	}
 	q.ID = "y"
-	if err := other.Scheduled(q, []connector.BlockID{0, 1}, 8); err != nil {
+	if err := other.Scheduled(q, 8, []connector.BlockID{0, 1}); err != nil {
 		t.Fatal(err)
 	}
 	if keep, err := other.Finish(q, []connector.BlockID{0, 1}); !keep || err != nil {
@@ -358,11 +358,11 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("SetParams(malformed) = %v, want ErrParams", err)
 	}
 	r, matched := c.admit("r", tokens, params, 0)
-	if err := c.sched.Allocated(&r.conn, r.blocks, matched); err == nil {
+	if err := c.sched.Allocated(&r.conn, matched, r.blocks); err == nil {
 		t.Errorf("a second Allocated = nil error")
 	}
 	q := &connector.Request{ID: "q", Prompt: 20, Hashes: r.conn.Hashes}
-	if err := c.sched.Allocated(q, r.blocks, 4); !errors.Is(err, connector.ErrUnknownRequest) {
+	if err := c.sched.Allocated(q, 4, r.blocks); !errors.Is(err, connector.ErrUnknownRequest) {
 		t.Errorf("Allocated before Match = %v", err)
 	}
 	if _, err := c.sched.Match(q, 3); err == nil {
@@ -497,10 +497,10 @@ func TestPreemptOffersNothing(t *testing.T) {
 	for range 6 {
 		r.blocks = append(r.blocks, p.alloc())
 	}
-	if err := p.sched.Allocated(&r.conn, r.blocks, 0); err != nil {
+	if err := p.sched.Allocated(&r.conn, 0, r.blocks); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.sched.Scheduled(&r.conn, r.blocks, len(tokens)); err != nil {
+	if err := p.sched.Scheduled(&r.conn, len(tokens), r.blocks); err != nil {
 		t.Fatal(err)
 	}
 	p.step(func() {

@@ -225,7 +225,11 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 // Allocated implements connector.Scheduler: it plans the load of the
 // matched blocks into blocks, or, when the engine loads none, a notice to
 // the producer that it may free them.
-func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, external int) error {
+func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
+	if err := connector.CheckTables("p2p: Allocated", r.ID, tables, 1, false); err != nil {
+		return err
+	}
+	blocks := tables[0]
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -291,7 +295,11 @@ func (s *Scheduler) track(q *request, id uint64, k kind, first, n, slot int) {
 
 // Scheduled implements connector.Scheduler. A producer records the
 // request's computed full blocks, to offer them when it ends.
-func (s *Scheduler) Scheduled(r *connector.Request, blocks []connector.BlockID, computed int) error {
+func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
+	if err := connector.CheckTables("p2p: Scheduled", r.ID, tables, 1, false); err != nil {
+		return err
+	}
+	blocks := tables[0]
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -390,13 +398,21 @@ func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
 // computed full blocks (keep is then true until the consumer is done or
 // the offer expires); a consumer that loaded nothing tells the producer
 // it may free its blocks.
-func (s *Scheduler) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+func (s *Scheduler) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	if err := connector.CheckTables("p2p: Finish", r.ID, tables, 1, true); err != nil {
+		return false, err
+	}
+	blocks := connector.Table(tables, 0)
 	return s.end(r, blocks, true)
 }
 
 // Preempt implements connector.Preempter: like Finish, but a preempted
 // request's blocks are not offered, since no consumer will continue it.
-func (s *Scheduler) Preempt(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+func (s *Scheduler) Preempt(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	if err := connector.CheckTables("p2p: Preempt", r.ID, tables, 1, true); err != nil {
+		return false, err
+	}
+	blocks := connector.Table(tables, 0)
 	return s.end(r, blocks, false)
 }
 

@@ -146,6 +146,9 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	if _, err := layoutBytes(kvCacheFields, kv.Layers, kv.KV, kv.Blocks, kv.BlockBytes); err != nil {
 		return fmt.Errorf("p2p: Register: %w", err)
 	}
+	if len(kv.Groups) != 0 {
+		return fmt.Errorf("%w: p2p: Register: KVCache.Groups has %d groups: this connector moves the one group of a layout without Layout.Groups", connector.ErrConfig, len(kv.Groups))
+	}
 	if err := kv.Validate(); err != nil {
 		return err
 	}
@@ -321,6 +324,9 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 }
 
 func (w *Worker) checkBlocks(t *connector.Transfer) error {
+	if t.Group != 0 {
+		return fmt.Errorf("%w: p2p: transfer %d of request %q names KV cache group %d: this connector moves the one group of a layout without Layout.Groups", connector.ErrBadMetadata, t.ID, t.Req, t.Group)
+	}
 	for _, b := range t.Blocks {
 		if err := w.kv.CheckBlock(b); err != nil {
 			return fmt.Errorf("p2p: transfer %d of request %q: %w", t.ID, t.Req, err)

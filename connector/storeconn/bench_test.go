@@ -108,7 +108,7 @@ func BenchmarkStep(b *testing.B) {
 		r.ID = connector.RequestID(fmt.Sprint("r", i))
 		reqs[i] = &r
 		// Mark everything computed and planned once, outside the loop.
-		if err := s.Scheduled(reqs[i], blk, 32*1024); err != nil {
+		if err := s.Scheduled(reqs[i], 32*1024, blk); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -117,7 +117,7 @@ func BenchmarkStep(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		for _, r := range reqs {
-			if err := s.Scheduled(r, blk, 32*1024); err != nil {
+			if err := s.Scheduled(r, 32*1024, blk); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -256,7 +256,7 @@ func benchWorker(b *testing.B, load bool) {
 			if err != nil || m.Tokens != nblocks*16 {
 				b.Fatalf("Match = %+v, %v", m, err)
 			}
-			if err := s.Allocated(r, blk, m.Tokens); err != nil {
+			if err := s.Allocated(r, m.Tokens, blk); err != nil {
 				b.Fatal(err)
 			}
 			drive()
@@ -266,7 +266,7 @@ func benchWorker(b *testing.B, load bool) {
 		} else {
 			// Fresh keys for the worker too: it must copy every block.
 			r := &connector.Request{ID: connector.RequestID(fmt.Sprint(i)), Prompt: len(toks), Hashes: hashesFor()}
-			if err := s.Scheduled(r, blk, len(toks)); err != nil {
+			if err := s.Scheduled(r, len(toks), blk); err != nil {
 				b.Fatal(err)
 			}
 			t1 = time.Now() // hashing the fresh tokens is not the worker's cost
@@ -332,7 +332,7 @@ func newLoadRig(b *testing.B, st store.Store, tenant, verify string, nblocks, bl
 	for i := range r.blk {
 		r.blk[i] = connector.BlockID(i)
 	}
-	if err := s.Scheduled(r.req, r.blk, len(toks)); err != nil {
+	if err := s.Scheduled(r.req, len(toks), r.blk); err != nil {
 		b.Fatal(err)
 	}
 	r.drive()
@@ -379,7 +379,7 @@ func (r *loadRig) load() time.Duration {
 	if err != nil || m.Tokens != len(r.req.Hashes)*16 {
 		r.b.Fatalf("Match = %+v, %v", m, err)
 	}
-	if err := r.s.Allocated(req, r.blk, m.Tokens); err != nil {
+	if err := r.s.Allocated(req, m.Tokens, r.blk); err != nil {
 		r.b.Fatal(err)
 	}
 	t0 := time.Now()

@@ -108,7 +108,7 @@ func newDeviceRigOn(t *testing.T, order connector.Order, st store.Store, cp conn
 func (d *deviceRig) saveFour() {
 	d.t.Helper()
 	req := request("a", 4*bs+1)
-	if err := d.s.Scheduled(req, blocks(5), req.Prompt); err != nil {
+	if err := d.s.Scheduled(req, req.Prompt, blocks(5)); err != nil {
 		d.t.Fatal(err)
 	}
 	d.step(connector.Ready)
@@ -125,7 +125,7 @@ func (d *deviceRig) loadFour() {
 	if err != nil || m.Tokens != 4*bs {
 		d.t.Fatalf("Match = %+v, %v; want %d tokens", m, err, 4*bs)
 	}
-	if err := d.s.Allocated(req, blocks(5), m.Tokens); err != nil {
+	if err := d.s.Allocated(req, m.Tokens, blocks(5)); err != nil {
 		d.t.Fatal(err)
 	}
 }

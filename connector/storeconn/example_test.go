@@ -59,7 +59,7 @@ func Example() {
 	// One request of one full block and a token: the block is saved.
 	hashes, _ := hashing.HashBlocks(4, []hashing.Token{1, 2, 3, 4, 5})
 	r := &connector.Request{ID: "r", Prompt: 5, Hashes: hashes}
-	if err := s.Scheduled(r, []connector.BlockID{0, 1}, r.Prompt); err != nil {
+	if err := s.Scheduled(r, r.Prompt, []connector.BlockID{0, 1}); err != nil {
 		panic(err)
 	}
 	if err := w.Start(context.Background(), s.Plan()); err != nil {

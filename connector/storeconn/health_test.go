@@ -29,7 +29,7 @@ func TestStoreOutageVisible(t *testing.T) {
 	if err != nil || m.Tokens != 4*bs {
 		t.Fatalf("Match = %+v, %v", m, err)
 	}
-	if err := r.s.Allocated(b, blocks(5), m.Tokens); err != nil {
+	if err := r.s.Allocated(b, m.Tokens, blocks(5)); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Close(); err != nil {

@@ -154,7 +154,7 @@ func (r *rig) load(id string) (loaded bool, fails []connector.LoadFailure) {
 	if err != nil || m.Tokens != 4*bs {
 		r.t.Fatalf("Match = %+v, %v; want %d tokens", m, err, 4*bs)
 	}
-	if err := r.s.Allocated(req, blocks(5), m.Tokens); err != nil {
+	if err := r.s.Allocated(req, m.Tokens, blocks(5)); err != nil {
 		r.t.Fatal(err)
 	}
 	r.until("the end of the load of "+id, func(p *connector.Progress) bool {

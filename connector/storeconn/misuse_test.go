@@ -8,6 +8,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/hashing"
@@ -54,18 +56,18 @@ func TestMisuse(t *testing.T) {
 		}, "4 hashes for a 8-token prompt"},
 		{"Allocated negative block", func(s connector.Scheduler) error {
 			s.Match(ok, 0)
-			return s.Allocated(ok, neg, 0)
+			return s.Allocated(ok, 0, neg)
 		}, "blocks[1] = -1"},
 		{"Allocated block out of range", func(s connector.Scheduler) error {
 			s.Match(ok, 0)
-			return s.Allocated(ok, far, 0)
+			return s.Allocated(ok, 0, far)
 		}, "blocks[4] = 32, want [0, 32)"},
-		{"Scheduled negative block", func(s connector.Scheduler) error { return s.Scheduled(ok, neg, ok.Prompt) }, "blocks[1] = -1"},
-		{"Scheduled duplicate block", func(s connector.Scheduler) error { return s.Scheduled(ok, dup, ok.Prompt) }, "block 1 is named twice"},
-		{"Scheduled block out of range", func(s connector.Scheduler) error { return s.Scheduled(ok, far, ok.Prompt) }, "blocks[4] = 32"},
-		{"Scheduled negative computed", func(s connector.Scheduler) error { return s.Scheduled(ok, blocks(5), -1) }, "computed = -1"},
+		{"Scheduled negative block", func(s connector.Scheduler) error { return s.Scheduled(ok, ok.Prompt, neg) }, "blocks[1] = -1"},
+		{"Scheduled duplicate block", func(s connector.Scheduler) error { return s.Scheduled(ok, ok.Prompt, dup) }, "block 1 is named twice"},
+		{"Scheduled block out of range", func(s connector.Scheduler) error { return s.Scheduled(ok, ok.Prompt, far) }, "blocks[4] = 32"},
+		{"Scheduled negative computed", func(s connector.Scheduler) error { return s.Scheduled(ok, -1, blocks(5)) }, "computed = -1"},
 		{"Scheduled empty ID", func(s connector.Scheduler) error {
-			return s.Scheduled(&connector.Request{Prompt: 9}, blocks(3), 8)
+			return s.Scheduled(&connector.Request{Prompt: 9}, 8, blocks(3))
 		}, "Request.ID is empty"},
 		{"Rotate to the same generation", func(s connector.Scheduler) error { return s.(connector.Rotator).Rotate(0) }, "rotate to generation 0"},
 	} {
@@ -106,6 +108,7 @@ func TestWorkerMisuse(t *testing.T) {
 		{"duplicate id in a step", &connector.Metadata{Step: 1}, &connector.Metadata{Step: 2, Loads: []connector.Transfer{tr(7)}, Saves: []connector.Transfer{tr(7)}}, connector.ErrBadMetadata, "transfer id 7 twice"},
 		{"id of an earlier step", &connector.Metadata{Step: 1, Saves: []connector.Transfer{tr(9)}}, &connector.Metadata{Step: 2, Saves: []connector.Transfer{tr(9)}}, connector.ErrBadMetadata, "transfer id 9 is not above 9"},
 		{"older generation", &connector.Metadata{Step: 1, Generation: 3}, &connector.Metadata{Step: 2, Generation: 2}, connector.ErrGeneration, "generation 2"},
+		{"a group the memory lacks", &connector.Metadata{Step: 1}, &connector.Metadata{Step: 2, Loads: []connector.Transfer{{ID: 3, Req: "x", Group: 1, Blocks: []connector.BlockID{0}, Hashes: h[:1]}}}, connector.ErrBadMetadata, "transfer 3 names KV cache group 1"},
 		{"hashes and blocks disagree", &connector.Metadata{Step: 1}, &connector.Metadata{Step: 2, Loads: []connector.Transfer{{ID: 3, Req: "x", Blocks: []connector.BlockID{0, 1}, Hashes: h[:1]}}}, connector.ErrBadMetadata, "2 blocks but 1 hashes"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -151,11 +154,11 @@ func TestNoDuplicateSave(t *testing.T) {
 	if err != nil || m.Tokens != 3*bs {
 		t.Fatalf("Match = %+v, %v; want %d tokens (the last block is recomputed)", m, err, 3*bs)
 	}
-	if err := r.s.Allocated(b, blocks(4), m.Tokens); err != nil {
+	if err := r.s.Allocated(b, m.Tokens, blocks(4)); err != nil {
 		t.Fatal(err)
 	}
 	r.until("load", func(p *connector.Progress) bool { return len(p.Loaded) == 1 })
-	if err := r.s.Scheduled(b, blocks(4), b.Prompt); err != nil {
+	if err := r.s.Scheduled(b, b.Prompt, blocks(4)); err != nil {
 		t.Fatal(err)
 	}
 	r.step(connector.Ready)
@@ -227,10 +230,10 @@ func TestAllocatedBeyondMatch(t *testing.T) {
 	if err != nil || m.Tokens != bs {
 		t.Fatalf("Match = %+v, %v; want %d tokens", m, err, bs)
 	}
-	if err := r.s.Allocated(b, blocks(2), 2*bs); err == nil || !strings.Contains(err.Error(), "exceeds the last match") {
+	if err := r.s.Allocated(b, 2*bs, blocks(2)); err == nil || !strings.Contains(err.Error(), "exceeds the last match") {
 		t.Errorf("Allocated(%d tokens) after a match of %d = %v, want an error", 2*bs, bs, err)
 	}
-	if err := r.s.Allocated(b, []connector.BlockID{3, 3}, bs); err != nil {
+	if err := r.s.Allocated(b, bs, []connector.BlockID{3, 3}); err != nil {
 		t.Errorf("Allocated(%d tokens) into blocks 3, 3 = %v; the second block is not loaded into", bs, err)
 	}
 	c := request("c", 3*bs)
@@ -238,7 +241,84 @@ func TestAllocatedBeyondMatch(t *testing.T) {
 	if m, err := r.s.Match(c, 0); err != nil || m.Tokens != 2*bs {
 		t.Fatalf("Match(c) = %+v, %v", m, err)
 	}
-	if err := r.s.Allocated(c, []connector.BlockID{5, 5, 6}, 2*bs); err == nil || !strings.Contains(err.Error(), "block 5 is named twice") {
+	if err := r.s.Allocated(c, 2*bs, []connector.BlockID{5, 5, 6}); err == nil || !strings.Contains(err.Error(), "block 5 is named twice") {
 		t.Errorf("Allocated into blocks 5, 5 = %v, want an error naming block 5", err)
+	}
+}
+
+// TestTablesPerGroup: a call with another number of block tables than the
+// layout has groups is refused, naming the count, and plans nothing.
+func TestTablesPerGroup(t *testing.T) {
+	r := newRig(t, newMem(t), identity(1, 1), map[string]any{"lookup": "sync"})
+	req := request("a", 4*bs+1)
+	if _, err := r.s.Match(req, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"Allocated, two tables", func() error { return r.s.Allocated(req, 0, blocks(5), blocks(5)) }, `Allocated("a"): 2 block tables, want 1`},
+		{"Allocated, none", func() error { return r.s.Allocated(req, 0) }, `Allocated("a"): 0 block tables, want 1`},
+		{"Scheduled, none", func() error { return r.s.Scheduled(req, 4*bs) }, `Scheduled("a"): 0 block tables, want 1`},
+		{"Finish, two tables", func() error { _, err := r.s.Finish(req, blocks(5), blocks(5)); return err }, `Finish("a"): 2 block tables, want 1`},
+	} {
+		err := tt.call()
+		if !errors.Is(err, connector.ErrInvalidBlock) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want ErrInvalidBlock containing %q", tt.name, err, tt.want)
+		}
+	}
+	if m := r.s.Plan(); len(m.Loads)+len(m.Saves) != 0 {
+		t.Errorf("the refused calls planned %d loads and %d saves", len(m.Loads), len(m.Saves))
+	}
+	if keep, err := r.s.Finish(req); keep || err != nil {
+		t.Errorf("Finish with no tables = %v, %v; want false, nil", keep, err)
+	}
+}
+
+// TestMetadataWrittenByEngine: an engine that writes into the Metadata
+// Plan handed out (against the contract: it is read-only) changes only
+// what it ships. The connector's own records, here the blocks and hashes
+// of an out-of-space retry, keep what it planned.
+func TestMetadataWrittenByEngine(t *testing.T) {
+	r := newRig(t, newMem(t), identity(1, 1), map[string]any{"lookup": "sync", "retry_steps": 1, "save_retries": 1})
+	req := request("a", 2*bs+1)
+	bl := []connector.BlockID{5, 6, 7}
+	if err := r.s.Scheduled(req, req.Prompt, bl); err != nil {
+		t.Fatal(err)
+	}
+	m := r.s.Plan()
+	if len(m.Saves) != 1 || len(m.Saves[0].Blocks) != 2 {
+		t.Fatalf("Plan: %d saves, want one of 2 blocks: %+v", len(m.Saves), m.Saves)
+	}
+	id := m.Saves[0].ID
+	want := append([]connector.BlockID(nil), m.Saves[0].Blocks...)
+	wantH := append([]hashing.BlockHash(nil), m.Saves[0].Hashes...)
+	for i := range m.Saves[0].Blocks {
+		m.Saves[0].Blocks[i] = 31
+		m.Saves[0].Hashes[i] = hashing.BlockHash{0xff}
+	}
+	// Every block of the save found no space: both go out again.
+	out := &connector.Output{Rank: 0, Done: []uint64{id}, Failed: []connector.Failure{
+		{Transfer: id, Index: 0, Reason: connector.ReasonNoSpace}, {Transfer: id, Index: 1, Reason: connector.ReasonNoSpace}}}
+	if _, err := r.s.Update([]*connector.Output{out}); err != nil {
+		t.Fatal(err)
+	}
+	var retry *connector.Transfer
+	for range 4 {
+		if m := r.s.Plan(); len(m.Saves) > 0 {
+			retry = &m.Saves[0]
+			break
+		}
+	}
+	if retry == nil {
+		t.Fatal("no retry planned in 4 steps with retry_steps 1")
+	}
+	if diff := cmp.Diff(want, retry.Blocks); diff != "" {
+		t.Errorf("retry's blocks, after the engine wrote the first Metadata (-planned +retried):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantH, retry.Hashes); diff != "" {
+		t.Errorf("retry's hashes, after the engine wrote the first Metadata (-planned +retried):\n%s", diff)
 	}
 }

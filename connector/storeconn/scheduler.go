@@ -33,6 +33,7 @@ type Scheduler struct {
 	retries     []retry                   // out-of-space saves to plan again
 	nextID      uint64
 	bufs        [2]connector.Metadata // Plan hands out one while the other fills
+	arenas      [2]arena              // the blocks and hashes of bufs[i] as handed out
 	meta        *connector.Metadata   // the one filling: this step's plan
 	progress    connector.Progress
 	events      []connector.KVEvent
@@ -109,6 +110,12 @@ type transfer struct {
 	noSpace []bool // per block: a worker reported no space (saves)
 	failed  []bool // per block: failed for another reason (saves)
 	tries   int
+}
+
+// arena holds the copies of one Metadata's blocks and hashes.
+type arena struct {
+	blocks []connector.BlockID
+	hashes []hashing.BlockHash
 }
 
 type retry struct {
@@ -413,7 +420,11 @@ func (s *Scheduler) checkBlocks(op string, r *connector.Request, blocks []connec
 }
 
 // Allocated implements connector.Scheduler.
-func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, external int) error {
+func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
+	if err := connector.CheckTables("storeconn: Allocated", r.ID, tables, 1, false); err != nil {
+		return err
+	}
+	blocks := tables[0]
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -463,7 +474,8 @@ func (s *Scheduler) Allocated(r *connector.Request, blocks []connector.BlockID, 
 	return nil
 }
 
-// track records a planned transfer.
+// track records a planned transfer. The record shares the Transfer's
+// blocks and hashes; Plan hands the engine copies (see Plan).
 func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries int) {
 	x := &transfer{
 		req:    q,
@@ -487,7 +499,11 @@ func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries in
 }
 
 // Scheduled implements connector.Scheduler.
-func (s *Scheduler) Scheduled(r *connector.Request, blocks []connector.BlockID, computed int) error {
+func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
+	if err := connector.CheckTables("storeconn: Scheduled", r.ID, tables, 1, false); err != nil {
+		return err
+	}
+	blocks := tables[0]
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -577,9 +593,26 @@ func (s *Scheduler) Plan() *connector.Metadata {
 	}
 	s.retries = kept
 	m := s.meta
-	next := &s.bufs[0]
-	if m == next {
-		next = &s.bufs[1]
+	mi := 0
+	if m == &s.bufs[1] {
+		mi = 1
+	}
+	next := &s.bufs[1-mi]
+	// The engine gets copies of the blocks and hashes, in space reused
+	// every other Plan: the records share the originals, and an engine
+	// that writes into the Metadata must not change what the connector
+	// retries or remembers as failed.
+	a := &s.arenas[mi]
+	a.blocks, a.hashes = a.blocks[:0], a.hashes[:0]
+	for _, list := range [2][]connector.Transfer{m.Loads, m.Saves} {
+		for i := range list {
+			t := &list[i]
+			b, h := len(a.blocks), len(a.hashes)
+			a.blocks = append(a.blocks, t.Blocks...)
+			a.hashes = append(a.hashes, t.Hashes...)
+			t.Blocks = a.blocks[b:len(a.blocks):len(a.blocks)]
+			t.Hashes = a.hashes[h:len(a.hashes):len(a.hashes)]
+		}
 	}
 	next.Reset()
 	next.Step, next.Generation = m.Step, m.Generation
@@ -695,7 +728,10 @@ func (s *Scheduler) maybeRelease(q *request) {
 }
 
 // Finish implements connector.Scheduler.
-func (s *Scheduler) Finish(r *connector.Request, blocks []connector.BlockID) (bool, error) {
+func (s *Scheduler) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	if err := connector.CheckTables("storeconn: Finish", r.ID, tables, 1, true); err != nil {
+		return false, err
+	}
 	if s.closed {
 		return false, connector.ErrClosed
 	}

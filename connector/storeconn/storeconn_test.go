@@ -154,7 +154,7 @@ func newMem(t *testing.T) store.Store {
 // its blocks are released.
 func (r *rig) saveAll(req *connector.Request) {
 	r.t.Helper()
-	if err := r.s.Scheduled(req, blocks(len(req.Hashes)+1), req.Prompt); err != nil {
+	if err := r.s.Scheduled(req, req.Prompt, blocks(len(req.Hashes)+1)); err != nil {
 		r.t.Fatalf("Scheduled: %v", err)
 	}
 	r.step(connector.Ready)
@@ -269,7 +269,7 @@ func TestSchedulerRejects(t *testing.T) {
 	st := newMem(t)
 	r := newRig(t, st, identity(1, 1), map[string]any{"lookup": "sync"})
 	req := request("a", 3*bs)
-	if err := r.s.Allocated(req, blocks(3), bs); !errors.Is(err, connector.ErrUnknownRequest) {
+	if err := r.s.Allocated(req, bs, blocks(3)); !errors.Is(err, connector.ErrUnknownRequest) {
 		t.Errorf("Allocated before Match = %v, want ErrUnknownRequest", err)
 	}
 	if keep, err := r.s.Finish(req, nil); keep || err != nil {
@@ -281,10 +281,10 @@ func TestSchedulerRejects(t *testing.T) {
 	if _, err := r.s.Match(req, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.s.Allocated(req, blocks(3), bs); err == nil || !strings.Contains(err.Error(), "exceeds the last match") {
+	if err := r.s.Allocated(req, bs, blocks(3)); err == nil || !strings.Contains(err.Error(), "exceeds the last match") {
 		t.Errorf("Allocated of more than matched = %v", err)
 	}
-	if err := r.s.Scheduled(req, blocks(1), 3*bs); !errors.Is(err, connector.ErrInvalidBlock) {
+	if err := r.s.Scheduled(req, 3*bs, blocks(1)); !errors.Is(err, connector.ErrInvalidBlock) {
 		t.Errorf("Scheduled with too few blocks = %v, want ErrInvalidBlock", err)
 	}
 	_, err := r.s.Update([]*connector.Output{{Rank: 0, Done: []uint64{999}}})
@@ -344,7 +344,7 @@ func TestRotationDropsStaleSaves(t *testing.T) {
 	st := newMem(t)
 	r := newRig(t, st, identity(1, 1), nil)
 	req := request("a", 4*bs+1)
-	if err := r.s.Scheduled(req, blocks(5), req.Prompt); err != nil {
+	if err := r.s.Scheduled(req, req.Prompt, blocks(5)); err != nil {
 		t.Fatal(err)
 	}
 	g := &gate{}
@@ -423,7 +423,7 @@ func TestRotationFailsLoadsInFlight(t *testing.T) {
 	if err != nil || m.Tokens != 4*bs {
 		t.Fatalf("Match = %+v, %v", m, err)
 	}
-	if err := r.s.Allocated(b, blocks(5), m.Tokens); err != nil {
+	if err := r.s.Allocated(b, m.Tokens, blocks(5)); err != nil {
 		t.Fatal(err)
 	}
 	meta := r.s.Plan() // generation 0, with the load

@@ -160,6 +160,9 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	if w.life.registered {
 		return fmt.Errorf("storeconn: Register called twice")
 	}
+	if len(kv.Groups) != 0 {
+		return fmt.Errorf("%w: Register: KVCache.Groups has %d groups, but the identity's layout has one", connector.ErrConfig, len(kv.Groups))
+	}
 	if err := kv.Validate(); err != nil {
 		return err
 	}
@@ -236,6 +239,9 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 			}
 			if t.First < 0 {
 				return fmt.Errorf("%w: transfer %d has First = %d", connector.ErrBadMetadata, t.ID, t.First)
+			}
+			if t.Group != 0 {
+				return fmt.Errorf("%w: transfer %d names KV cache group %d, but the registered KV memory has one group", connector.ErrBadMetadata, t.ID, t.Group)
 			}
 			for _, b := range t.Blocks {
 				if err := w.kv.CheckBlock(b); err != nil {
