@@ -54,7 +54,8 @@
 // A key binds the stored bytes to the tenant, the model, its weights
 // version and generation, the KV format (device, model dtype, cache dtype
 // and quantization, MLA dtype) and layout (layers, heads, head dim, block
-// size, TP size, replication) through the namespace; to the shard through
+// size, TP size, replication, and the KV cache groups of a hybrid model)
+// through the namespace; to the shard through
 // its shard index; and to the tokens of the block and of every block before
 // it, the cache salt, the LoRA adapter and its weights' fingerprint, the
 // multimodal items and any engine-defined extras through the block hash.

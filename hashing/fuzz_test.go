@@ -3,6 +3,7 @@ package hashing
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -42,12 +43,17 @@ func FuzzIdentityUnmarshal(f *testing.F) {
 	id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 4, 4
 	b, _ = id.MarshalBinary()
 	f.Add(b)
-	f.Add([]byte{1, 1})
+	for _, id := range []Identity{hybridIdentity(), stateIdentity(), allStateIdentity()} {
+		b, _ = id.MarshalBinary()
+		f.Add(b)
+	}
+	f.Add(refIdentityEncoding(validIdentity())[:10])
+	f.Add([]byte{2, 1})
 	f.Add([]byte{1, 1, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var id Identity
 		if err := id.UnmarshalBinary(data); err != nil {
-			if id != (Identity{}) {
+			if !reflect.DeepEqual(id, Identity{}) {
 				t.Fatalf("UnmarshalBinary wrote %+v and returned %v", id, err)
 			}
 			return

@@ -22,9 +22,10 @@ const maxShard = maxLayoutValue - 1
 
 // Namespace identifies one [Identity] in store keys: the tenant plus a
 // digest of the identity's canonical encoding. It also knows the identity's
-// block size and shard schema. Get one from [Identity.Namespace]; the zero
-// Namespace has no keys. Namespaces are comparable values, safe for
-// concurrent use.
+// block size, shard schema and KV cache groups. Get one from
+// [Identity.Namespace]; the zero Namespace has no keys. Namespaces are
+// comparable values, safe for concurrent use: equal identities give equal
+// (==) namespaces.
 type Namespace struct {
 	tenant    string
 	id        string // IDLen lowercase hex digits
@@ -32,11 +33,14 @@ type Namespace struct {
 	digest    [32]byte
 	blockSize int
 	tp, repl  int
+	layers    int
+	kinds     string // one GroupKind byte per group
+	groups    string // the groups' part of the identity encoding; "" for the default layout
 }
 
 func newNamespace(tenant string, digest [32]byte, l Layout) Namespace {
 	id := hex.EncodeToString(digest[:IDLen/2])
-	return Namespace{
+	ns := Namespace{
 		tenant:    tenant,
 		id:        id,
 		prefix:    tenant + "/" + id + "/",
@@ -44,7 +48,18 @@ func newNamespace(tenant string, digest [32]byte, l Layout) Namespace {
 		blockSize: l.BlockSize,
 		tp:        l.TPSize,
 		repl:      l.Replication,
+		layers:    l.Layers,
+		kinds:     string([]byte{byte(FullAttention)}),
 	}
+	if !l.isDefaultGroups() {
+		ns.groups = string(appendGroups(nil, l))
+		kinds := make([]byte, len(l.Groups))
+		for i, g := range l.Groups {
+			kinds[i] = byte(g.Kind)
+		}
+		ns.kinds = string(kinds)
+	}
+	return ns
 }
 
 // Tenant returns the namespace's tenant.
@@ -63,12 +78,29 @@ func (ns Namespace) IsZero() bool { return ns.tenant == "" }
 // String returns "tenant/id", for logs.
 func (ns Namespace) String() string { return ns.tenant + "/" + ns.id }
 
-// BlockSize returns the identity's block size in tokens. The chains whose
-// hashes go into keys of ns must have this block size (SPEC.md, "Block
-// size of keys"): build them with NewChain(ns.BlockSize(), ...). A
-// [BlockHash] does not record its block size, so [Namespace.Key] cannot
-// check it.
+// BlockSize returns the block size in tokens of the chains whose hashes
+// go into keys of ns: Layout.BlockSize, the hash block size (SPEC.md,
+// "Block size of keys"). Build them with NewChain(ns.BlockSize(), ...).
+// A group may have larger blocks, a multiple of it: see
+// [Group.HashIndex]. A [BlockHash] does not record its block size, so
+// [Namespace.Key] cannot check it.
 func (ns Namespace) BlockSize() int { return ns.blockSize }
+
+// Groups returns the identity's KV cache groups in their explicit form
+// ([Layout.EffectiveGroups]): for a layout without groups, the one
+// full-attention group of every layer. Group g of the result is group g
+// of [Namespace.GroupKey]. The slice is a new copy, the caller's to
+// modify; Groups of the zero Namespace is nil.
+func (ns Namespace) Groups() []Group {
+	switch {
+	case ns.IsZero():
+		return nil
+	case ns.groups == "":
+		return Layout{Layers: ns.layers, BlockSize: ns.blockSize}.EffectiveGroups()
+	}
+	d := decoder{b: []byte(ns.groups)}
+	return d.groups()
+}
 
 // Prefix returns the prefix that every key of ns starts with, and no key of
 // another namespace: "tenant/id/". Removing it from a store purges one

@@ -187,6 +187,7 @@ func generateVectors(t testing.TB) vectorFile {
 		Layout: Layout{Layers: maxLayoutValue, KVHeads: maxLayoutValue, HeadDim: maxLayoutValue, BlockSize: MaxBlockSize,
 			TPSize: maxLayoutValue, Replication: 1},
 	}
+	hy := hybridVectorIdentities(basic)
 	ids := []struct {
 		name string
 		id   Identity
@@ -195,6 +196,9 @@ func generateVectors(t testing.TB) vectorFile {
 		{"replicated", replicated}, {"mla", mla},
 		{"utf8", utf8}, {"utf8-nfd", utf8NFD}, {"edge-code-points", edge},
 		{"generation-2^32", gen32}, {"generation-max", genMax}, {"largest", largest},
+		{"explicit-default-group", hy.explicitDefault},
+		{"gpt-oss", hy.gptOSS}, {"jamba", hy.jamba}, {"qwen3-next", hy.qwen3Next}, {"mamba2", hy.mamba2},
+		{"most-groups", hy.mostGroups},
 	}
 	nss := map[string]Namespace{}
 	for _, x := range ids {
@@ -329,9 +333,117 @@ func generateVectors(t testing.TB) vectorFile {
 		}
 	}
 
-	generateRejects(t, &vf, basic, mla)
+	generateRejects(t, &vf, basic, mla, hy)
 	vf.Worked = workedExample(t, basic, nss["basic"])
 	return vf
+}
+
+// hybridVectors are the identities of the vectors with KV cache groups.
+type hybridVectors struct {
+	explicitDefault, gptOSS, jamba, qwen3Next, mamba2, mostGroups Identity
+}
+
+// hybridVectorIdentities returns the identities of the vectors with KV
+// cache groups, shaped like the models they are named after (layer
+// patterns, heads, windows; the state sizes are illustrative).
+func hybridVectorIdentities(basic Identity) hybridVectors {
+	var v hybridVectors
+	// The default layout written out: the same identity as basic.
+	v.explicitDefault = basic
+	v.explicitDefault.Layout.Groups = []Group{{Kind: FullAttention, Layers: seqInts(32), BlockSize: 16}}
+
+	// gpt-oss-120b: 36 layers alternating sliding-window attention over
+	// 128 tokens (even layers) and full attention (odd layers).
+	var even, odd []int
+	for i := range 36 {
+		if i%2 == 0 {
+			even = append(even, i)
+		} else {
+			odd = append(odd, i)
+		}
+	}
+	v.gptOSS = Identity{
+		Tenant: "acme", Model: "openai/gpt-oss-120b", WeightsVersion: "b5c939de8f754692c1647ca79fbf85e8c1e70f8a",
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: BF16},
+		Layout: Layout{Layers: 36, KVHeads: 8, HeadDim: 64, BlockSize: 16, TPSize: 4, Replication: 1, Groups: []Group{
+			{Kind: SlidingWindow, Layers: even, BlockSize: 16, Window: 128},
+			{Kind: FullAttention, Layers: odd, BlockSize: 16},
+		}},
+	}
+
+	// Jamba: 32 layers, attention at layers 4, 12, 20 and 28, Mamba in
+	// the others; layer 0 is Mamba, so the state group is group 0.
+	var mambaLayers []int
+	for i := range 32 {
+		if i%8 != 4 {
+			mambaLayers = append(mambaLayers, i)
+		}
+	}
+	v.jamba = Identity{
+		Tenant: "acme", Model: "ai21labs/AI21-Jamba-Mini-1.5", WeightsVersion: "v1.5",
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: BF16},
+		Layout: Layout{Layers: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, TPSize: 2, Replication: 1, Groups: []Group{
+			{Kind: RecurrentState, Layers: mambaLayers, BlockSize: 16, StateBytes: 286720},
+			{Kind: FullAttention, Layers: []int{4, 12, 20, 28}, BlockSize: 16},
+		}},
+	}
+
+	// Qwen3-Next-80B: 48 layers, full attention in every fourth (3, 7,
+	// ..., 47), linear attention in the others, as vLLM groups them: three
+	// state groups of 12 layers in blocks of 2x the hash block size, then
+	// the full-attention group. 2 KV heads over 4 ranks: the attention
+	// groups have 2 shards, the state groups 4.
+	var linear [][]int
+	var full []int
+	for i := range 48 {
+		if i%4 == 3 {
+			full = append(full, i)
+			continue
+		}
+		if len(linear) == 0 || len(linear[len(linear)-1]) == 12 {
+			linear = append(linear, nil)
+		}
+		linear[len(linear)-1] = append(linear[len(linear)-1], i)
+	}
+	v.qwen3Next = Identity{
+		Tenant: "acme-eu.prod_2", Model: "Qwen/Qwen3-Next-80B-A3B-Instruct", WeightsVersion: "9c7f2fbe84465e40164a94cc16cd30b6999b0cc7",
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: FP8E4M3},
+		Layout: Layout{Layers: 48, KVHeads: 2, HeadDim: 256, BlockSize: 64, TPSize: 4, Replication: 2},
+	}
+	for _, l := range linear {
+		v.qwen3Next.Layout.Groups = append(v.qwen3Next.Layout.Groups, Group{Kind: RecurrentState, Layers: l, BlockSize: 128, StateBytes: 536576})
+	}
+	v.qwen3Next.Layout.Groups = append(v.qwen3Next.Layout.Groups, Group{Kind: FullAttention, Layers: full, BlockSize: 64})
+
+	// Mamba-2: state layers only, so one KV head of dim 1, replicated on
+	// every rank; the state group's blocks are 2x the hash block size.
+	v.mamba2 = Identity{
+		Tenant: "ab", Model: "state-spaces/mamba2-2.7b", WeightsVersion: "main", Generation: 3,
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: FP32},
+		Layout: Layout{Layers: 64, KVHeads: 1, HeadDim: 1, BlockSize: 256, TPSize: 2, Replication: 2, Groups: []Group{
+			{Kind: RecurrentState, Layers: seqInts(64), BlockSize: 512, StateBytes: 1326848},
+		}},
+	}
+
+	// The most groups, one layer each, of every kind in turn, with the
+	// largest window, state and block size, under a 64-byte tenant: the
+	// longest key.
+	v.mostGroups = Identity{
+		Tenant: "T" + strings.Repeat("0123456789._-", 4) + "abcdefghijk", Model: "m", WeightsVersion: "w",
+		Format: Format{Device: "cpu", ModelDType: FP32, KVDType: FP32},
+		Layout: Layout{Layers: MaxGroups, KVHeads: maxLayoutValue, HeadDim: 1, BlockSize: MaxBlockSize, TPSize: maxLayoutValue, Replication: 1},
+	}
+	for i := range MaxGroups {
+		g := Group{Kind: GroupKind(1 + i%3), Layers: []int{i}, BlockSize: MaxBlockSize}
+		switch g.Kind {
+		case SlidingWindow:
+			g.Window = maxWindow
+		case RecurrentState:
+			g.StateBytes = maxStateBytes
+		}
+		v.mostGroups.Layout.Groups = append(v.mostGroups.Layout.Groups, g)
+	}
+	return v
 }
 
 // workedExample computes the intermediate values of SPEC.md's worked
@@ -439,9 +551,13 @@ func TestVectors(t *testing.T) {
 			t.Errorf("identity %s (-file +package):\n%s", v.Name, diff)
 		}
 		var back Identity
-		if err := back.UnmarshalBinary(enc); err != nil || back != v.Identity {
+		if err := back.UnmarshalBinary(enc); err != nil || !back.Equal(v.Identity) {
 			t.Errorf("identity %s: UnmarshalBinary = %+v, %v", v.Name, back, err)
 		}
+	}
+	// The canonical form of the default layout (SPEC.md, "KV cache groups").
+	if a, b := nss["basic"], nss["explicit-default-group"]; a.IsZero() || a != b {
+		t.Errorf("identities basic and explicit-default-group have namespaces %v and %v, want the same", a, b)
 	}
 	hashes := map[string][]BlockHash{}
 	blockSizes := map[string]int{}

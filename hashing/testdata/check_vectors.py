@@ -28,8 +28,8 @@ import sys
 import unicodedata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-V = 1
-TOKEN_CONTEXT = "kvconnect hashing v1 block tokens"
+V = 2
+TOKEN_CONTEXT = "kvconnect hashing v2 block tokens"
 B3SUM = "b3sum"
 
 
@@ -258,7 +258,17 @@ def check_identity(x):
     for f, k, hi in names:
         if not 1 <= x[k] <= hi:
             raise Reject(f, "out of range")
+    check_groups(x)
     p, r, k = x["tp_size"], x["replication"], x["kv_heads"]
+    groups = x["groups"]
+    if groups and all(g["kind"] == STATE for g in groups):
+        if k != 1:
+            raise Reject("Layout.KVHeads", "must be 1 without attention layers")
+        if x["head_dim"] != 1:
+            raise Reject("Layout.HeadDim", "must be 1 without attention layers")
+        if r != p:
+            raise Reject("Layout.Replication", "must equal TP size without attention layers")
+        return
     if x["mla_dtype"]:
         if k != 1:
             raise Reject("Layout.KVHeads", "must be 1 with MLA")
@@ -266,6 +276,56 @@ def check_identity(x):
             raise Reject("Layout.Replication", "must equal TP size with MLA")
     if p % r or k % (p // r):
         raise Reject("Layout.Replication", "does not divide TP size or split KV heads")
+
+
+FULL, SLIDING, STATE = 1, 2, 3
+KINDS = {"full": FULL, "sliding_window": SLIDING, "state": STATE}
+MAX_GROUPS = 256
+
+
+def check_groups(x):
+    """Section 5, "KV cache groups"."""
+    groups, n = x["groups"], x["layers"]
+    if not groups:
+        return
+    if len(groups) > MAX_GROUPS:
+        raise Reject("Layout.Groups", "too many groups")
+    owner = {}
+    for i, g in enumerate(groups):
+        f = f"Layout.Groups[{i}]"
+        if g["kind"] not in (FULL, SLIDING, STATE):
+            raise Reject(f + ".Kind", "unknown or missing")
+        if not g["layers"]:
+            raise Reject(f + ".Layers", "empty")
+        for k, layer in enumerate(g["layers"]):
+            if k > 0 and layer <= g["layers"][k - 1]:
+                raise Reject(f"{f}.Layers[{k}]", "not strictly increasing")
+            if not 0 <= layer < n:
+                raise Reject(f"{f}.Layers[{k}]", "out of range")
+            if layer in owner:
+                raise Reject(f"{f}.Layers[{k}]", "in two groups")
+            owner[layer] = i
+        if not 1 <= g["block_size"] <= 4096 or g["block_size"] % x["block_size"]:
+            raise Reject(f + ".BlockSize", "not a multiple of the hash block size up to 4096")
+        if (g["kind"] == SLIDING) != (g["window"] != 0) or not 0 <= g["window"] <= 1 << 30:
+            raise Reject(f + ".Window", "a window for sliding-window groups only, 1 to 2^30")
+        if (g["kind"] == STATE) != (g["state_bytes"] != 0) or not 0 <= g["state_bytes"] <= 1 << 30:
+            raise Reject(f + ".StateBytes", "state bytes for state groups only, 1 to 2^30")
+    if len(owner) != n:
+        raise Reject("Layout.Groups", "a layer in no group")
+
+
+def is_default_groups(x):
+    """The default layout: no groups, or its one full group written out."""
+    g = x["groups"]
+    return not g or (len(g) == 1 and g[0] == {"kind": FULL, "layers": list(range(x["layers"])), "block_size": x["block_size"],
+                                              "window": 0, "state_bytes": 0})
+
+
+def group_from_json(g):
+    kind = g.get("kind")
+    return {"kind": KINDS[kind] if kind is not None else 0, "layers": g.get("layers", []), "block_size": g.get("block_size", 0),
+            "window": g.get("window", 0), "state_bytes": g.get("state_bytes", 0)}
 
 
 def identity_from_json(j):
@@ -278,6 +338,7 @@ def identity_from_json(j):
         "kv_dtype": b(json_dtype("Format.KVDType", f.get("kv_dtype", ""), False)),
         "kv_quant": b(f.get("kv_quant", "")), "mla_dtype": b(json_dtype("Format.MLADType", f.get("mla_dtype", ""), True)),
         **{k: l.get(k, 0) for k in ("layers", "kv_heads", "head_dim", "block_size", "tp_size", "replication")},
+        "groups": [group_from_json(g) for g in l.get("groups", [])],
     }
 
 
@@ -288,6 +349,11 @@ def encode_identity(x):
         out += s(x[k])
     for k in ("layers", "kv_heads", "head_dim", "block_size", "tp_size", "replication"):
         out += u32(x[k])
+    groups = [] if is_default_groups(x) else x["groups"]
+    out += u32(len(groups))
+    for g in groups:
+        out += bytes([g["kind"]]) + u32(g["block_size"]) + u32(g["window"]) + u32(g["state_bytes"]) + u32(len(g["layers"]))
+        out += b"".join(u32(layer) for layer in g["layers"])
     return out
 
 
@@ -301,6 +367,12 @@ def decode_identity(b):
             raise Reject("encoding", "truncated")
         pos += n
         return b[pos - n:pos]
+
+    def take_int():
+        v = struct.unpack("<I", take(4))[0]
+        if v > 0x7FFFFFFF:
+            raise Reject("encoding", "a value of 2^31 or more")
+        return v
 
     if take(1) != bytes([V]) or take(1) != b"\x01":
         raise Reject("encoding", "version or kind")
@@ -318,7 +390,21 @@ def decode_identity(b):
             raise Reject("encoding", "length over its limit")
         x[k] = take(n)
     for k in ("layers", "kv_heads", "head_dim", "block_size", "tp_size", "replication"):
-        x[k] = struct.unpack("<I", take(4))[0]
+        x[k] = take_int()
+    count = struct.unpack("<I", take(4))[0]
+    if count > MAX_GROUPS:
+        raise Reject("encoding", "too many groups")
+    x["groups"], left = [], 65536
+    for _ in range(count):
+        g = {"kind": take(1)[0], "block_size": take_int(), "window": take_int(), "state_bytes": take_int()}
+        n = struct.unpack("<I", take(4))[0]
+        if n > left:
+            raise Reject("encoding", "more than 65536 layers in all groups")
+        left -= n
+        g["layers"] = [take_int() for _ in range(n)]
+        x["groups"].append(g)
+    if count and is_default_groups(x):
+        raise Reject("encoding", "the default layout is encoded as 0 groups")
     if pos != len(b):
         raise Reject("encoding", "trailing bytes")
     check_identity(x)
@@ -384,7 +470,9 @@ def main():
                    tenant_prefix=tenant + "/", shards=x["tp_size"] // x["replication"])
         for k, want in got.items():
             expect(v[k] == want, f"identity {v['name']}: {k} {v[k]}, computed {want}")
-        expect(decode_identity(enc) == x, f"identity {v['name']}: decoding")
+        want = dict(x, groups=[] if is_default_groups(x) else x["groups"])
+        expect(decode_identity(enc) == want, f"identity {v['name']}: decoding")
+    expect(ids["explicit-default-group"][1] == ids["basic"][1], "the default group written out has another digest than none")
     print(f"identities: {len(vf['identities'])} ok")
 
     hashes = {}
