@@ -104,3 +104,35 @@ func ExampleParseKey() {
 	// hashing: malformed key: "acme/a32516f8569ceb7ab982e9ff7b48c4f2/01/987fd7c0ed60971fe71cfff0cbbfc381cb9eeae4f41dd84e74e207b08e63c47b": shard "01": leading zero
 	// acme/ true
 }
+
+func ExampleNamespace_GroupKey() {
+	// A hybrid model: sliding-window layers in blocks of 16 tokens, full
+	// attention layers in blocks of 32, over hash blocks of 16 (SPEC.md,
+	// worked example E).
+	id := exampleIdentity()
+	id.Layout.Layers = 4
+	id.Layout.Groups = []hashing.Group{
+		{Kind: hashing.SlidingWindow, Layers: []int{0, 2}, BlockSize: 16, Window: 128},
+		{Kind: hashing.FullAttention, Layers: []int{1, 3}, BlockSize: 32},
+	}
+	ns, err := id.Namespace()
+	if err != nil {
+		panic(err)
+	}
+	// One chain per request, of the hash block size, serves every group.
+	tokens := make([]hashing.Token, 40)
+	for i := range tokens {
+		tokens[i] = hashing.Token(i + 1)
+	}
+	hashes, _ := hashing.HashBlocks(ns.BlockSize(), tokens, hashing.CacheSalt("s"))
+	for g, group := range ns.Groups() {
+		for j := range group.Blocks(len(hashes), ns.BlockSize()) {
+			h := hashes[group.HashIndex(j, ns.BlockSize())]
+			fmt.Println(g, group.Kind, j, ns.GroupKey(g, ns.GroupShard(g, 1), h))
+		}
+	}
+	// Output:
+	// 0 sliding_window 0 acme/81026d70b4740da343efebdd4fcdffff/1/987fd7c0ed60971fe71cfff0cbbfc381cb9eeae4f41dd84e74e207b08e63c47b
+	// 0 sliding_window 1 acme/81026d70b4740da343efebdd4fcdffff/1/3ff5f91e4cd8aafad9febcd1508690af2a95e1a079aaecdfc5bf727c2a1942a4
+	// 1 full 0 acme/81026d70b4740da343efebdd4fcdffff/1/g1/3ff5f91e4cd8aafad9febcd1508690af2a95e1a079aaecdfc5bf727c2a1942a4
+}

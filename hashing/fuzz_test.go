@@ -11,7 +11,12 @@ func FuzzParseKey(f *testing.F) {
 	ns := testNamespace(f, nil)
 	f.Add(ns.Key(1, BlockHash{1, 2, 3}))
 	f.Add("a/" + ns.ID() + "/0/" + BlockHash{}.String())
+	hy := testNamespace(f, func(id *Identity) { *id = hybridIdentity() })
+	f.Add(hy.GroupKey(1, 1, BlockHash{4, 5}))
+	f.Add("a/" + ns.ID() + "/0/g0/" + BlockHash{}.String())
+	f.Add("a/" + ns.ID() + "/0/g01/" + BlockHash{}.String())
 	f.Add("a/b/c/d")
+	f.Add("a/b/c/d/e")
 	f.Add("a//0/")
 	f.Add("ab/00000000000000000000000000000000/01/" + BlockHash{}.String())
 	f.Fuzz(func(t *testing.T, s string) {
@@ -29,7 +34,7 @@ func FuzzParseKey(f *testing.F) {
 		if got := k.String(); got != s {
 			t.Fatalf("ParseKey(%q).String() = %q", s, got)
 		}
-		if ValidateTenant(k.Tenant) != nil || k.Rank < 0 || k.Rank > maxShard || len(k.Namespace) != IDLen {
+		if ValidateTenant(k.Tenant) != nil || k.Rank < 0 || k.Rank > maxShard || len(k.Namespace) != IDLen || k.Group < 0 || k.Group >= MaxGroups {
 			t.Fatalf("ParseKey(%q) = %+v, an invalid key", s, k)
 		}
 	})

@@ -106,6 +106,40 @@ type Group struct {
 	StateBytes int `json:"state_bytes,omitempty"`
 }
 
+// HashIndex returns the index, in a request's chain of hashBlockSize-token
+// blocks, of the hash that names block j of g: (j+1)×k−1 with k =
+// g.BlockSize / hashBlockSize, the hash of the chain's prefix that ends
+// with the group block's last token. Pass ns.BlockSize() as hashBlockSize;
+// then ns.GroupKey(group, shard, hashes[g.HashIndex(j, ns.BlockSize())])
+// is the key of block j. HashIndex panics unless j >= 0 and hashBlockSize
+// is positive and divides g.BlockSize, as it does in a valid identity.
+func (g Group) HashIndex(j, hashBlockSize int) int {
+	k := g.ratio("HashIndex", hashBlockSize)
+	if j < 0 {
+		panic(fmt.Sprintf("hashing: Group.HashIndex: negative block %d", j))
+	}
+	return (j+1)*k - 1
+}
+
+// Blocks returns how many whole blocks of g the first n hashes of a chain
+// of hashBlockSize-token blocks cover: n / k with k = g.BlockSize /
+// hashBlockSize. The key of each of them uses the hash at
+// [Group.HashIndex]. Blocks panics like HashIndex, and for a negative n.
+func (g Group) Blocks(n, hashBlockSize int) int {
+	k := g.ratio("Blocks", hashBlockSize)
+	if n < 0 {
+		panic(fmt.Sprintf("hashing: Group.Blocks: negative hash count %d", n))
+	}
+	return n / k
+}
+
+func (g Group) ratio(fn string, hashBlockSize int) int {
+	if hashBlockSize < 1 || g.BlockSize < 1 || g.BlockSize%hashBlockSize != 0 {
+		panic(fmt.Sprintf("hashing: Group.%s: hash block size %d does not divide the group's block size %d", fn, hashBlockSize, g.BlockSize))
+	}
+	return g.BlockSize / hashBlockSize
+}
+
 // MaxGroups is the most KV cache groups a [Layout] may have.
 const MaxGroups = 256
 

@@ -294,3 +294,74 @@ func TestIdentityEqual(t *testing.T) {
 		t.Error("an identity without groups is Equal to a hybrid one")
 	}
 }
+
+func TestGroupHashIndex(t *testing.T) {
+	tests := []struct {
+		blockSize, hashBlockSize int
+		j, want                  int
+	}{
+		{16, 16, 0, 0}, {16, 16, 5, 5},
+		{32, 16, 0, 1}, {32, 16, 1, 3}, {32, 16, 7, 15},
+		{4096, 1, 0, 4095}, {4096, 1, 2, 12287},
+		{1024, 256, 3, 15},
+	}
+	for _, tt := range tests {
+		g := Group{Kind: FullAttention, Layers: []int{0}, BlockSize: tt.blockSize}
+		if got := g.HashIndex(tt.j, tt.hashBlockSize); got != tt.want {
+			t.Errorf("Group{BlockSize: %d}.HashIndex(%d, %d) = %d, want %d", tt.blockSize, tt.j, tt.hashBlockSize, got, tt.want)
+		}
+	}
+	// Blocks counts the group blocks whose hash index is among n hashes.
+	g := Group{Kind: SlidingWindow, Layers: []int{0}, BlockSize: 48, Window: 100}
+	for n := range 20 {
+		blocks := g.Blocks(n, 16)
+		if want := n / 3; blocks != want {
+			t.Errorf("Blocks(%d, 16) = %d, want %d", n, blocks, want)
+		}
+		// Every counted block's hash index is within the n hashes, and the
+		// next block's is not.
+		if blocks > 0 && g.HashIndex(blocks-1, 16) >= n || g.HashIndex(blocks, 16) < n {
+			t.Errorf("n %d: Blocks %d, but HashIndex of the last is %d and of the next %d", n, blocks, g.HashIndex(blocks-1, 16), g.HashIndex(blocks, 16))
+		}
+	}
+	mustPanic(t, "HashIndex of a hash block size that does not divide", "Group.HashIndex: hash block size 32 does not divide the group's block size 48",
+		func() { g.HashIndex(0, 32) })
+	mustPanic(t, "HashIndex(-1)", "Group.HashIndex: negative block -1", func() { g.HashIndex(-1, 16) })
+	mustPanic(t, "HashIndex of hash block size 0", "hash block size 0 does not divide", func() { g.HashIndex(0, 0) })
+	mustPanic(t, "Blocks(-1)", "Group.Blocks: negative hash count -1", func() { g.Blocks(-1, 16) })
+	mustPanic(t, "Blocks of a group without a block size", "Group.Blocks: hash block size 16 does not divide the group's block size 0",
+		func() { Group{}.Blocks(1, 16) })
+}
+
+// TestGroupBlockKeys follows SPEC.md's recipe for the keys of a group
+// whose blocks are twice the hash block size: block j is named by hash
+// (j+1)*2-1, the hash of the prefix that ends with the block's last token.
+func TestGroupBlockKeys(t *testing.T) {
+	id := hybridIdentity() // group 1: full attention in blocks of 32, hash blocks of 16
+	ns, err := id.Namespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := seq(100)
+	hashes, err := HashBlocks(ns.BlockSize(), tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := ns.Groups()[1]
+	if n := g.Blocks(len(hashes), ns.BlockSize()); n != 3 {
+		t.Fatalf("Blocks(%d hashes) = %d, want 3 (100 tokens, blocks of 32)", len(hashes), n)
+	}
+	for j := range 3 {
+		// The prefix up to the end of group block j, hashed on its own,
+		// ends with the same hash.
+		prefix, _ := HashBlocks(ns.BlockSize(), tokens[:(j+1)*g.BlockSize])
+		i := g.HashIndex(j, ns.BlockSize())
+		if i != len(prefix)-1 || hashes[i] != prefix[len(prefix)-1] {
+			t.Errorf("block %d: HashIndex %d, prefix of %d hashes", j, i, len(prefix))
+		}
+		key := ns.GroupKey(1, ns.GroupShard(1, 1), hashes[i])
+		if k, err := ParseKey(key); err != nil || k.Group != 1 || k.Hash != prefix[len(prefix)-1] {
+			t.Errorf("block %d: key %q parses to %+v, %v", j, key, k, err)
+		}
+	}
+}

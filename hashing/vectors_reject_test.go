@@ -300,6 +300,15 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity, hy hybri
 		{"acme/" + id + "/1/" + strings.ToUpper(hash), "is not a lowercase hex digit"},
 		{"acme/" + id + "/1/" + hash[:63], "has 63 characters, want 64 lowercase hex digits"},
 		{strings.Repeat("a", 513), "513 bytes, longer than 512"},
+		{"acme/" + id + "/1/g0/" + hash, "group 0 has no group field"},
+		{"acme/" + id + "/1/g01/" + hash, "leading zero"},
+		{"acme/" + id + "/1/g256/" + hash, "above the largest group 255"},
+		{"acme/" + id + "/1/G1/" + hash, "want 'g' and the group number"},
+		{"acme/" + id + "/1/1/" + hash, "want 'g' and the group number"},
+		{"acme/" + id + "/1/g/" + hash, "no group number after 'g'"},
+		{"acme/" + id + "/1/g-1/" + hash, "is not a decimal digit"},
+		{"acme/" + id + "/g1/1/" + hash, "is not a decimal digit"},
+		{"acme/" + id + "/1/g1/" + hash[:63], "has 63 characters, want 64 lowercase hex digits"},
 	} {
 		vf.InvalidKeys = append(vf.InvalidKeys, k)
 	}

@@ -416,19 +416,42 @@ def decode_identity(b):
 HEX = set("0123456789abcdef")
 
 
+def canonical_decimal(s):
+    return s != "" and s.isascii() and s.isdigit() and (len(s) == 1 or s[0] != "0")
+
+
 def parse_key(k):
+    """Returns (tenant, ID, shard, group, hash) or raises Reject."""
     if len(k.encode("utf-8")) > 512:
         raise Reject("key", "too long")
     parts = k.split("/")
-    if len(parts) != 4:
-        raise Reject("key", "not 4 fields")
-    t, i, sh, h = parts
+    if len(parts) == 4:
+        t, i, sh, h = parts
+        g = 0
+    elif len(parts) == 5:
+        t, i, sh, gf, h = parts
+        if not gf.startswith("g") or not canonical_decimal(gf[1:]) or not 1 <= int(gf[1:]) <= 255:
+            raise Reject("key", "not a canonical group field g1 to g255")
+        g = int(gf[1:])
+    else:
+        raise Reject("key", "not 4 or 5 fields")
     check_tenant(t.encode("utf-8"))
     if len(i) != 32 or set(i) - HEX or len(h) != 64 or set(h) - HEX:
         raise Reject("key", "not lowercase hex")
-    if not sh or not sh.isascii() or not sh.isdigit() or (len(sh) > 1 and sh[0] == "0") or int(sh) > 65535:
+    if not canonical_decimal(sh) or int(sh) > 65535:
         raise Reject("key", "not a canonical shard")
-    return t, i, int(sh), h
+    return t, i, int(sh), g, h
+
+
+def key(tenant, ns_id, shard, group, h):
+    """Section 7."""
+    return f"{tenant}/{ns_id}/{shard}/{h}" if group == 0 else f"{tenant}/{ns_id}/{shard}/g{group}/{h}"
+
+
+def effective_groups(x):
+    if x["groups"]:
+        return x["groups"]
+    return [{"kind": FULL, "layers": list(range(x["layers"])), "block_size": x["block_size"], "window": 0, "state_bytes": 0}]
 
 
 # --- the checks ------------------------------------------------------------
@@ -488,10 +511,13 @@ def main():
         x, d = ids[v["identity"]]
         n, hs = hashes[v["chain"]]
         expect(n == x["block_size"], f"key {v}: chain of block size {n} under an identity of block size {x['block_size']}")
-        shard = v["rank"] // x["replication"]
-        key = f"{x['tenant'].decode()}/{d[:16].hex()}/{shard}/{hs[v['block']]}"
-        expect(v["shard"] == shard and v["key"] == key, f"key {v}: computed shard {shard}, key {key}")
-        expect(parse_key(key)[2] == shard, f"key {key}: parse")
+        g = effective_groups(x)[v["group"]]
+        index = (v["block"] + 1) * (g["block_size"] // n) - 1  # section 7: the hash ending with the group block
+        shard = v["rank"] if g["kind"] == STATE else v["rank"] // x["replication"]  # section 6
+        k = key(x["tenant"].decode(), d[:16].hex(), shard, v["group"], hs[index])
+        expect(v["hash_index"] == index and v["shard"] == shard and v["key"] == k,
+               f"key {v}: computed hash index {index}, shard {shard}, key {k}")
+        expect(parse_key(k) == (x["tenant"].decode(), d[:16].hex(), shard, v["group"], hs[index]), f"key {k}: parse")
     print(f"keys: {len(vf['keys'])} ok")
 
     for v in vf["dtypes"]:
@@ -524,7 +550,18 @@ def main():
     seed_b, steps_b, seed_msg_b = chain(129, list(range(129)), [])
     basic, basic_d = ids["basic"]
     _, steps_d, _ = chain(16, list(range(1, 17)), ex_a[:1])
+    # E: basic with four layers in two groups; F: the key of block 0 of
+    # its group 1, which spans two hash blocks.
+    e = dict(basic, layers=4, groups=[
+        {"kind": SLIDING, "layers": [0, 2], "block_size": 16, "window": 128, "state_bytes": 0},
+        {"kind": FULL, "layers": [1, 3], "block_size": 32, "window": 0, "state_bytes": 0}])
+    enc_e = encode_identity(e)
+    d_e = H(enc_e)
+    _, steps_f, _ = chain(16, list(range(1, 33)), ex_a[:1])
     got = {
+        "E.encoding": enc_e, "E.digest": d_e,
+        "F.block1_message": steps_f[1][2], "F.block1_hash": steps_f[1][3],
+        "F.key": key("acme", d_e[:16].hex(), 1, 1, steps_f[(0 + 1) * (32 // 16) - 1][3].hex()).encode(),
         "A.content_hash": img, "A.seed_message": seed_msg, "A.seed": seed, "A.block0_message": steps[0][2],
         "A.block0_hash": steps[0][3], "A.block1_extras_message": steps[1][0], "A.block1_extras_digest": H(steps[1][0]),
         "A.block1_message": steps[1][2], "A.block1_hash": steps[1][3],
@@ -532,7 +569,7 @@ def main():
         "B.block0_hash": steps_b[0][3],
         "C.encoding": encode_identity(basic), "C.digest": basic_d,
         "D.block0_message": steps_d[0][2], "D.block0_hash": steps_d[0][3],
-        "D.key": f"acme/{basic_d[:16].hex()}/1/{steps_d[0][3].hex()}".encode(),
+        "D.key": key("acme", basic_d[:16].hex(), 1, 0, steps_d[0][3].hex()).encode(),
     }
     expect(set(got) == set(w), f"worked example: names {sorted(w)}")
     for k, want in got.items():
