@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -184,9 +185,9 @@ func allStateIdentity() Identity {
 // that Validate does not allocate by a huge layer count.
 func TestGroupsValidateBadLayout(t *testing.T) {
 	id := hybridIdentity()
-	id.Layout.Layers, id.Layout.BlockSize = 1<<40, 0
+	id.Layout.Layers, id.Layout.BlockSize = math.MaxInt32, 0
 	err := id.Validate()
-	for _, want := range []string{"Layout.Layers = 1099511627776", "Layout.BlockSize = 0"} {
+	for _, want := range []string{"Layout.Layers = 2147483647", "Layout.BlockSize = 0"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want an error containing %q", err, want)
 		}

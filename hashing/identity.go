@@ -14,9 +14,10 @@ import (
 // Identity is everything that changes what the bytes of a stored KV block
 // mean, besides the tokens and the request's extras (which the block hash
 // covers): who the cache belongs to, which weights computed it, how it is
-// encoded and how it is sharded. Two engines share stored blocks exactly
-// when their identities are equal. [Identity.Namespace] hashes it into the
-// [Namespace] that every store key starts with.
+// encoded and how it is sharded, KV cache groups included. Two engines
+// share stored blocks exactly when their identities are equal
+// ([Identity.Equal]). [Identity.Namespace] hashes it into the [Namespace]
+// that every store key starts with.
 //
 // The struct tags give the field names of its JSON form, as configuration
 // files and testdata/vectors.json write it; dtypes in JSON may use the

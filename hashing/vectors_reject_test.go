@@ -237,7 +237,7 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity, hy hybri
 		{"group kind 0", withGroups(u32(2), group(0, 16, 0, 0, seqInts(16)...), group(1, 16, 0, 0, seqInts(32)[16:]...)), "Layout.Groups[0].Kind = 0: required"},
 		{"group kind 4", withGroups(u32(2), group(1, 16, 0, 0, seqInts(16)...), group(4, 16, 0, 0, seqInts(32)[16:]...)), "Layout.Groups[1].Kind = 4: unknown group kind"},
 		{"group window of 2^31", withGroups(u32(1), group(2, 16, 1<<31, 0, seqInts(32)...)), "Layout.Groups[0].Window: 2147483648 out of range"},
-		{"group layer of 2^31", withGroups(u32(1), group(1, 32, 0, 0, 0, 1<<31)), "Layout.Groups[0].Layers[1]: 2147483648 out of range"},
+		{"group layer of 2^31", withGroups(u32(1), group(1, 32, 0, 0, 0, 0)[:13], u32(2, 0, 1<<31)), "Layout.Groups[0].Layers[1]: 2147483648 out of range"},
 		{"group layers truncated", withGroups(u32(2), group(1, 16, 0, 0, seqInts(16)...), group(1, 16, 0, 0, seqInts(32)[16:]...)[:80]),
 			"Layout.Groups[1].Layers: truncated: 16 layers need 64 bytes, 63 left"},
 		{"group layers over 65536 in all", withGroups(u32(2), group(1, 16, 0, 0, seqInts(16)...), group(1, 16, 0, 0)[:13], u32(65521)),
