@@ -49,12 +49,37 @@
 // them meanwhile, as nothing names them. To purge a tenant, stop serving
 // or rotate its identities the same way, then remove [TenantPrefix].
 //
+// # Hybrid models
+//
+// A hybrid model (sliding-window attention beside full attention, as in
+// gpt-oss and Gemma 3, or recurrent state layers beside attention, as in
+// Qwen3-Next, Jamba and Nemotron-H) lists its KV cache groups in
+// Layout.Groups, one [Group] per block table of the engine; Layout.BlockSize
+// is then the block size of the hash chain, which divides every group's:
+//
+//	id.Layout.Groups = []hashing.Group{
+//		{Kind: hashing.SlidingWindow, Layers: even, BlockSize: 16, Window: 128},
+//		{Kind: hashing.FullAttention, Layers: odd, BlockSize: 16},
+//	}
+//
+// A request still has one chain. Each group names its block j by the chain
+// hash that ends with the block ([Group.HashIndex]), in its own keys and
+// shards:
+//
+//	g := ns.Groups()[i]
+//	key := ns.GroupKey(i, ns.GroupShard(i, rank), hashes[g.HashIndex(j, ns.BlockSize())])
+//
+// Group 0's keys are [Namespace.Key]'s, and a layout without groups is one
+// full-attention group: everything above holds unchanged for models that
+// are not hybrid.
+//
 // # What a key binds
 //
 // A key binds the stored bytes to the tenant, the model, its weights
 // version and generation, the KV format (device, model dtype, cache dtype
 // and quantization, MLA dtype) and layout (layers, heads, head dim, block
-// size, TP size, replication) through the namespace; to the shard through
+// size, TP size, replication, and the KV cache groups of a hybrid model)
+// through the namespace; to the shard through
 // its shard index; and to the tokens of the block and of every block before
 // it, the cache salt, the LoRA adapter and its weights' fingerprint, the
 // multimodal items and any engine-defined extras through the block hash.

@@ -65,9 +65,9 @@ func ExampleIdentity_Namespace() {
 	fp8, _ := id.Namespace()
 	fmt.Println(fp8.Prefix())
 	// Output:
-	// acme/fb157dfa29499182b7047ca2613f1ddd/
-	// acme/f9376ac16c0c3759d3cb8f6a11c66b23/
-	// acme/8fa41b306b881f135c96de20b31b8127/
+	// acme/a32516f8569ceb7ab982e9ff7b48c4f2/
+	// acme/2042e15dcaa46a98278cf9030b7abcfa/
+	// acme/1cd8f9a93e69d4a0ead042aaed38f5ba/
 }
 
 func ExampleIdentity_Validate() {
@@ -90,17 +90,49 @@ func ExampleNamespace_Key() {
 	fmt.Println(ns.Key(ns.Shard(5), h[0]))
 	// Output:
 	// 2 0 1
-	// acme/40b0284b6a794f9b84e9a29350044a88/1/45b72c54b521437a018c8c2f98437111395a5b5ea8f5dcd51d12871225b30f8e
+	// acme/a1b3290cc078aad6800b84008d416eb9/1/9a84757479b1b67b00fcb4b1a5dc05078ab5f9eedeb97f1a7b3582372cde0d01
 }
 
 func ExampleParseKey() {
-	k, err := hashing.ParseKey("acme/fb157dfa29499182b7047ca2613f1ddd/1/262c3647bfc320c05719ffe9be6d272a938bbd2298cdd2a555696fb9edf1e7ec")
+	k, err := hashing.ParseKey("acme/a32516f8569ceb7ab982e9ff7b48c4f2/1/987fd7c0ed60971fe71cfff0cbbfc381cb9eeae4f41dd84e74e207b08e63c47b")
 	fmt.Println(k.Tenant, k.Namespace, k.Rank, err)
-	_, err = hashing.ParseKey("acme/fb157dfa29499182b7047ca2613f1ddd/01/262c3647bfc320c05719ffe9be6d272a938bbd2298cdd2a555696fb9edf1e7ec")
+	_, err = hashing.ParseKey("acme/a32516f8569ceb7ab982e9ff7b48c4f2/01/987fd7c0ed60971fe71cfff0cbbfc381cb9eeae4f41dd84e74e207b08e63c47b")
 	fmt.Println(err)
 	fmt.Println(hashing.TenantPrefix("acme"), hashing.TenantPrefix("a/b") == "")
 	// Output:
-	// acme fb157dfa29499182b7047ca2613f1ddd 1 <nil>
-	// hashing: malformed key: "acme/fb157dfa29499182b7047ca2613f1ddd/01/262c3647bfc320c05719ffe9be6d272a938bbd2298cdd2a555696fb9edf1e7ec": shard "01": leading zero
+	// acme a32516f8569ceb7ab982e9ff7b48c4f2 1 <nil>
+	// hashing: malformed key: "acme/a32516f8569ceb7ab982e9ff7b48c4f2/01/987fd7c0ed60971fe71cfff0cbbfc381cb9eeae4f41dd84e74e207b08e63c47b": shard "01": leading zero
 	// acme/ true
+}
+
+func ExampleNamespace_GroupKey() {
+	// A hybrid model: sliding-window layers in blocks of 16 tokens, full
+	// attention layers in blocks of 32, over hash blocks of 16 (SPEC.md,
+	// worked example E).
+	id := exampleIdentity()
+	id.Layout.Layers = 4
+	id.Layout.Groups = []hashing.Group{
+		{Kind: hashing.SlidingWindow, Layers: []int{0, 2}, BlockSize: 16, Window: 128},
+		{Kind: hashing.FullAttention, Layers: []int{1, 3}, BlockSize: 32},
+	}
+	ns, err := id.Namespace()
+	if err != nil {
+		panic(err)
+	}
+	// One chain per request, of the hash block size, serves every group.
+	tokens := make([]hashing.Token, 40)
+	for i := range tokens {
+		tokens[i] = hashing.Token(i + 1)
+	}
+	hashes, _ := hashing.HashBlocks(ns.BlockSize(), tokens, hashing.CacheSalt("s"))
+	for g, group := range ns.Groups() {
+		for j := range group.Blocks(len(hashes), ns.BlockSize()) {
+			h := hashes[group.HashIndex(j, ns.BlockSize())]
+			fmt.Println(g, group.Kind, j, ns.GroupKey(g, ns.GroupShard(g, 1), h))
+		}
+	}
+	// Output:
+	// 0 sliding_window 0 acme/81026d70b4740da343efebdd4fcdffff/1/987fd7c0ed60971fe71cfff0cbbfc381cb9eeae4f41dd84e74e207b08e63c47b
+	// 0 sliding_window 1 acme/81026d70b4740da343efebdd4fcdffff/1/3ff5f91e4cd8aafad9febcd1508690af2a95e1a079aaecdfc5bf727c2a1942a4
+	// 1 full 0 acme/81026d70b4740da343efebdd4fcdffff/1/g1/3ff5f91e4cd8aafad9febcd1508690af2a95e1a079aaecdfc5bf727c2a1942a4
 }

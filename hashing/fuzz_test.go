@@ -3,6 +3,7 @@ package hashing
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -10,7 +11,12 @@ func FuzzParseKey(f *testing.F) {
 	ns := testNamespace(f, nil)
 	f.Add(ns.Key(1, BlockHash{1, 2, 3}))
 	f.Add("a/" + ns.ID() + "/0/" + BlockHash{}.String())
+	hy := testNamespace(f, func(id *Identity) { *id = hybridIdentity() })
+	f.Add(hy.GroupKey(1, 1, BlockHash{4, 5}))
+	f.Add("a/" + ns.ID() + "/0/g0/" + BlockHash{}.String())
+	f.Add("a/" + ns.ID() + "/0/g01/" + BlockHash{}.String())
 	f.Add("a/b/c/d")
+	f.Add("a/b/c/d/e")
 	f.Add("a//0/")
 	f.Add("ab/00000000000000000000000000000000/01/" + BlockHash{}.String())
 	f.Fuzz(func(t *testing.T, s string) {
@@ -28,7 +34,7 @@ func FuzzParseKey(f *testing.F) {
 		if got := k.String(); got != s {
 			t.Fatalf("ParseKey(%q).String() = %q", s, got)
 		}
-		if ValidateTenant(k.Tenant) != nil || k.Rank < 0 || k.Rank > maxShard || len(k.Namespace) != IDLen {
+		if ValidateTenant(k.Tenant) != nil || k.Rank < 0 || k.Rank > maxShard || len(k.Namespace) != IDLen || k.Group < 0 || k.Group >= MaxGroups {
 			t.Fatalf("ParseKey(%q) = %+v, an invalid key", s, k)
 		}
 	})
@@ -42,12 +48,17 @@ func FuzzIdentityUnmarshal(f *testing.F) {
 	id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 1, 4, 4
 	b, _ = id.MarshalBinary()
 	f.Add(b)
-	f.Add([]byte{1, 1})
+	for _, id := range []Identity{hybridIdentity(), stateIdentity(), allStateIdentity()} {
+		b, _ = id.MarshalBinary()
+		f.Add(b)
+	}
+	f.Add(refIdentityEncoding(validIdentity())[:10])
+	f.Add([]byte{2, 1})
 	f.Add([]byte{1, 1, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var id Identity
 		if err := id.UnmarshalBinary(data); err != nil {
-			if id != (Identity{}) {
+			if !reflect.DeepEqual(id, Identity{}) {
 				t.Fatalf("UnmarshalBinary wrote %+v and returned %v", id, err)
 			}
 			return

@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"fmt"
+	"slices"
 
 	"pgregory.net/rapid"
 )
@@ -109,6 +110,17 @@ func genIdentity() *rapid.Generator[Identity] {
 		if mla != "" {
 			headsPerShard = rapid.Just(1)
 		}
+		layers := rapid.IntRange(1, maxLayoutValue).Draw(t, "layers")
+		blockSize := rapid.IntRange(1, MaxBlockSize).Draw(t, "block size")
+		var groups []Group
+		switch rapid.IntRange(0, 7).Draw(t, "groups?") {
+		case 0, 1, 2: // no groups
+		case 3: // the default layout, written out
+			groups = Layout{Layers: layers, BlockSize: blockSize}.EffectiveGroups()
+		default:
+			layers = rapid.IntRange(1, 48).Draw(t, "hybrid layers")
+			groups = genGroups(layers, blockSize).Draw(t, "groups")
+		}
 		id := Identity{
 			Tenant:         rapid.SampledFrom([]string{"a", "T", "7"}).Draw(t, "tenant0") + tenantTail.Draw(t, "tenant"),
 			Model:          name.Draw(t, "model"),
@@ -122,17 +134,94 @@ func genIdentity() *rapid.Generator[Identity] {
 				MLADType:   mla,
 			},
 			Layout: Layout{
-				Layers:      rapid.IntRange(1, maxLayoutValue).Draw(t, "layers"),
+				Layers:      layers,
 				KVHeads:     shards * headsPerShard.Draw(t, "heads per shard"),
 				HeadDim:     rapid.IntRange(1, maxLayoutValue).Draw(t, "head dim"),
-				BlockSize:   rapid.IntRange(1, MaxBlockSize).Draw(t, "block size"),
+				BlockSize:   blockSize,
 				TPSize:      tp,
 				Replication: repl,
+				Groups:      groups,
 			},
+		}
+		if id.Layout.allState() {
+			// No attention layers: no KV heads to shard.
+			id.Layout.KVHeads, id.Layout.HeadDim, id.Layout.Replication = 1, 1, tp
 		}
 		if err := id.Validate(); err != nil {
 			panic(fmt.Sprintf("genIdentity drew an invalid identity: %v", err))
 		}
 		return id
 	})
+}
+
+// genGroups draws valid KV cache groups of a layout of layers layers and
+// hash block size blockSize: the layers dealt out to 1 to 6 groups in a
+// random order, each group of a random kind and a multiple of blockSize.
+func genGroups(layers, blockSize int) *rapid.Generator[[]Group] {
+	return rapid.Custom(func(t *rapid.T) []Group {
+		n := rapid.IntRange(1, min(layers, 6)).Draw(t, "groups")
+		perm := rapid.Permutation(seqInts(layers)).Draw(t, "layer order")
+		var cuts []int
+		if n > 1 {
+			cuts = rapid.SliceOfNDistinct(rapid.IntRange(1, layers-1), n-1, n-1, func(i int) int { return i }).Draw(t, "cuts")
+			slices.Sort(cuts)
+		}
+		groups := make([]Group, n)
+		prev := 0
+		for i := range groups {
+			end := layers
+			if i < len(cuts) {
+				end = cuts[i]
+			}
+			g := Group{
+				Kind:      rapid.SampledFrom([]GroupKind{FullAttention, SlidingWindow, RecurrentState}).Draw(t, "kind"),
+				Layers:    slices.Sorted(slices.Values(perm[prev:end])),
+				BlockSize: blockSize * rapid.IntRange(1, min(4, MaxBlockSize/blockSize)).Draw(t, "blocks per group block"),
+			}
+			switch g.Kind {
+			case SlidingWindow:
+				g.Window = rapid.OneOf(rapid.IntRange(1, 4096), rapid.Just(maxWindow)).Draw(t, "window")
+			case RecurrentState:
+				g.StateBytes = rapid.OneOf(rapid.IntRange(1, 1<<22), rapid.Just(maxStateBytes)).Draw(t, "state bytes")
+			}
+			groups[i] = g
+			prev = end
+		}
+		return groups
+	})
+}
+
+// seqInts returns 0, 1, ..., n-1.
+func seqInts(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+// hybridIdentity is a valid identity of a gpt-oss-like hybrid model: eight
+// layers, the even ones sliding-window attention over 128 tokens in blocks
+// of 16, the odd ones full attention in blocks of 32.
+func hybridIdentity() Identity {
+	id := validIdentity()
+	id.Layout.Layers = 8
+	id.Layout.Groups = []Group{
+		{Kind: SlidingWindow, Layers: []int{0, 2, 4, 6}, BlockSize: 16, Window: 128},
+		{Kind: FullAttention, Layers: []int{1, 3, 5, 7}, BlockSize: 32},
+	}
+	return id
+}
+
+// stateIdentity is a valid identity of a Jamba-like hybrid model: eight
+// layers, layer 4 full attention, the others recurrent state, which is
+// group 0 since it holds layer 0.
+func stateIdentity() Identity {
+	id := validIdentity()
+	id.Layout.Layers = 8
+	id.Layout.Groups = []Group{
+		{Kind: RecurrentState, Layers: []int{0, 1, 2, 3, 5, 6, 7}, BlockSize: 16, StateBytes: 1 << 20},
+		{Kind: FullAttention, Layers: []int{4}, BlockSize: 16},
+	}
+	return id
 }

@@ -14,9 +14,10 @@ import (
 // Identity is everything that changes what the bytes of a stored KV block
 // mean, besides the tokens and the request's extras (which the block hash
 // covers): who the cache belongs to, which weights computed it, how it is
-// encoded and how it is sharded. Two engines share stored blocks exactly
-// when their identities are equal. [Identity.Namespace] hashes it into the
-// [Namespace] that every store key starts with.
+// encoded and how it is sharded, KV cache groups included. Two engines
+// share stored blocks exactly when their identities are equal
+// ([Identity.Equal]). [Identity.Namespace] hashes it into the [Namespace]
+// that every store key starts with.
 //
 // The struct tags give the field names of its JSON form, as configuration
 // files and testdata/vectors.json write it; dtypes in JSON may use the
@@ -72,17 +73,30 @@ type Format struct {
 
 // Layout is the shape and shard schema of the KV cache.
 type Layout struct {
-	Layers    int `json:"layers"`     // attention layers that hold KV, 1 to 65536
-	KVHeads   int `json:"kv_heads"`   // KV heads of the whole model (exactly 1 for MLA), 1 to 65536
-	HeadDim   int `json:"head_dim"`   // elements per head, 1 to 65536
-	BlockSize int `json:"block_size"` // tokens per block, 1 to MaxBlockSize
-	TPSize    int `json:"tp_size"`    // tensor-parallel ranks, 1 to 65536
+	Layers  int `json:"layers"`   // layers that hold KV or state, 1 to 65536
+	KVHeads int `json:"kv_heads"` // KV heads of the whole model's attention layers (exactly 1 for MLA), 1 to 65536
+	HeadDim int `json:"head_dim"` // elements per head, 1 to 65536
+	// BlockSize is the block size of the hash chain in tokens, 1 to
+	// MaxBlockSize: the block size of the whole cache when Groups is
+	// empty, and a divisor of every group's block size otherwise.
+	BlockSize int `json:"block_size"`
+	TPSize    int `json:"tp_size"` // tensor-parallel ranks, 1 to 65536
 	// Replication is how many TP ranks hold the same KV heads (1 when every
 	// rank holds its own heads; TPSize/KVHeads when there are fewer KV heads
 	// than ranks; exactly TPSize for MLA, whose latent cache every rank
 	// holds). It must divide TPSize, and the TPSize/Replication shards must
 	// split KVHeads evenly. See [Namespace.Shard].
 	Replication int `json:"replication"`
+	// Groups are the KV cache groups of a hybrid model (full attention,
+	// sliding window, recurrent state), at most [MaxGroups]; every layer is
+	// in exactly one. Empty means one full-attention group of every layer
+	// at BlockSize, the cache of a model that is not hybrid; the one
+	// explicit group that says the same is the same identity (see
+	// [Layout.EffectiveGroups]). The order of the groups numbers them in
+	// keys ([Namespace.GroupKey]) and is part of the identity. A layout
+	// whose groups are all RecurrentState groups has no attention: its
+	// KVHeads and HeadDim must be 1 and its Replication its TPSize.
+	Groups []Group `json:"groups,omitempty"`
 }
 
 // Limits of the identity's fields.
@@ -121,8 +135,17 @@ func ValidateTenant(tenant string) error {
 // "auto"), a device with an index, a layout value out of range, a
 // replication that does not divide the TP size or a shard count that does
 // not divide the KV heads, and for MLA (a non-empty Format.MLADType) KV
-// heads other than 1 or a replication other than the TP size. The error is a [*FieldError], or several joined
-// with [errors.Join], each naming the field and its value.
+// heads other than 1 or a replication other than the TP size. Of the KV
+// cache groups (Layout.Groups) it reports more than [MaxGroups], a missing
+// or unknown kind, an empty list of layers, a layer out of range, out of
+// increasing order or in two groups, a layer in no group, a block size
+// that is not a multiple of Layout.BlockSize (or is above [MaxBlockSize]),
+// a window missing from a sliding-window group or given to another, state
+// bytes missing from a state group or given to another, and for a layout
+// of state groups only, KV heads, head dim or replication other than 1, 1
+// and the TP size. The error is a [*FieldError], or several joined with
+// [errors.Join], each naming the field, such as
+// "Layout.Groups[1].Window", and its value.
 func (id Identity) Validate() error {
 	var errs []error
 	add := func(err error) {
@@ -153,8 +176,21 @@ func (id Identity) Validate() error {
 	rng("Layout.BlockSize", l.BlockSize, MaxBlockSize)
 	rng("Layout.TPSize", l.TPSize, maxLayoutValue)
 	rng("Layout.Replication", l.Replication, maxLayoutValue)
+	checkGroups(l, 1 <= l.Layers && l.Layers <= maxLayoutValue, 1 <= l.BlockSize && l.BlockSize <= MaxBlockSize, add)
 	switch {
 	case !ok:
+	case l.allState():
+		// Without attention layers there are no KV heads: one canonical
+		// form, whose one attention shard is no shard at all.
+		if l.KVHeads != 1 {
+			add(fieldErr("Layout.KVHeads", l.KVHeads, "must be 1 when every group is a state group: the layout has no attention layers"))
+		}
+		if l.HeadDim != 1 {
+			add(fieldErr("Layout.HeadDim", l.HeadDim, "must be 1 when every group is a state group: the layout has no attention layers"))
+		}
+		if l.Replication != l.TPSize {
+			add(fieldErr("Layout.Replication", l.Replication, "must equal Layout.TPSize %d when every group is a state group: the layout has no KV heads to replicate (state groups have a shard per rank)", l.TPSize))
+		}
 	case id.Format.MLADType != "":
 		// Multi-head latent attention caches one latent vector per token
 		// and layer, shared by all heads, and every TP rank holds all of
@@ -262,9 +298,11 @@ func (id Identity) Rotate() Identity {
 
 // MarshalBinary returns the canonical encoding of id (SPEC.md, "Identity
 // encoding"): a version byte, a kind byte, then every field in a fixed
-// order, strings length-prefixed and integers little-endian. Equal
-// identities have equal encodings and different identities different ones.
-// It returns the errors of [Identity.Validate].
+// order, strings length-prefixed and integers little-endian, and the KV
+// cache groups last. Identities that are [Identity.Equal] have equal
+// encodings and others different ones: a layout's explicit default group
+// (see [Layout.EffectiveGroups]) is encoded as no groups. It returns the
+// errors of [Identity.Validate].
 func (id Identity) MarshalBinary() ([]byte, error) {
 	if err := id.Validate(); err != nil {
 		return nil, err
@@ -288,18 +326,27 @@ func (id Identity) appendEncoding(b []byte) []byte {
 	for _, v := range [...]int{l.Layers, l.KVHeads, l.HeadDim, l.BlockSize, l.TPSize, l.Replication} {
 		b = appendU32(b, uint32(v))
 	}
-	return b
+	return appendGroups(b, l)
 }
 
 // UnmarshalBinary decodes the canonical encoding that MarshalBinary
 // returns. It accepts exactly the encodings of valid identities: a wrong
 // version or kind, a truncated field, a length over its limit, trailing
-// bytes (errors wrapping [ErrMalformedIdentity]) or a decoded identity that
-// fails [Identity.Validate] are errors, and leave *id unchanged.
+// bytes, an explicit default group (errors wrapping [ErrMalformedIdentity])
+// or a decoded identity that fails [Identity.Validate] are errors, and
+// leave *id unchanged. An encoding of an earlier spec version, such as
+// version 1 from before KV cache groups, is an error too: its keys are not
+// the ones this package computes. The default layout decodes with
+// Layout.Groups nil, so UnmarshalBinary(MarshalBinary(id)) is id, or for
+// an id with an explicit default group the identity Equal to it.
 func (id *Identity) UnmarshalBinary(data []byte) error {
 	d := decoder{b: data}
 	if v := d.byte("version"); d.err == nil && v != SpecVersion {
-		d.fail("version %d, want %d", v, SpecVersion)
+		hint := ""
+		if v < SpecVersion {
+			hint = ": an encoding of an earlier spec version, whose keys this package does not compute; build the identity again"
+		}
+		d.fail("version %d, want %d%s", v, SpecVersion, hint)
 	}
 	if k := d.byte("kind"); d.err == nil && k != kindIdentity {
 		d.fail("kind 0x%02x, want 0x%02x (identity)", k, kindIdentity)
@@ -320,6 +367,10 @@ func (id *Identity) UnmarshalBinary(data []byte) error {
 	x.Layout.BlockSize = d.int("Layout.BlockSize")
 	x.Layout.TPSize = d.int("Layout.TPSize")
 	x.Layout.Replication = d.int("Layout.Replication")
+	x.Layout.Groups = d.groups()
+	if d.err == nil && len(x.Layout.Groups) > 0 && x.Layout.isDefaultGroups() {
+		d.fail("Layout.Groups: one full-attention group of every layer at Layout.BlockSize is the default layout, encoded as 0 groups")
+	}
 	if d.err == nil && len(d.b) > 0 {
 		d.fail("%d trailing bytes", len(d.b))
 	}

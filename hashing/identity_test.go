@@ -162,8 +162,16 @@ func TestIdentityBinaryRoundTrip(t *testing.T) {
 		if err := got.UnmarshalBinary(b); err != nil {
 			t.Fatalf("UnmarshalBinary(MarshalBinary(id)): %v", err)
 		}
-		if diff := cmp.Diff(id, got); diff != "" {
+		// The default layout decodes without groups, however it was given.
+		want := id
+		if want.Layout.isDefaultGroups() {
+			want.Layout.Groups = nil
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
 			t.Fatalf("round trip (-want +got):\n%s", diff)
+		}
+		if !got.Equal(id) || !id.Equal(got) {
+			t.Fatalf("the decoded identity is not Equal to the encoded one")
 		}
 	})
 }
@@ -177,20 +185,59 @@ func TestIdentityUnmarshalErrors(t *testing.T) {
 	invalid.Layout.Replication = 3
 	badValue := invalid.appendEncoding(nil)
 	hugeLayers := append([]byte(nil), good...)
-	copy(hugeLayers[len(good)-24:], []byte{0xff, 0xff, 0xff, 0xff})
+	copy(hugeLayers[len(good)-28:], []byte{0xff, 0xff, 0xff, 0xff})
+	// head is the encoding up to the groups; groups of 32 layers follow.
+	head := good[:len(good)-4 : len(good)-4]
+	u32 := func(vs ...uint32) []byte {
+		var b []byte
+		for _, v := range vs {
+			b = appendU32(b, v)
+		}
+		return b
+	}
+	seq := func(from, to int) []uint32 { // from, from+1, ..., to-1
+		var l []uint32
+		for i := from; i < to; i++ {
+			l = append(l, uint32(i))
+		}
+		return l
+	}
+	group := func(kind byte, bs, w, sb uint32, layers []uint32) []byte {
+		return append(append([]byte{kind}, u32(bs, w, sb, uint32(len(layers)))...), u32(layers...)...)
+	}
+	with := func(parts ...[]byte) []byte { return bytes.Join(append([][]byte{head}, parts...), nil) }
+	twoGroups := with(u32(2), group(2, 16, 128, 0, seq(0, 16)), group(1, 32, 0, 0, seq(16, 32)))
 	tests := []struct {
 		name string
 		data []byte
 		want string
 	}{
 		{"empty", nil, "version: truncated"},
-		{"version 2", append([]byte{2}, good[1:]...), "version 2, want 1"},
-		{"kind", append([]byte{1, 2}, good[2:]...), "kind 0x02, want 0x01"},
-		{"truncated", good[:len(good)-1], "Layout.Replication: truncated"},
+		{"version 1", append([]byte{1}, head[1:]...), "version 1, want 2: an encoding of an earlier spec version"},
+		{"version 3", append([]byte{3}, good[1:]...), "version 3, want 2"},
+		{"kind", append([]byte{2, 2}, good[2:]...), "kind 0x02, want 0x01"},
+		{"truncated", good[:len(good)-1], "Layout.Groups count: truncated"},
+		{"no groups count", head, "Layout.Groups count: truncated"},
 		{"trailing", append(good[:len(good):len(good)], 0), "1 trailing bytes"},
-		{"tenant length", append([]byte{1, 1, 0xff, 0xff, 0xff, 0xff}, good[6:]...), "Tenant: length 4294967295 over the limit of 64"},
+		{"tenant length", append([]byte{2, 1, 0xff, 0xff, 0xff, 0xff}, good[6:]...), "Tenant: length 4294967295 over the limit of 64"},
 		{"layers over 2^31", hugeLayers, "Layout.Layers: 4294967295 out of range"},
 		{"invalid identity", badValue, "Layout.Replication = 3"},
+		{"two groups, trailing", append(twoGroups[:len(twoGroups):len(twoGroups)], 1), "1 trailing bytes"},
+		{"two groups, truncated", twoGroups[:len(twoGroups)-1], "Layout.Groups[1].Layers: truncated: 16 layers need 64 bytes, 63 left"},
+		{"257 groups", with(u32(257)), "Layout.Groups: 257 groups, more than 256 (MaxGroups)"},
+		{"2^32-1 groups", with(u32(math.MaxUint32)), "Layout.Groups: 4294967295 groups, more than 256"},
+		{"65537 layers", with(u32(2), group(1, 16, 0, 0, seq(0, 16)), group(1, 16, 0, 0, nil)[:13], u32(65521)), "Layout.Groups[1].Layers: 65521 layers, more than the 65520 left of 65536"},
+		{"2^32-1 layers", with(u32(1), group(1, 16, 0, 0, nil)[:13], u32(math.MaxUint32)), "Layout.Groups[0].Layers: 4294967295 layers, more than the 65536 left"},
+		{"layer count past the end", with(u32(1), group(1, 16, 0, 0, nil)[:13], u32(1000)), "Layout.Groups[0].Layers: truncated: 1000 layers need 4000 bytes, 0 left"},
+		{"window over 2^31", with(u32(1), group(2, 16, 1<<31, 0, seq(0, 32))), "Layout.Groups[0].Window: 2147483648 out of range"},
+		{"layer over 2^31", with(u32(1), group(1, 16, 0, 0, []uint32{0, 1 << 31})), "at byte 183: Layout.Groups[0].Layers[1]: 2147483648 out of range"},
+		{"explicit default group", with(u32(1), group(1, 16, 0, 0, seq(0, 32))), "Layout.Groups: one full-attention group of every layer at Layout.BlockSize is the default layout, encoded as 0 groups"},
+		{"unknown kind", with(u32(2), group(7, 16, 0, 0, seq(0, 16)), group(1, 16, 0, 0, seq(16, 32))), "Layout.Groups[0].Kind = 7: unknown group kind"},
+		{"kind 0", with(u32(1), group(0, 16, 0, 0, seq(0, 32))), "Layout.Groups[0].Kind = 0: required"},
+		{"layer in no group", with(u32(1), group(1, 16, 0, 0, seq(0, 31))), "Layout.Groups = 1 group: layer 31 of Layout.Layers 32 is in no group"},
+	}
+	if err := new(Identity).UnmarshalBinary(twoGroups); err != nil {
+		t.Fatalf("the two groups of the test do not decode: %v", err)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -201,11 +248,14 @@ func TestIdentityUnmarshalErrors(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("UnmarshalBinary = %v, want an error containing %q", err, tt.want)
 			}
-			if tt.name != "invalid identity" && !errors.Is(err, ErrMalformedIdentity) {
-				t.Errorf("error %v does not wrap ErrMalformedIdentity", err)
+			// Validation errors name a value ("Field = value: ..."); the
+			// decoder's own wrap ErrMalformedIdentity.
+			var fe *FieldError
+			if validation := strings.Contains(tt.want, " = "); validation && !errors.As(err, &fe) || !validation && !errors.Is(err, ErrMalformedIdentity) {
+				t.Errorf("error %v: want a *FieldError for a validation error, one wrapping ErrMalformedIdentity for the bytes", err)
 			}
-			if id != before {
-				t.Errorf("UnmarshalBinary changed the identity on error: %+v", id)
+			if diff := cmp.Diff(before, id); diff != "" {
+				t.Errorf("UnmarshalBinary changed the identity on error (-before +after):\n%s", diff)
 			}
 		})
 	}
@@ -279,7 +329,7 @@ func TestIdentityJSON(t *testing.T) {
 	// An empty dtype is no dtype, as an absent one: valid for MLA, not for
 	// the KV dtype.
 	id = want
-	if err := json.Unmarshal([]byte(`{"format":{"device":"cuda","model_dtype":"bf16","kv_dtype":"fp8_e4m3","mla_dtype":""}}`), &id); err != nil || id != want {
+	if err := json.Unmarshal([]byte(`{"format":{"device":"cuda","model_dtype":"bf16","kv_dtype":"fp8_e4m3","mla_dtype":""}}`), &id); err != nil || !id.Equal(want) {
 		t.Errorf("json.Unmarshal with mla_dtype \"\" = %v, %+v; want nil, %+v", err, id, want)
 	}
 	if err := json.Unmarshal([]byte(`{"format":{"kv_dtype":""}}`), &id); err != nil {

@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -138,7 +139,21 @@ func TestParseKeyErrors(t *testing.T) {
 	tests := []struct{ key, want string }{
 		{"", "want 4 fields separated by '/'"},
 		{"acme", "want 4 fields"},
-		{good + "/x", "have 5"},
+		{good + "/x/y", "have 6"},
+		{good + "/x", `group "` + BlockHash{1}.String() + `": want 'g' and the group number`},
+		{"acme/" + id + "/1/g0/" + h, `group "g0": group 0 has no group field`},
+		{"acme/" + id + "/1/g01/" + h, `group "g01": leading zero`},
+		{"acme/" + id + "/1/g00/" + h, `group "g00": leading zero`},
+		{"acme/" + id + "/1/g/" + h, `group "g": no group number after 'g'`},
+		{"acme/" + id + "/1/G1/" + h, `group "G1": want 'g'`},
+		{"acme/" + id + "/1/1/" + h, `group "1": want 'g'`},
+		{"acme/" + id + "/1/g+1/" + h, `group "g+1": character '+' at 1 is not a decimal digit`},
+		{"acme/" + id + "/1/g1a/" + h, `character 'a' at 2`},
+		{"acme/" + id + "/1/g256/" + h, `group "g256": above the largest group 255`},
+		{"acme/" + id + "/1/g99999999999999999999999/" + h, "above the largest group 255"},
+		{"acme/" + id + "/1//" + h, `group "": want 'g'`},
+		{"acme/" + id + "/g1/1/" + h, `shard "g1": character 'g' at 0 is not a decimal digit`},
+		{"acme/" + id + "/1/g1/" + h[:63], "hash: has 63 characters"},
 		{strings.Repeat("a", 513), "513 bytes, longer than 512"},
 		{"/" + id + "/1/" + h, "tenant: required"},
 		{"a b/" + id + "/1/" + h, "tenant: byte ' ' at 1"},
@@ -202,7 +217,8 @@ func genKey() *rapid.Generator[Key] {
 		id := rapid.StringMatching(`[0-9a-f]{32}`).Draw(t, "namespace")
 		var h BlockHash
 		copy(h[:], rapid.SliceOfN(rapid.Byte(), 32, 32).Draw(t, "hash"))
-		return Key{Tenant: tenant, Namespace: id, Rank: rapid.IntRange(0, maxShard).Draw(t, "rank"), Hash: h}
+		group := rapid.OneOf(rapid.Just(0), rapid.IntRange(0, MaxGroups-1)).Draw(t, "group")
+		return Key{Tenant: tenant, Namespace: id, Rank: rapid.IntRange(0, maxShard).Draw(t, "rank"), Group: group, Hash: h}
 	})
 }
 
@@ -221,4 +237,128 @@ func TestPropKeyRoundTrip(t *testing.T) {
 			t.Fatalf("ParseKey(%q) = %+v, want %+v", s, got, k)
 		}
 	})
+}
+
+func TestGroupKey(t *testing.T) {
+	// Qwen3-Next-like: 2 KV heads over 4 ranks (replication 2), a state
+	// group first, then a full-attention group and a sliding-window one.
+	id := validIdentity()
+	id.Layout = Layout{Layers: 6, KVHeads: 2, HeadDim: 128, BlockSize: 16, TPSize: 4, Replication: 2, Groups: []Group{
+		{Kind: RecurrentState, Layers: []int{0, 1, 2}, BlockSize: 32, StateBytes: 4096},
+		{Kind: FullAttention, Layers: []int{3, 5}, BlockSize: 16},
+		{Kind: SlidingWindow, Layers: []int{4}, BlockSize: 16, Window: 64},
+	}}
+	ns, err := id.Namespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(id.Layout.Groups, ns.Groups()); diff != "" {
+		t.Errorf("Groups() (-want +got):\n%s", diff)
+	}
+	ns.Groups()[0].Layers[0] = 9 // a copy: ns is unchanged
+	if ns.Groups()[0].Layers[0] != 0 {
+		t.Error("changing the result of Groups changed the namespace")
+	}
+	if ns.Shards() != 2 || ns.GroupShards(0) != 4 || ns.GroupShards(1) != 2 || ns.GroupShards(2) != 2 {
+		t.Errorf("Shards, GroupShards(0, 1, 2) = %d, %d, %d, %d; want 2, 4, 2, 2", ns.Shards(), ns.GroupShards(0), ns.GroupShards(1), ns.GroupShards(2))
+	}
+	for rank := range 4 {
+		if got := ns.GroupShard(0, rank); got != rank {
+			t.Errorf("GroupShard(0, %d) = %d, want the rank (a state group)", rank, got)
+		}
+		for g := 1; g < 3; g++ {
+			if got, want := ns.GroupShard(g, rank), ns.Shard(rank); got != want {
+				t.Errorf("GroupShard(%d, %d) = %d, want Shard(%d) = %d", g, rank, got, rank, want)
+			}
+		}
+	}
+	h := BlockHash{0xab, 0xcd}
+	hex := "abcd" + strings.Repeat("0", 60)
+	keys := map[string]bool{}
+	for g := range 3 {
+		for shard := range ns.GroupShards(g) {
+			key := ns.GroupKey(g, shard, h)
+			want := ns.Prefix() + strconv.Itoa(shard) + "/" + hex
+			if g > 0 {
+				want = ns.Prefix() + strconv.Itoa(shard) + "/g" + strconv.Itoa(g) + "/" + hex
+			}
+			if key != want {
+				t.Errorf("GroupKey(%d, %d) = %q, want %q", g, shard, key, want)
+			}
+			if got := string(ns.AppendGroupKey([]byte("x"), g, shard, h)); got != "x"+key {
+				t.Errorf("AppendGroupKey(%d, %d) = %q, want %q", g, shard, got, "x"+key)
+			}
+			k, err := ParseKey(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(Key{Tenant: "acme", Namespace: ns.ID(), Rank: shard, Group: g, Hash: h}, k); diff != "" {
+				t.Errorf("ParseKey(%q) (-want +got):\n%s", key, diff)
+			}
+			if k.String() != key {
+				t.Errorf("String() = %q, want %q", k.String(), key)
+			}
+			if keys[key] {
+				t.Errorf("key %q of group %d shard %d is another's too", key, g, shard)
+			}
+			keys[key] = true
+		}
+	}
+	// Key is group 0's key, with group 0's shards: here a state group's.
+	if got, want := ns.Key(3, h), ns.GroupKey(0, 3, h); got != want {
+		t.Errorf("Key(3) = %q, want GroupKey(0, 3) = %q", got, want)
+	}
+	// The groups of a layout without groups: one, whose keys are Key's.
+	plain := testNamespace(t, nil)
+	if n := len(plain.Groups()); n != 1 || plain.GroupShards(0) != plain.Shards() {
+		t.Errorf("a layout without groups: %d groups with %d shards, want 1 with %d", n, plain.GroupShards(0), plain.Shards())
+	}
+	if plain.GroupKey(0, 1, h) != plain.Key(1, h) {
+		t.Errorf("GroupKey(0, 1) = %q, Key(1) = %q", plain.GroupKey(0, 1, h), plain.Key(1, h))
+	}
+	if (Namespace{}).Groups() != nil {
+		t.Error("the zero Namespace has groups")
+	}
+}
+
+func TestGroupKeyPanics(t *testing.T) {
+	ns := testNamespace(t, func(id *Identity) {
+		*id = stateIdentity() // group 0 state (2 shards, the ranks), group 1 full attention
+		id.Layout.KVHeads, id.Layout.TPSize, id.Layout.Replication = 2, 4, 2
+	})
+	mustPanic(t, "GroupKey(2, 0)", "Namespace.GroupKey: group 2 outside [0, 2)", func() { ns.GroupKey(2, 0, BlockHash{}) })
+	mustPanic(t, "GroupKey(-1, 0)", "Namespace.GroupKey: group -1 outside [0, 2)", func() { ns.GroupKey(-1, 0, BlockHash{}) })
+	mustPanic(t, "GroupKey(1, 2)", "Namespace.GroupKey: shard 2 outside [0, 2) of group 1", func() { ns.GroupKey(1, 2, BlockHash{}) })
+	mustPanic(t, "GroupKey(0, 4)", "Namespace.GroupKey: shard 4 outside [0, 4) of group 0", func() { ns.GroupKey(0, 4, BlockHash{}) })
+	mustPanic(t, "GroupKey(0, -1)", "shard -1 outside [0, 4) of group 0", func() { ns.GroupKey(0, -1, BlockHash{}) })
+	mustPanic(t, "Key(4)", "Namespace.Key: shard 4 outside [0, 4)", func() { ns.Key(4, BlockHash{}) })
+	mustPanic(t, "GroupShards(2)", "Namespace.GroupShards: group 2 outside [0, 2)", func() { ns.GroupShards(2) })
+	mustPanic(t, "GroupShard(2, 0)", "Namespace.GroupShard: group 2 outside [0, 2)", func() { ns.GroupShard(2, 0) })
+	mustPanic(t, "GroupShard(0, 4)", "Namespace.GroupShard: rank 4 outside [0, 4)", func() { ns.GroupShard(0, 4) })
+	mustPanic(t, "zero GroupKey", "group 0 outside [0, 0)", func() { (Namespace{}).GroupKey(0, 0, BlockHash{}) })
+	mustPanic(t, "zero GroupShards", "group 0 outside [0, 0)", func() { (Namespace{}).GroupShards(0) })
+}
+
+func TestAppendGroupKeyAllocs(t *testing.T) {
+	ns := testNamespace(t, func(id *Identity) { *id = hybridIdentity() })
+	buf := make([]byte, 0, MaxKeyLen)
+	if n := testing.AllocsPerRun(100, func() { buf = ns.AppendGroupKey(buf[:0], 1, 1, BlockHash{9}) }); n != 0 {
+		t.Errorf("AppendGroupKey allocates %v times, want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = ns.GroupKey(1, 1, BlockHash{9}) }); n != 1 {
+		t.Errorf("GroupKey allocates %v times, want 1 (the string)", n)
+	}
+}
+
+// TestLongestKey checks the bound that MaxKeyLen's doc gives: the longest
+// tenant, shard and group.
+func TestLongestKey(t *testing.T) {
+	k := Key{Tenant: strings.Repeat("a", 64), Namespace: strings.Repeat("f", IDLen), Rank: maxShard, Group: MaxGroups - 1, Hash: BlockHash{1}}
+	s := k.String()
+	if len(s) != 173 || len(s) > MaxKeyLen {
+		t.Errorf("the longest key %q has %d bytes, want 173 (MaxKeyLen %d)", s, len(s), MaxKeyLen)
+	}
+	if got, err := ParseKey(s); err != nil || got != k {
+		t.Errorf("ParseKey(%q) = %+v, %v", s, got, err)
+	}
 }

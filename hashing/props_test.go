@@ -180,7 +180,7 @@ func TestPropExtrasDiffer(t *testing.T) {
 
 // mutateIdentity changes field i (0 to identityFields-1) of id to another
 // valid value.
-const identityFields = 15
+const identityFields = 16
 
 func mutateIdentity(t *rapid.T, id Identity, i int) Identity {
 	other := func(s string) string { return s + rapid.SampledFrom([]string{"x", "0", "_"}).Draw(t, "suffix") }
@@ -211,15 +211,39 @@ func mutateIdentity(t *rapid.T, id Identity, i int) Identity {
 		}
 		id.Format.MLADType = otherDType(id.Format.MLADType)
 	case 9:
+		if l := &id.Layout; len(l.Groups) > 0 {
+			// One more layer, in the first group: every layer stays in one.
+			if l.Layers == maxLayoutValue {
+				t.Skip("the most layers")
+			}
+			l.Groups = l.EffectiveGroups()
+			l.Groups[0].Layers = append(l.Groups[0].Layers, l.Layers)
+			l.Layers++
+			break
+		}
 		id.Layout.Layers = id.Layout.Layers%maxLayoutValue + 1
 	case 10:
 		if id.Format.MLADType != "" {
 			t.Skip("MLA has exactly one KV head")
 		}
+		if id.Layout.allState() {
+			t.Skip("a layout of state groups has one KV head")
+		}
 		id.Layout.KVHeads *= 2
 	case 11:
+		if id.Layout.allState() {
+			t.Skip("a layout of state groups has head dim 1")
+		}
 		id.Layout.HeadDim = id.Layout.HeadDim%maxLayoutValue + 1
 	case 12:
+		if len(id.Layout.Groups) > 0 {
+			// The groups' block sizes stay multiples of the hash block size.
+			if id.Layout.BlockSize == 1 {
+				t.Skip("no other hash block size divides the groups' block sizes")
+			}
+			id.Layout.BlockSize = 1
+			break
+		}
 		id.Layout.BlockSize = id.Layout.BlockSize%MaxBlockSize + 1
 	case 13:
 		id.Layout.TPSize *= 2
@@ -228,17 +252,91 @@ func mutateIdentity(t *rapid.T, id Identity, i int) Identity {
 		if id.Format.MLADType != "" {
 			t.Skip("MLA has exactly one KV head, and Replication = TPSize")
 		}
+		if id.Layout.allState() {
+			t.Skip("a layout of state groups has one KV head, and Replication = TPSize")
+		}
 		id.Layout.KVHeads *= 2
 		id.Layout.TPSize *= 2
+	case 15:
+		id.Layout = mutateGroups(t, id.Layout)
 	}
 	return id
+}
+
+// mutateGroups changes the KV cache groups of l into other valid ones, of
+// another identity.
+func mutateGroups(t *rapid.T, l Layout) Layout {
+	if l.isDefaultGroups() {
+		gs := l.EffectiveGroups()
+		if l.Layers == 1 || rapid.Bool().Draw(t, "one sliding group?") {
+			gs[0].Kind, gs[0].Window = SlidingWindow, 1+rapid.IntRange(0, 9).Draw(t, "window")
+		} else {
+			// Two groups: the last layer becomes a sliding-window group.
+			gs = append(gs, Group{Kind: SlidingWindow, Layers: []int{l.Layers - 1}, BlockSize: l.BlockSize, Window: 128})
+			gs[0].Layers = gs[0].Layers[:l.Layers-1]
+		}
+		l.Groups = gs
+		return l
+	}
+	gs := l.EffectiveGroups()
+	i := rapid.IntRange(0, len(gs)-1).Draw(t, "group")
+	g := &gs[i]
+	switch rapid.IntRange(0, 4).Draw(t, "group mutation") {
+	case 0: // the other attention kind, or other state bytes
+		switch g.Kind {
+		case FullAttention:
+			g.Kind, g.Window = SlidingWindow, 4096
+		case SlidingWindow:
+			g.Kind, g.Window = FullAttention, 0
+		default:
+			g.StateBytes = g.StateBytes%maxStateBytes + 1
+		}
+	case 1: // another window, or other state bytes
+		switch g.Kind {
+		case SlidingWindow:
+			g.Window = g.Window%maxWindow + 1
+		case RecurrentState:
+			g.StateBytes = g.StateBytes%maxStateBytes + 1
+		default:
+			g.Kind, g.Window = SlidingWindow, 1
+		}
+	case 2: // another block size
+		if g.BlockSize+l.BlockSize <= MaxBlockSize {
+			g.BlockSize += l.BlockSize
+		} else {
+			g.BlockSize = l.BlockSize
+		}
+		if g.BlockSize == gs[i].BlockSize {
+			t.Skip("no other block size")
+		}
+	case 3: // two groups swapped
+		if len(gs) < 2 {
+			t.Skip("one group")
+		}
+		j := (i + 1) % len(gs)
+		gs[i], gs[j] = gs[j], gs[i]
+	case 4: // a layer moved to another group
+		if len(gs) < 2 || len(g.Layers) < 2 {
+			t.Skip("no layer to move")
+		}
+		j := (i + 1) % len(gs)
+		layer := g.Layers[len(g.Layers)-1]
+		g.Layers = g.Layers[:len(g.Layers)-1]
+		gs[j].Layers = append(gs[j].Layers, layer)
+		slices.Sort(gs[j].Layers)
+	}
+	l.Groups = gs
+	if l.isDefaultGroups() {
+		t.Skip("the mutation gave the default layout") // the block size mutation of one full group can
+	}
+	return l
 }
 
 func TestPropIdentityFieldsChangeNamespace(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		a := genIdentity().Draw(t, "identity")
 		b := mutateIdentity(t, a, rapid.IntRange(0, identityFields-1).Draw(t, "field"))
-		if a == b {
+		if a.Equal(b) {
 			t.Fatalf("mutation left the identity unchanged")
 		}
 		if err := b.Validate(); err != nil {

@@ -58,7 +58,7 @@ func refSeedMessage(extras []refExtra) []byte {
 	}
 	slices.SortFunc(opaque, func(a, b refExtra) int { return strings.Compare(a.str, b.str) })
 	var b bytes.Buffer
-	b.Write([]byte{1, 0x02})
+	b.Write([]byte{2, 0x02})
 	_ = binary.Write(&b, binary.LittleEndian, uint32(len(salt)+len(adapter)+len(opaque)))
 	for _, e := range salt {
 		b.WriteByte(0x21)
@@ -91,7 +91,7 @@ func refBlockExtrasMessage(extras []refExtra, start, n int64) []byte {
 	}
 	slices.SortFunc(items, func(a, b refExtra) int { return cmp.Compare(a.off, b.off) })
 	var b bytes.Buffer
-	b.Write([]byte{1, 0x05})
+	b.Write([]byte{2, 0x05})
 	_ = binary.Write(&b, binary.LittleEndian, uint32(len(items)))
 	for _, it := range items {
 		b.WriteByte(0x24)
@@ -125,7 +125,7 @@ func refChain(n int, tokens []Token, extras []refExtra) (seed [32]byte, steps []
 		if n > 128 {
 			kind = 0x04
 			st.tokenDigest = make([]byte, 32)
-			blake3.DeriveKey("kvconnect hashing v1 block tokens", tb.Bytes(), st.tokenDigest)
+			blake3.DeriveKey("kvconnect hashing v2 block tokens", tb.Bytes(), st.tokenDigest)
 			payload = st.tokenDigest
 		}
 		st.extrasMsg = refBlockExtrasMessage(extras, int64(i)*int64(n), int64(n))
@@ -133,7 +133,7 @@ func refChain(n int, tokens []Token, extras []refExtra) (seed [32]byte, steps []
 			flags = 1
 		}
 		var m bytes.Buffer
-		m.Write([]byte{1, kind, flags, 0})
+		m.Write([]byte{2, kind, flags, 0})
 		_ = binary.Write(&m, binary.LittleEndian, uint32(n))
 		if st.extrasMsg != nil {
 			y := blake3.Sum256(st.extrasMsg)
@@ -152,7 +152,7 @@ func refChain(n int, tokens []Token, extras []refExtra) (seed [32]byte, steps []
 // refIdentityEncoding is the identity encoding of SPEC.md "Identity".
 func refIdentityEncoding(id Identity) []byte {
 	var b bytes.Buffer
-	b.Write([]byte{1, 0x01})
+	b.Write([]byte{2, 0x01})
 	refLenStr(&b, id.Tenant)
 	refLenStr(&b, id.Model)
 	refLenStr(&b, id.WeightsVersion)
@@ -165,6 +165,29 @@ func refIdentityEncoding(id Identity) []byte {
 	l := id.Layout
 	for _, v := range []int{l.Layers, l.KVHeads, l.HeadDim, l.BlockSize, l.TPSize, l.Replication} {
 		_ = binary.Write(&b, binary.LittleEndian, uint32(v))
+	}
+	// The groups: none for the default layout, also when it is written
+	// out as its one full-attention group of every layer.
+	groups := l.Groups
+	if len(groups) == 1 {
+		g := groups[0]
+		all := len(g.Layers) == l.Layers
+		for i := 0; all && i < len(g.Layers); i++ {
+			all = g.Layers[i] == i
+		}
+		if all && g.Kind == FullAttention && g.BlockSize == l.BlockSize && g.Window == 0 && g.StateBytes == 0 {
+			groups = nil
+		}
+	}
+	_ = binary.Write(&b, binary.LittleEndian, uint32(len(groups)))
+	for _, g := range groups {
+		b.WriteByte(byte(g.Kind))
+		for _, v := range []int{g.BlockSize, g.Window, g.StateBytes, len(g.Layers)} {
+			_ = binary.Write(&b, binary.LittleEndian, uint32(v))
+		}
+		for _, layer := range g.Layers {
+			_ = binary.Write(&b, binary.LittleEndian, uint32(layer))
+		}
 	}
 	return b.Bytes()
 }

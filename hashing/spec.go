@@ -6,7 +6,7 @@ import "encoding/binary"
 // implements (hashing/SPEC.md). It is the first byte of every hashed message
 // and of [Identity.MarshalBinary], and is part of the derive-key context of
 // token digests, so a change of encoding changes every hash and namespace.
-const SpecVersion = 1
+const SpecVersion = 2
 
 // MaxBlockSize is the largest block size, in tokens, that a [Chain] and a
 // [Layout] accept. The smallest is 1.
@@ -37,7 +37,7 @@ const (
 const directMax = 128
 
 // tokenContext is the BLAKE3 derive-key context of token digests.
-const tokenContext = "kvconnect hashing v1 block tokens"
+const tokenContext = "kvconnect hashing v2 block tokens"
 
 // blockHeaderLen is the length of a block message's header: version, kind,
 // flags, a zero byte, and the block size as a little-endian uint32.

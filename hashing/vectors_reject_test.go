@@ -1,9 +1,11 @@
 package hashing
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -46,8 +48,9 @@ type invalidKey struct {
 }
 
 // generateRejects fills in the dtype and invalid-input sections of vf.
-// basic and mla are valid identities that the invalid ones vary.
-func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity) {
+// basic, mla and the identities with groups are valid identities that the
+// invalid ones vary.
+func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity, hy hybridVectors) {
 	t.Helper()
 
 	// Dtypes: every canonical name and alias, normalisation, rejections.
@@ -122,15 +125,70 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity) {
 		{"mla with 8 kv heads", "Layout.KVHeads", "Layout.KVHeads = 8: must be 1 with MLA", mla, func(id *Identity) { id.Layout.KVHeads = 8 }},
 		{"mla without replication", "Layout.Replication", "Layout.Replication = 1: must equal Layout.TPSize 8 with MLA", mla,
 			func(id *Identity) { id.Layout.Replication = 1 }},
+
+		// KV cache groups.
+		{"group without kind", "Layout.Groups[1].Kind", "Layout.Groups[1].Kind = 0: required", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[1].Kind = 0 }},
+		{"group without layers", "Layout.Groups[2].Layers", "Layout.Groups[2].Layers = []: empty", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups = append(id.Layout.Groups, Group{Kind: FullAttention, Layers: []int{}, BlockSize: 16}) }},
+		{"group layer out of range", "Layout.Groups[1].Layers[18]", "Layout.Groups[1].Layers[18] = 36: outside [0, 36)", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[1].Layers = append(id.Layout.Groups[1].Layers, 36) }},
+		{"group layer negative", "Layout.Groups[0].Layers[0]", "Layout.Groups[0].Layers[0] = -1: outside [0, 36)", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[0].Layers = append([]int{-1}, id.Layout.Groups[0].Layers...) }},
+		{"group layer twice", "Layout.Groups[0].Layers[1]", "Layout.Groups[0].Layers[1] = 0: not above the layer before it, 0", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[0].Layers = append([]int{0}, id.Layout.Groups[0].Layers...) }},
+		{"group layers out of order", "Layout.Groups[1].Layers[1]", "Layout.Groups[1].Layers[1] = 1: not above the layer before it, 3", hy.gptOSS,
+			func(id *Identity) { l := id.Layout.Groups[1].Layers; l[0], l[1] = l[1], l[0] }},
+		{"layer in two groups", "Layout.Groups[1].Layers[1]", "Layout.Groups[1].Layers[1] = 2: also in Layout.Groups[0]", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[1].Layers = append([]int{1, 2}, id.Layout.Groups[1].Layers[1:]...) }},
+		{"layer in no group", "Layout.Groups", "Layout.Groups = 2 groups: layer 28 of Layout.Layers 32 is in no group", hy.jamba,
+			func(id *Identity) { id.Layout.Groups[1].Layers = id.Layout.Groups[1].Layers[:3] }},
+		{"layers beyond every group", "Layout.Groups", "layers 36, 37 of Layout.Layers 38 are in no group", hy.gptOSS,
+			func(id *Identity) { id.Layout.Layers = 38 }},
+		{"group block size 0", "Layout.Groups[1].BlockSize", "Layout.Groups[1].BlockSize = 0: must be 1 to 4096 tokens", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[1].BlockSize = 0 }},
+		{"group block size not a multiple", "Layout.Groups[0].BlockSize", "Layout.Groups[0].BlockSize = 96: not a multiple of Layout.BlockSize 64", hy.qwen3Next,
+			func(id *Identity) { id.Layout.Groups[0].BlockSize = 96 }},
+		{"group block size below the hash block size", "Layout.Groups[3].BlockSize", "Layout.Groups[3].BlockSize = 32: not a multiple of Layout.BlockSize 64", hy.qwen3Next,
+			func(id *Identity) { id.Layout.Groups[3].BlockSize = 32 }},
+		{"group block size over 4096", "Layout.Groups[1].BlockSize", "Layout.Groups[1].BlockSize = 4112: must be 1 to 4096 tokens", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[1].BlockSize = 4112 }},
+		{"sliding window 0", "Layout.Groups[0].Window", "Layout.Groups[0].Window = 0: must be 1 to 1073741824 tokens for a sliding-window group", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[0].Window = 0 }},
+		{"sliding window over 2^30", "Layout.Groups[0].Window", "Layout.Groups[0].Window = 1073741825: must be 1 to 1073741824", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[0].Window = maxWindow + 1 }},
+		{"window on a full group", "Layout.Groups[1].Window", "Layout.Groups[1].Window = 128: only a sliding_window group has a window", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[1].Window = 128 }},
+		{"window on a state group", "Layout.Groups[0].Window", "Layout.Groups[0].Window = 4096: only a sliding_window group has a window", hy.jamba,
+			func(id *Identity) { id.Layout.Groups[0].Window = 4096 }},
+		{"state bytes 0", "Layout.Groups[0].StateBytes", "Layout.Groups[0].StateBytes = 0: must be 1 to 1073741824 bytes for a state group", hy.jamba,
+			func(id *Identity) { id.Layout.Groups[0].StateBytes = 0 }},
+		{"state bytes over 2^30", "Layout.Groups[2].StateBytes", "Layout.Groups[2].StateBytes = 1073741825: must be 1 to 1073741824", hy.qwen3Next,
+			func(id *Identity) { id.Layout.Groups[2].StateBytes = maxStateBytes + 1 }},
+		{"state bytes on a full group", "Layout.Groups[1].StateBytes", "Layout.Groups[1].StateBytes = 286720: only a state group has state bytes", hy.jamba,
+			func(id *Identity) { id.Layout.Groups[1].StateBytes = 286720 }},
+		{"state bytes on a sliding group", "Layout.Groups[0].StateBytes", "Layout.Groups[0].StateBytes = 1: only a state group has state bytes", hy.gptOSS,
+			func(id *Identity) { id.Layout.Groups[0].StateBytes = 1 }},
+		{"257 groups", "Layout.Groups", "Layout.Groups = 257 groups: more than 256 (MaxGroups)", hy.mostGroups,
+			func(id *Identity) {
+				id.Layout.Layers++
+				id.Layout.Groups = append(id.Layout.Groups, Group{Kind: FullAttention, Layers: []int{MaxGroups}, BlockSize: MaxBlockSize})
+			}},
+		{"state only with 8 kv heads", "Layout.KVHeads", "Layout.KVHeads = 8: must be 1 when every group is a state group", hy.mamba2,
+			func(id *Identity) { id.Layout.KVHeads = 8 }},
+		{"state only with head dim 64", "Layout.HeadDim", "Layout.HeadDim = 64: must be 1 when every group is a state group", hy.mamba2,
+			func(id *Identity) { id.Layout.HeadDim = 64 }},
+		{"state only without replication", "Layout.Replication", "Layout.Replication = 1: must equal Layout.TPSize 2 when every group is a state group", hy.mamba2,
+			func(id *Identity) { id.Layout.Replication = 1 }},
 	}
 	for _, e := range edits {
 		id := e.base
-		e.f(&id)
-		b, err := json.Marshal(id)
-		if err != nil {
-			t.Fatalf("invalid identity %s: %v", e.name, err)
+		id.Layout.Groups = slices.Clone(id.Layout.Groups)
+		for i := range id.Layout.Groups {
+			id.Layout.Groups[i].Layers = slices.Clone(id.Layout.Groups[i].Layers)
 		}
-		vf.InvalidIdentities = append(vf.InvalidIdentities, invalidIdentity{Name: e.name, Identity: b, Field: e.field, Error: e.err})
+		e.f(&id)
+		vf.InvalidIdentities = append(vf.InvalidIdentities, invalidIdentity{Name: e.name, Identity: identityJSON(t, id), Field: e.field, Error: e.err})
 	}
 
 	// Invalid encodings: bytes a decoder must reject.
@@ -141,15 +199,51 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity) {
 	notUTF8.Model = "a\xffb"
 	mla8 := mla
 	mla8.Layout.KVHeads = 8
+	// The groups of an encoding: its head (everything before the group
+	// count) and groups appended to it.
+	head := good[:n-4 : n-4]
+	u32 := func(vs ...uint32) []byte {
+		var b []byte
+		for _, v := range vs {
+			b = appendU32(b, v)
+		}
+		return b
+	}
+	group := func(kind byte, bs, w, sb uint32, layers ...int) []byte {
+		b := append([]byte{kind}, u32(bs, w, sb, uint32(len(layers)))...)
+		for _, l := range layers {
+			b = appendU32(b, uint32(l))
+		}
+		return b
+	}
+	withGroups := func(parts ...[]byte) string {
+		return hex.EncodeToString(bytes.Join(append([][]byte{head}, parts...), nil))
+	}
+	v1 := append([]byte{1}, head[1:]...) // basic in spec version 1: no groups
 	for _, e := range []invalidEncoding{
 		{"empty", "", "version: truncated"},
-		{"version 2", with(func(b []byte) []byte { b[0] = 2; return b }), "version 2, want 1"},
+		{"version 1", hex.EncodeToString(v1), "version 1, want 2: an encoding of an earlier spec version"},
+		{"version 3", with(func(b []byte) []byte { b[0] = 3; return b }), "version 3, want 2"},
 		{"kind of a seed", with(func(b []byte) []byte { b[1] = kindSeed; return b }), "kind 0x02, want 0x01"},
-		{"truncated", with(func(b []byte) []byte { return b[:n-1] }), "Layout.Replication: truncated"},
+		{"truncated", with(func(b []byte) []byte { return b[:n-1] }), "Layout.Groups count: truncated"},
+		{"no group count", hex.EncodeToString(head), "Layout.Groups count: truncated"},
 		{"trailing byte", with(func(b []byte) []byte { return append(b, 0) }), "1 trailing bytes"},
 		{"tenant length over 64", with(func(b []byte) []byte { b[2] = 65; return b }), "Tenant: length 65 over the limit of 64"},
-		{"layers of 2^31", with(func(b []byte) []byte { copy(b[n-24:], []byte{0, 0, 0, 0x80}); return b }), "Layout.Layers: 2147483648 out of range"},
-		{"layers of 65537", with(func(b []byte) []byte { copy(b[n-24:], []byte{1, 0, 1, 0}); return b }), "Layout.Layers = 65537"},
+		{"layers of 2^31", with(func(b []byte) []byte { copy(b[n-28:], []byte{0, 0, 0, 0x80}); return b }), "Layout.Layers: 2147483648 out of range"},
+		{"layers of 65537", with(func(b []byte) []byte { copy(b[n-28:], []byte{1, 0, 1, 0}); return b }), "Layout.Layers = 65537"},
+		{"explicit default group", withGroups(u32(1), group(1, 16, 0, 0, seqInts(32)...)),
+			"Layout.Groups: one full-attention group of every layer at Layout.BlockSize is the default layout, encoded as 0 groups"},
+		{"257 groups", withGroups(u32(257)), "Layout.Groups: 257 groups, more than 256 (MaxGroups)"},
+		{"group kind 0", withGroups(u32(2), group(0, 16, 0, 0, seqInts(16)...), group(1, 16, 0, 0, seqInts(32)[16:]...)), "Layout.Groups[0].Kind = 0: required"},
+		{"group kind 4", withGroups(u32(2), group(1, 16, 0, 0, seqInts(16)...), group(4, 16, 0, 0, seqInts(32)[16:]...)), "Layout.Groups[1].Kind = 4: unknown group kind"},
+		{"group window of 2^31", withGroups(u32(1), group(2, 16, 1<<31, 0, seqInts(32)...)), "Layout.Groups[0].Window: 2147483648 out of range"},
+		{"group layer of 2^31", withGroups(u32(1), group(1, 32, 0, 0, 0, 0)[:13], u32(2, 0, 1<<31)), "Layout.Groups[0].Layers[1]: 2147483648 out of range"},
+		{"group layers truncated", withGroups(u32(2), group(1, 16, 0, 0, seqInts(16)...), group(1, 16, 0, 0, seqInts(32)[16:]...)[:80]),
+			"Layout.Groups[1].Layers: truncated: 16 layers need 64 bytes, 63 left"},
+		{"group layers over 65536 in all", withGroups(u32(2), group(1, 16, 0, 0, seqInts(16)...), group(1, 16, 0, 0)[:13], u32(65521)),
+			"Layout.Groups[1].Layers: 65521 layers, more than the 65520 left of 65536 in all groups"},
+		{"group layer in two groups", withGroups(u32(2), group(1, 16, 0, 0, seqInts(16)...), group(1, 16, 0, 0, seqInts(32)[15:]...)),
+			"Layout.Groups[1].Layers[0] = 15: also in Layout.Groups[0]"},
 		{"model not UTF-8", hex.EncodeToString(refIdentityEncoding(notUTF8)), `Model = "a\xffb": not valid UTF-8`},
 		{"dtype alias", hex.EncodeToString(refIdentityEncoding(func() Identity { x := basic; x.Format.KVDType = "half"; return x }())),
 			`Format.KVDType = "half": not a canonical name: use fp16`},
@@ -194,7 +288,7 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity) {
 	for _, k := range []invalidKey{
 		{"", "want 4 fields"},
 		{"acme/" + id + "/1", "want 4 fields"},
-		{"acme/" + id + "/1/" + hash + "/x", "want 4 fields"},
+		{"acme/" + id + "/1/" + hash + "/x/y", "want 4 fields"},
 		{".acme/" + id + "/1/" + hash, "tenant: must start with an ASCII letter or digit"},
 		{"/" + id + "/1/" + hash, "tenant: required"},
 		{"acme/" + strings.ToUpper(id) + "/1/" + hash, "is not a lowercase hex digit"},
@@ -206,6 +300,15 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity) {
 		{"acme/" + id + "/1/" + strings.ToUpper(hash), "is not a lowercase hex digit"},
 		{"acme/" + id + "/1/" + hash[:63], "has 63 characters, want 64 lowercase hex digits"},
 		{strings.Repeat("a", 513), "513 bytes, longer than 512"},
+		{"acme/" + id + "/1/g0/" + hash, "group 0 has no group field"},
+		{"acme/" + id + "/1/g01/" + hash, "leading zero"},
+		{"acme/" + id + "/1/g256/" + hash, "above the largest group 255"},
+		{"acme/" + id + "/1/G1/" + hash, "want 'g' and the group number"},
+		{"acme/" + id + "/1/1/" + hash, "want 'g' and the group number"},
+		{"acme/" + id + "/1/g/" + hash, "no group number after 'g'"},
+		{"acme/" + id + "/1/g-1/" + hash, "is not a decimal digit"},
+		{"acme/" + id + "/g1/1/" + hash, "is not a decimal digit"},
+		{"acme/" + id + "/1/g1/" + hash[:63], "has 63 characters, want 64 lowercase hex digits"},
 	} {
 		vf.InvalidKeys = append(vf.InvalidKeys, k)
 	}
@@ -285,4 +388,39 @@ func checkFieldError(t *testing.T, what string, err error, field, want string) {
 	case fe.Field != field || !strings.Contains(err.Error(), want):
 		t.Errorf("%s: error %v (field %s), want field %s and an error containing %q", what, err, fe.Field, field, want)
 	}
+}
+
+// identityJSON is the JSON form of id, which may be invalid: a group
+// without a kind, which has no text form, is written without its "kind"
+// member, as a configuration file that forgot it would be.
+func identityJSON(t testing.TB, id Identity) json.RawMessage {
+	t.Helper()
+	var missing []int
+	id.Layout.Groups = slices.Clone(id.Layout.Groups)
+	for i, g := range id.Layout.Groups {
+		if g.Kind == 0 {
+			missing = append(missing, i)
+			id.Layout.Groups[i].Kind = FullAttention
+		}
+	}
+	b, err := json.Marshal(id)
+	if err != nil {
+		t.Fatalf("identity %+v: %v", id, err)
+	}
+	if len(missing) == 0 {
+		return b
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	gs := m["layout"].(map[string]any)["groups"].([]any)
+	for _, i := range missing {
+		delete(gs[i].(map[string]any), "kind")
+	}
+	b, err = json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -67,12 +67,14 @@ type chainVector struct {
 }
 
 type keyVector struct {
-	Identity string `json:"identity"` // name of an identity vector
-	Chain    string `json:"chain"`    // name of a chain vector
-	Block    int    `json:"block"`    // index into the chain's hashes
-	Rank     int    `json:"rank"`     // TP rank
-	Shard    int    `json:"shard"`
-	Key      string `json:"key"`
+	Identity  string `json:"identity"`   // name of an identity vector
+	Chain     string `json:"chain"`      // name of a chain vector
+	Group     int    `json:"group"`      // KV cache group
+	Block     int    `json:"block"`      // index of the group's block
+	HashIndex int    `json:"hash_index"` // index into the chain's hashes of the hash that names the block
+	Rank      int    `json:"rank"`       // TP rank
+	Shard     int    `json:"shard"`      // the group's shard of the rank
+	Key       string `json:"key"`
 }
 
 type workedValue struct {
@@ -187,6 +189,7 @@ func generateVectors(t testing.TB) vectorFile {
 		Layout: Layout{Layers: maxLayoutValue, KVHeads: maxLayoutValue, HeadDim: maxLayoutValue, BlockSize: MaxBlockSize,
 			TPSize: maxLayoutValue, Replication: 1},
 	}
+	hy := hybridVectorIdentities(basic)
 	ids := []struct {
 		name string
 		id   Identity
@@ -195,6 +198,9 @@ func generateVectors(t testing.TB) vectorFile {
 		{"replicated", replicated}, {"mla", mla},
 		{"utf8", utf8}, {"utf8-nfd", utf8NFD}, {"edge-code-points", edge},
 		{"generation-2^32", gen32}, {"generation-max", genMax}, {"largest", largest},
+		{"explicit-default-group", hy.explicitDefault},
+		{"gpt-oss", hy.gptOSS}, {"jamba", hy.jamba}, {"qwen3-next", hy.qwen3Next}, {"mamba2", hy.mamba2},
+		{"most-groups", hy.mostGroups},
 	}
 	nss := map[string]Namespace{}
 	for _, x := range ids {
@@ -307,36 +313,171 @@ func generateVectors(t testing.TB) vectorFile {
 	// Keys.
 	keys := []struct {
 		identity, chain string
-		block           int
+		group, block    int
 		ranks           []int
 	}{
-		{"basic", "bs16", 1, []int{0, 1}},
-		{"basic-rotated", "bs16", 1, []int{0}},
-		{"basic-kv-fp8", "bs16", 1, []int{0}},
-		{"replicated", "bs64", 0, []int{0, 3, 4, 7}},
-		{"mla", "bs256", 2, []int{0, 5}},
-		{"utf8", "bs16-multimodal-many", 2, []int{1}},
-		{"generation-2^32", "bs16", 0, []int{0}},
-		{"generation-max", "bs16", 0, []int{1}},
-		{"largest", "bs4096", 0, []int{0, maxLayoutValue - 1}},
+		{"basic", "bs16", 0, 1, []int{0, 1}},
+		{"basic-rotated", "bs16", 0, 1, []int{0}},
+		{"basic-kv-fp8", "bs16", 0, 1, []int{0}},
+		{"replicated", "bs64", 0, 0, []int{0, 3, 4, 7}},
+		{"mla", "bs256", 0, 2, []int{0, 5}},
+		{"utf8", "bs16-multimodal-many", 0, 2, []int{1}},
+		{"generation-2^32", "bs16", 0, 0, []int{0}},
+		{"generation-max", "bs16", 0, 0, []int{1}},
+		{"largest", "bs4096", 0, 0, []int{0, maxLayoutValue - 1}},
+		// Keys per KV cache group.
+		{"explicit-default-group", "bs16", 0, 1, []int{1}}, // basic's key
+		{"gpt-oss", "bs16", 0, 1, []int{0, 3}},
+		{"gpt-oss", "bs16", 1, 0, []int{2}},
+		{"jamba", "bs16", 0, 1, []int{1}},
+		{"jamba", "bs16", 1, 0, []int{0}},
+		{"qwen3-next", "bs64", 0, 0, []int{0, 1, 3}}, // state, blocks of 2 hash blocks: shard = rank
+		{"qwen3-next", "bs64", 2, 0, []int{2}},
+		{"qwen3-next", "bs64", 3, 2, []int{1, 3}}, // full attention: shard = rank / 2
+		{"mamba2", "bs256", 0, 0, []int{0, 1}},
+		{"most-groups", "bs4096", 1, 0, []int{0}},
+		{"most-groups", "bs4096", 254, 0, []int{maxLayoutValue - 1}},
+		{"most-groups", "bs4096", MaxGroups - 1, 0, []int{maxLayoutValue - 1}}, // the longest key
 	}
 	for _, k := range keys {
 		ns := nss[k.identity]
+		i := ns.Groups()[k.group].HashIndex(k.block, ns.BlockSize())
 		for _, r := range k.ranks {
-			s := ns.Shard(r)
-			vf.Keys = append(vf.Keys, keyVector{Identity: k.identity, Chain: k.chain, Block: k.block, Rank: r, Shard: s,
-				Key: ns.Key(s, hashes[k.chain][k.block])})
+			s := ns.GroupShard(k.group, r)
+			vf.Keys = append(vf.Keys, keyVector{Identity: k.identity, Chain: k.chain, Group: k.group, Block: k.block, HashIndex: i,
+				Rank: r, Shard: s, Key: ns.GroupKey(k.group, s, hashes[k.chain][i])})
 		}
 	}
 
-	generateRejects(t, &vf, basic, mla)
-	vf.Worked = workedExample(t, basic, nss["basic"])
+	generateRejects(t, &vf, basic, mla, hy)
+	vf.Worked = workedExample(t, basic, nss["basic"], workedHybrid(basic))
 	return vf
+}
+
+// hybridVectors are the identities of the vectors with KV cache groups.
+type hybridVectors struct {
+	explicitDefault, gptOSS, jamba, qwen3Next, mamba2, mostGroups Identity
+}
+
+// hybridVectorIdentities returns the identities of the vectors with KV
+// cache groups, shaped like the models they are named after (layer
+// patterns, heads, windows; the state sizes are illustrative).
+func hybridVectorIdentities(basic Identity) hybridVectors {
+	var v hybridVectors
+	// The default layout written out: the same identity as basic.
+	v.explicitDefault = basic
+	v.explicitDefault.Layout.Groups = []Group{{Kind: FullAttention, Layers: seqInts(32), BlockSize: 16}}
+
+	// gpt-oss-120b: 36 layers alternating sliding-window attention over
+	// 128 tokens (even layers) and full attention (odd layers).
+	var even, odd []int
+	for i := range 36 {
+		if i%2 == 0 {
+			even = append(even, i)
+		} else {
+			odd = append(odd, i)
+		}
+	}
+	v.gptOSS = Identity{
+		Tenant: "acme", Model: "openai/gpt-oss-120b", WeightsVersion: "b5c939de8f754692c1647ca79fbf85e8c1e70f8a",
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: BF16},
+		Layout: Layout{Layers: 36, KVHeads: 8, HeadDim: 64, BlockSize: 16, TPSize: 4, Replication: 1, Groups: []Group{
+			{Kind: SlidingWindow, Layers: even, BlockSize: 16, Window: 128},
+			{Kind: FullAttention, Layers: odd, BlockSize: 16},
+		}},
+	}
+
+	// Jamba: 32 layers, attention at layers 4, 12, 20 and 28, Mamba in
+	// the others; layer 0 is Mamba, so the state group is group 0.
+	var mambaLayers []int
+	for i := range 32 {
+		if i%8 != 4 {
+			mambaLayers = append(mambaLayers, i)
+		}
+	}
+	v.jamba = Identity{
+		Tenant: "acme", Model: "ai21labs/AI21-Jamba-Mini-1.5", WeightsVersion: "v1.5",
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: BF16},
+		Layout: Layout{Layers: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, TPSize: 2, Replication: 1, Groups: []Group{
+			{Kind: RecurrentState, Layers: mambaLayers, BlockSize: 16, StateBytes: 286720},
+			{Kind: FullAttention, Layers: []int{4, 12, 20, 28}, BlockSize: 16},
+		}},
+	}
+
+	// Qwen3-Next-80B: 48 layers, full attention in every fourth (3, 7,
+	// ..., 47), linear attention in the others, as vLLM groups them: three
+	// state groups of 12 layers in blocks of 2x the hash block size, then
+	// the full-attention group. 2 KV heads over 4 ranks: the attention
+	// groups have 2 shards, the state groups 4.
+	var linear [][]int
+	var full []int
+	for i := range 48 {
+		if i%4 == 3 {
+			full = append(full, i)
+			continue
+		}
+		if len(linear) == 0 || len(linear[len(linear)-1]) == 12 {
+			linear = append(linear, nil)
+		}
+		linear[len(linear)-1] = append(linear[len(linear)-1], i)
+	}
+	v.qwen3Next = Identity{
+		Tenant: "acme-eu.prod_2", Model: "Qwen/Qwen3-Next-80B-A3B-Instruct", WeightsVersion: "9c7f2fbe84465e40164a94cc16cd30b6999b0cc7",
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: FP8E4M3},
+		Layout: Layout{Layers: 48, KVHeads: 2, HeadDim: 256, BlockSize: 64, TPSize: 4, Replication: 2},
+	}
+	for _, l := range linear {
+		v.qwen3Next.Layout.Groups = append(v.qwen3Next.Layout.Groups, Group{Kind: RecurrentState, Layers: l, BlockSize: 128, StateBytes: 536576})
+	}
+	v.qwen3Next.Layout.Groups = append(v.qwen3Next.Layout.Groups, Group{Kind: FullAttention, Layers: full, BlockSize: 64})
+
+	// Mamba-2: state layers only, so one KV head of dim 1, replicated on
+	// every rank; the state group's blocks are 2x the hash block size.
+	v.mamba2 = Identity{
+		Tenant: "ab", Model: "state-spaces/mamba2-2.7b", WeightsVersion: "main", Generation: 3,
+		Format: Format{Device: "cuda", ModelDType: BF16, KVDType: FP32},
+		Layout: Layout{Layers: 64, KVHeads: 1, HeadDim: 1, BlockSize: 256, TPSize: 2, Replication: 2, Groups: []Group{
+			{Kind: RecurrentState, Layers: seqInts(64), BlockSize: 512, StateBytes: 1326848},
+		}},
+	}
+
+	// The most groups, one layer each, of every kind in turn, with the
+	// largest window, state and block size, under a 64-byte tenant: the
+	// longest key.
+	v.mostGroups = Identity{
+		Tenant: "T" + strings.Repeat("0123456789._-", 4) + "abcdefghijk", Model: "m", WeightsVersion: "w",
+		Format: Format{Device: "cpu", ModelDType: FP32, KVDType: FP32},
+		Layout: Layout{Layers: MaxGroups, KVHeads: maxLayoutValue, HeadDim: 1, BlockSize: MaxBlockSize, TPSize: maxLayoutValue, Replication: 1},
+	}
+	for i := range MaxGroups {
+		g := Group{Kind: GroupKind(1 + i%3), Layers: []int{i}, BlockSize: MaxBlockSize}
+		switch g.Kind {
+		case SlidingWindow:
+			g.Window = maxWindow
+		case RecurrentState:
+			g.StateBytes = maxStateBytes
+		}
+		v.mostGroups.Layout.Groups = append(v.mostGroups.Layout.Groups, g)
+	}
+	return v
+}
+
+// workedHybrid is the identity of SPEC.md's worked example E: basic with
+// four layers, the even ones sliding-window attention in blocks of 16, the
+// odd ones full attention in blocks of 32.
+func workedHybrid(basic Identity) Identity {
+	id := basic
+	id.Layout.Layers = 4
+	id.Layout.Groups = []Group{
+		{Kind: SlidingWindow, Layers: []int{0, 2}, BlockSize: 16, Window: 128},
+		{Kind: FullAttention, Layers: []int{1, 3}, BlockSize: 32},
+	}
+	return id
 }
 
 // workedExample computes the intermediate values of SPEC.md's worked
 // example with the reference implementation.
-func workedExample(t testing.TB, basicID Identity, basic Namespace) []workedValue {
+func workedExample(t testing.TB, basicID Identity, basic Namespace, hybridID Identity) []workedValue {
 	t.Helper()
 	var w []workedValue
 	add := func(name string, b []byte) { w = append(w, workedValue{name, hex.EncodeToString(b)}) }
@@ -388,6 +529,32 @@ func workedExample(t testing.TB, basicID Identity, basic Namespace) []workedValu
 	if len(gotD) != 1 || gotD[0] != stepsD[0].hash {
 		t.Fatalf("worked example D: package %v, reference %v", gotD, stepsD[0].hash)
 	}
+
+	// E: an identity with KV cache groups.
+	encE := refIdentityEncoding(hybridID)
+	add("E.encoding", encE)
+	nsE, err := hybridID.Namespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dE := nsE.Digest()
+	if dE != blake3.Sum256(encE) {
+		t.Fatalf("worked example E: package and reference encodings disagree")
+	}
+	add("E.digest", dE[:])
+
+	// F: the key of block 0 of E's group 1 (blocks of 32 tokens, 2 hash
+	// blocks): the hash of hash block 1 of tokens 1..32 with D's salt.
+	tokensF := seq(33)[1:]
+	_, stepsF := refChain(16, tokensF, exD)
+	if stepsF[0].hash != stepsD[0].hash {
+		t.Fatalf("worked example F: block 0 is not D's")
+	}
+	add("F.block1_message", stepsF[1].msg)
+	add("F.block1_hash", stepsF[1].hash[:])
+	g := nsE.Groups()[1]
+	keyF := nsE.GroupKey(1, nsE.GroupShard(1, 1), stepsF[g.HashIndex(0, nsE.BlockSize())].hash)
+	w = append(w, workedValue{"F.key", hex.EncodeToString([]byte(keyF))})
 	return w
 }
 
@@ -439,9 +606,13 @@ func TestVectors(t *testing.T) {
 			t.Errorf("identity %s (-file +package):\n%s", v.Name, diff)
 		}
 		var back Identity
-		if err := back.UnmarshalBinary(enc); err != nil || back != v.Identity {
+		if err := back.UnmarshalBinary(enc); err != nil || !back.Equal(v.Identity) {
 			t.Errorf("identity %s: UnmarshalBinary = %+v, %v", v.Name, back, err)
 		}
+	}
+	// The canonical form of the default layout (SPEC.md, "KV cache groups").
+	if a, b := nss["basic"], nss["explicit-default-group"]; a.IsZero() || a != b {
+		t.Errorf("identities basic and explicit-default-group have namespaces %v and %v, want the same", a, b)
 	}
 	hashes := map[string][]BlockHash{}
 	blockSizes := map[string]int{}
@@ -467,21 +638,28 @@ func TestVectors(t *testing.T) {
 	}
 	for _, v := range vf.Keys {
 		ns, h := nss[v.Identity], hashes[v.Chain]
-		if ns.IsZero() || v.Block >= len(h) {
-			t.Errorf("key vector %+v names no identity or block", v)
+		if ns.IsZero() || v.Group >= len(ns.Groups()) || v.HashIndex >= len(h) {
+			t.Errorf("key vector %+v names no identity, group or hash", v)
 			continue
 		}
 		if ns.BlockSize() != blockSizes[v.Chain] {
 			t.Errorf("key vector %+v: chain of block size %d under an identity of block size %d (SPEC.md, \"Block size of keys\")",
 				v, blockSizes[v.Chain], ns.BlockSize())
 		}
-		if s := ns.Shard(v.Rank); s != v.Shard {
-			t.Errorf("key vector %+v: Shard(%d) = %d", v, v.Rank, s)
+		if i := ns.Groups()[v.Group].HashIndex(v.Block, ns.BlockSize()); i != v.HashIndex {
+			t.Errorf("key vector %+v: HashIndex(%d) = %d", v, v.Block, i)
 		}
-		if k := ns.Key(v.Shard, h[v.Block]); k != v.Key {
+		if s := ns.GroupShard(v.Group, v.Rank); s != v.Shard {
+			t.Errorf("key vector %+v: GroupShard(%d, %d) = %d", v, v.Group, v.Rank, s)
+		}
+		hash := h[v.HashIndex]
+		if k := ns.GroupKey(v.Group, v.Shard, hash); k != v.Key {
+			t.Errorf("key vector %+v: GroupKey = %q", v, k)
+		}
+		if k := ns.Key(v.Shard, hash); v.Group == 0 && k != v.Key {
 			t.Errorf("key vector %+v: Key = %q", v, k)
 		}
-		if k, err := ParseKey(v.Key); err != nil || k.String() != v.Key || k.Hash != h[v.Block] || k.Rank != v.Shard {
+		if k, err := ParseKey(v.Key); err != nil || k.String() != v.Key || k.Hash != hash || k.Rank != v.Shard || k.Group != v.Group {
 			t.Errorf("key vector %+v: ParseKey = %+v, %v", v, k, err)
 		}
 	}
@@ -514,7 +692,7 @@ func TestSpecWorkedExample(t *testing.T) {
 	}
 	for _, w := range vf.Worked {
 		want := w.Hex
-		if w.Name == "D.key" {
+		if strings.HasSuffix(w.Name, ".key") {
 			b, _ := hex.DecodeString(w.Hex)
 			want = string(b)
 		}

@@ -28,8 +28,8 @@ import sys
 import unicodedata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-V = 1
-TOKEN_CONTEXT = "kvconnect hashing v1 block tokens"
+V = 2
+TOKEN_CONTEXT = "kvconnect hashing v2 block tokens"
 B3SUM = "b3sum"
 
 
@@ -258,7 +258,17 @@ def check_identity(x):
     for f, k, hi in names:
         if not 1 <= x[k] <= hi:
             raise Reject(f, "out of range")
+    check_groups(x)
     p, r, k = x["tp_size"], x["replication"], x["kv_heads"]
+    groups = x["groups"]
+    if groups and all(g["kind"] == STATE for g in groups):
+        if k != 1:
+            raise Reject("Layout.KVHeads", "must be 1 without attention layers")
+        if x["head_dim"] != 1:
+            raise Reject("Layout.HeadDim", "must be 1 without attention layers")
+        if r != p:
+            raise Reject("Layout.Replication", "must equal TP size without attention layers")
+        return
     if x["mla_dtype"]:
         if k != 1:
             raise Reject("Layout.KVHeads", "must be 1 with MLA")
@@ -266,6 +276,56 @@ def check_identity(x):
             raise Reject("Layout.Replication", "must equal TP size with MLA")
     if p % r or k % (p // r):
         raise Reject("Layout.Replication", "does not divide TP size or split KV heads")
+
+
+FULL, SLIDING, STATE = 1, 2, 3
+KINDS = {"full": FULL, "sliding_window": SLIDING, "state": STATE}
+MAX_GROUPS = 256
+
+
+def check_groups(x):
+    """Section 5, "KV cache groups"."""
+    groups, n = x["groups"], x["layers"]
+    if not groups:
+        return
+    if len(groups) > MAX_GROUPS:
+        raise Reject("Layout.Groups", "too many groups")
+    owner = {}
+    for i, g in enumerate(groups):
+        f = f"Layout.Groups[{i}]"
+        if g["kind"] not in (FULL, SLIDING, STATE):
+            raise Reject(f + ".Kind", "unknown or missing")
+        if not g["layers"]:
+            raise Reject(f + ".Layers", "empty")
+        for k, layer in enumerate(g["layers"]):
+            if k > 0 and layer <= g["layers"][k - 1]:
+                raise Reject(f"{f}.Layers[{k}]", "not strictly increasing")
+            if not 0 <= layer < n:
+                raise Reject(f"{f}.Layers[{k}]", "out of range")
+            if layer in owner:
+                raise Reject(f"{f}.Layers[{k}]", "in two groups")
+            owner[layer] = i
+        if not 1 <= g["block_size"] <= 4096 or g["block_size"] % x["block_size"]:
+            raise Reject(f + ".BlockSize", "not a multiple of the hash block size up to 4096")
+        if (g["kind"] == SLIDING) != (g["window"] != 0) or not 0 <= g["window"] <= 1 << 30:
+            raise Reject(f + ".Window", "a window for sliding-window groups only, 1 to 2^30")
+        if (g["kind"] == STATE) != (g["state_bytes"] != 0) or not 0 <= g["state_bytes"] <= 1 << 30:
+            raise Reject(f + ".StateBytes", "state bytes for state groups only, 1 to 2^30")
+    if len(owner) != n:
+        raise Reject("Layout.Groups", "a layer in no group")
+
+
+def is_default_groups(x):
+    """The default layout: no groups, or its one full group written out."""
+    g = x["groups"]
+    return not g or (len(g) == 1 and g[0] == {"kind": FULL, "layers": list(range(x["layers"])), "block_size": x["block_size"],
+                                              "window": 0, "state_bytes": 0})
+
+
+def group_from_json(g):
+    kind = g.get("kind")
+    return {"kind": KINDS[kind] if kind is not None else 0, "layers": g.get("layers", []), "block_size": g.get("block_size", 0),
+            "window": g.get("window", 0), "state_bytes": g.get("state_bytes", 0)}
 
 
 def identity_from_json(j):
@@ -278,6 +338,7 @@ def identity_from_json(j):
         "kv_dtype": b(json_dtype("Format.KVDType", f.get("kv_dtype", ""), False)),
         "kv_quant": b(f.get("kv_quant", "")), "mla_dtype": b(json_dtype("Format.MLADType", f.get("mla_dtype", ""), True)),
         **{k: l.get(k, 0) for k in ("layers", "kv_heads", "head_dim", "block_size", "tp_size", "replication")},
+        "groups": [group_from_json(g) for g in l.get("groups", [])],
     }
 
 
@@ -288,6 +349,11 @@ def encode_identity(x):
         out += s(x[k])
     for k in ("layers", "kv_heads", "head_dim", "block_size", "tp_size", "replication"):
         out += u32(x[k])
+    groups = [] if is_default_groups(x) else x["groups"]
+    out += u32(len(groups))
+    for g in groups:
+        out += bytes([g["kind"]]) + u32(g["block_size"]) + u32(g["window"]) + u32(g["state_bytes"]) + u32(len(g["layers"]))
+        out += b"".join(u32(layer) for layer in g["layers"])
     return out
 
 
@@ -301,6 +367,12 @@ def decode_identity(b):
             raise Reject("encoding", "truncated")
         pos += n
         return b[pos - n:pos]
+
+    def take_int():
+        v = struct.unpack("<I", take(4))[0]
+        if v > 0x7FFFFFFF:
+            raise Reject("encoding", "a value of 2^31 or more")
+        return v
 
     if take(1) != bytes([V]) or take(1) != b"\x01":
         raise Reject("encoding", "version or kind")
@@ -318,7 +390,21 @@ def decode_identity(b):
             raise Reject("encoding", "length over its limit")
         x[k] = take(n)
     for k in ("layers", "kv_heads", "head_dim", "block_size", "tp_size", "replication"):
-        x[k] = struct.unpack("<I", take(4))[0]
+        x[k] = take_int()
+    count = struct.unpack("<I", take(4))[0]
+    if count > MAX_GROUPS:
+        raise Reject("encoding", "too many groups")
+    x["groups"], left = [], 65536
+    for _ in range(count):
+        g = {"kind": take(1)[0], "block_size": take_int(), "window": take_int(), "state_bytes": take_int()}
+        n = struct.unpack("<I", take(4))[0]
+        if n > left:
+            raise Reject("encoding", "more than 65536 layers in all groups")
+        left -= n
+        g["layers"] = [take_int() for _ in range(n)]
+        x["groups"].append(g)
+    if count and is_default_groups(x):
+        raise Reject("encoding", "the default layout is encoded as 0 groups")
     if pos != len(b):
         raise Reject("encoding", "trailing bytes")
     check_identity(x)
@@ -330,19 +416,42 @@ def decode_identity(b):
 HEX = set("0123456789abcdef")
 
 
+def canonical_decimal(s):
+    return s != "" and s.isascii() and s.isdigit() and (len(s) == 1 or s[0] != "0")
+
+
 def parse_key(k):
+    """Returns (tenant, ID, shard, group, hash) or raises Reject."""
     if len(k.encode("utf-8")) > 512:
         raise Reject("key", "too long")
     parts = k.split("/")
-    if len(parts) != 4:
-        raise Reject("key", "not 4 fields")
-    t, i, sh, h = parts
+    if len(parts) == 4:
+        t, i, sh, h = parts
+        g = 0
+    elif len(parts) == 5:
+        t, i, sh, gf, h = parts
+        if not gf.startswith("g") or not canonical_decimal(gf[1:]) or not 1 <= int(gf[1:]) <= 255:
+            raise Reject("key", "not a canonical group field g1 to g255")
+        g = int(gf[1:])
+    else:
+        raise Reject("key", "not 4 or 5 fields")
     check_tenant(t.encode("utf-8"))
     if len(i) != 32 or set(i) - HEX or len(h) != 64 or set(h) - HEX:
         raise Reject("key", "not lowercase hex")
-    if not sh or not sh.isascii() or not sh.isdigit() or (len(sh) > 1 and sh[0] == "0") or int(sh) > 65535:
+    if not canonical_decimal(sh) or int(sh) > 65535:
         raise Reject("key", "not a canonical shard")
-    return t, i, int(sh), h
+    return t, i, int(sh), g, h
+
+
+def key(tenant, ns_id, shard, group, h):
+    """Section 7."""
+    return f"{tenant}/{ns_id}/{shard}/{h}" if group == 0 else f"{tenant}/{ns_id}/{shard}/g{group}/{h}"
+
+
+def effective_groups(x):
+    if x["groups"]:
+        return x["groups"]
+    return [{"kind": FULL, "layers": list(range(x["layers"])), "block_size": x["block_size"], "window": 0, "state_bytes": 0}]
 
 
 # --- the checks ------------------------------------------------------------
@@ -384,7 +493,9 @@ def main():
                    tenant_prefix=tenant + "/", shards=x["tp_size"] // x["replication"])
         for k, want in got.items():
             expect(v[k] == want, f"identity {v['name']}: {k} {v[k]}, computed {want}")
-        expect(decode_identity(enc) == x, f"identity {v['name']}: decoding")
+        want = dict(x, groups=[] if is_default_groups(x) else x["groups"])
+        expect(decode_identity(enc) == want, f"identity {v['name']}: decoding")
+    expect(ids["explicit-default-group"][1] == ids["basic"][1], "the default group written out has another digest than none")
     print(f"identities: {len(vf['identities'])} ok")
 
     hashes = {}
@@ -400,10 +511,13 @@ def main():
         x, d = ids[v["identity"]]
         n, hs = hashes[v["chain"]]
         expect(n == x["block_size"], f"key {v}: chain of block size {n} under an identity of block size {x['block_size']}")
-        shard = v["rank"] // x["replication"]
-        key = f"{x['tenant'].decode()}/{d[:16].hex()}/{shard}/{hs[v['block']]}"
-        expect(v["shard"] == shard and v["key"] == key, f"key {v}: computed shard {shard}, key {key}")
-        expect(parse_key(key)[2] == shard, f"key {key}: parse")
+        g = effective_groups(x)[v["group"]]
+        index = (v["block"] + 1) * (g["block_size"] // n) - 1  # section 7: the hash ending with the group block
+        shard = v["rank"] if g["kind"] == STATE else v["rank"] // x["replication"]  # section 6
+        k = key(x["tenant"].decode(), d[:16].hex(), shard, v["group"], hs[index])
+        expect(v["hash_index"] == index and v["shard"] == shard and v["key"] == k,
+               f"key {v}: computed hash index {index}, shard {shard}, key {k}")
+        expect(parse_key(k) == (x["tenant"].decode(), d[:16].hex(), shard, v["group"], hs[index]), f"key {k}: parse")
     print(f"keys: {len(vf['keys'])} ok")
 
     for v in vf["dtypes"]:
@@ -436,7 +550,18 @@ def main():
     seed_b, steps_b, seed_msg_b = chain(129, list(range(129)), [])
     basic, basic_d = ids["basic"]
     _, steps_d, _ = chain(16, list(range(1, 17)), ex_a[:1])
+    # E: basic with four layers in two groups; F: the key of block 0 of
+    # its group 1, which spans two hash blocks.
+    e = dict(basic, layers=4, groups=[
+        {"kind": SLIDING, "layers": [0, 2], "block_size": 16, "window": 128, "state_bytes": 0},
+        {"kind": FULL, "layers": [1, 3], "block_size": 32, "window": 0, "state_bytes": 0}])
+    enc_e = encode_identity(e)
+    d_e = H(enc_e)
+    _, steps_f, _ = chain(16, list(range(1, 33)), ex_a[:1])
     got = {
+        "E.encoding": enc_e, "E.digest": d_e,
+        "F.block1_message": steps_f[1][2], "F.block1_hash": steps_f[1][3],
+        "F.key": key("acme", d_e[:16].hex(), 1, 1, steps_f[(0 + 1) * (32 // 16) - 1][3].hex()).encode(),
         "A.content_hash": img, "A.seed_message": seed_msg, "A.seed": seed, "A.block0_message": steps[0][2],
         "A.block0_hash": steps[0][3], "A.block1_extras_message": steps[1][0], "A.block1_extras_digest": H(steps[1][0]),
         "A.block1_message": steps[1][2], "A.block1_hash": steps[1][3],
@@ -444,7 +569,7 @@ def main():
         "B.block0_hash": steps_b[0][3],
         "C.encoding": encode_identity(basic), "C.digest": basic_d,
         "D.block0_message": steps_d[0][2], "D.block0_hash": steps_d[0][3],
-        "D.key": f"acme/{basic_d[:16].hex()}/1/{steps_d[0][3].hex()}".encode(),
+        "D.key": key("acme", basic_d[:16].hex(), 1, 0, steps_d[0][3].hex()).encode(),
     }
     expect(set(got) == set(w), f"worked example: names {sorted(w)}")
     for k, want in got.items():
