@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
 
@@ -273,6 +274,19 @@ type Env struct {
 
 	// Logger receives the connector's logs; nil discards them.
 	Logger *slog.Logger
+
+	// Engine, when not nil, is the worker's transfer engine, for
+	// connectors that move blocks between instances themselves rather
+	// than through a store (connector/p2p). Worker half only; the
+	// connector does not close it.
+	Engine rdma.Engine
+
+	// Values carries what a driver needs beyond these fields, under keys
+	// of the driver's own unexported types (as context values are), so
+	// that a third-party connector can be opened by name without a field
+	// here for it. Drivers document their keys; a driver ignores keys it
+	// does not know.
+	Values map[any]any
 }
 
 // DeviceCopy is one copy of N bytes from Src to Dst, between device memory
@@ -382,6 +396,7 @@ const (
 type KVEvent struct {
 	Kind       KVEventKind
 	Generation uint64
+	Group      int                 // the KV cache group of the blocks; 0 with one group
 	Hashes     []hashing.BlockHash // the blocks, for BlockStored and BlockRemoved
 }
 

@@ -16,19 +16,100 @@ const Name = "P2PConnector"
 
 func init() { connector.Register(Name, driver{}) }
 
-// driver is the registry's entry. connector.Env has no transfer engine
-// yet, so the halves cannot be opened by name alone: use New.
+// driver is the registry's entry. The halves it opens are linked in
+// process, as New links them: OpenScheduler opens the scheduler half under
+// the config's engine_id, and OpenWorker, given the rank's transfer engine
+// in Env.Engine, joins the scheduler half of the same engine_id, which
+// must be open in this process. Closing the scheduler half frees the
+// engine_id.
 type driver struct{}
 
+// opened holds the scheduler halves the registry opened, by engine_id.
+var opened struct {
+	sync.Mutex
+	m map[string]*Scheduler
+}
+
 func (driver) OpenScheduler(cfg connector.Config, env connector.Env) (connector.Scheduler, error) {
-	return nil, errNeedsEngine
+	opt, err := parseOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.EngineID == "" {
+		return nil, fmt.Errorf("%w: %s: engine_id is empty: opened by name, the worker halves find their scheduler half by it", connector.ErrConfig, Name)
+	}
+	ns, err := env.Identity.Namespace()
+	if err != nil {
+		return nil, fmt.Errorf("p2p: identity: %w", err)
+	}
+	if err := checkGroups(ns); err != nil {
+		return nil, err
+	}
+	opened.Lock()
+	defer opened.Unlock()
+	if _, dup := opened.m[cfg.EngineID]; dup {
+		return nil, fmt.Errorf("%w: %s: a scheduler half of engine_id %q is already open in this process", connector.ErrConfig, Name, cfg.EngineID)
+	}
+	tp := env.Identity.Layout.TPSize
+	b := &board{ranks: make([]*Rank, tp), loads: make(map[uint64]*loadPlan)}
+	s := newScheduler(cfg, opt, env.Identity, ns, logger(env), b)
+	id := cfg.EngineID
+	s.onClose = func() {
+		opened.Lock()
+		if opened.m[id] == s {
+			delete(opened.m, id)
+		}
+		opened.Unlock()
+	}
+	if opened.m == nil {
+		opened.m = make(map[string]*Scheduler)
+	}
+	opened.m[id] = s
+	return s, nil
 }
 
 func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Worker, error) {
-	return nil, errNeedsEngine
+	opt, err := parseOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if env.Engine == nil {
+		return nil, fmt.Errorf("%w: %s moves blocks with an rdma.Engine: set Env.Engine to this rank's", connector.ErrConfig, Name)
+	}
+	ns, err := env.Identity.Namespace()
+	if err != nil {
+		return nil, fmt.Errorf("p2p: identity: %w", err)
+	}
+	opened.Lock()
+	s := opened.m[cfg.EngineID]
+	opened.Unlock()
+	switch {
+	case s == nil:
+		return nil, fmt.Errorf("%w: %s: no scheduler half of engine_id %q is open in this process: open it first (the halves are linked in process)", connector.ErrConfig, Name, cfg.EngineID)
+	case s.ns != ns:
+		return nil, fmt.Errorf("%w: %s: Env.Identity is not the identity of the scheduler half of engine_id %q (namespace %s, want %s)", connector.ErrConfig, Name, cfg.EngineID, ns, s.ns)
+	}
+	if tp := env.Identity.Layout.TPSize; env.Rank < 0 || env.Rank >= tp {
+		return nil, fmt.Errorf("%w: Env.Rank = %d, want [0, %d) for TP size %d", connector.ErrConfig, env.Rank, tp, tp)
+	}
+	return newWorker(cfg, opt, env.Rank, env.Engine, env.Identity.Generation, logger(env), s.board), nil
 }
 
-var errNeedsEngine = fmt.Errorf("%w: %s moves blocks with an rdma.Engine, which connector.Env does not carry: open it with p2p.New", connector.ErrConfig, Name)
+// checkGroups refuses a layout of KV cache groups other than one of full
+// attention: this connector moves each request's one block table.
+func checkGroups(ns hashing.Namespace) error {
+	if gs := ns.Groups(); len(gs) != 1 || gs[0].Kind != hashing.FullAttention {
+		return fmt.Errorf("%w: %s moves the blocks of one full-attention KV cache group; the identity's layout has %d groups (Layout.Groups): use %s's store connector for hybrid models", connector.ErrConfig, Name, len(gs), "connector/storeconn")
+	}
+	return nil
+}
+
+func logger(env connector.Env) *slog.Logger {
+	if env.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return env.Logger
+}
 
 // options are the connector's settings, from kv_connector_extra_config.
 type options struct {
@@ -99,6 +180,9 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 	ns, err := env.Identity.Namespace()
 	if err != nil {
 		return nil, nil, fmt.Errorf("p2p: identity: %w", err)
+	}
+	if err := checkGroups(ns); err != nil {
+		return nil, nil, err
 	}
 	tp := env.Identity.Layout.TPSize
 	if len(engines) != tp {

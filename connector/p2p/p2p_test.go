@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
 )
 
@@ -393,8 +394,16 @@ func TestBadInput(t *testing.T) {
 	if _, _, err := New(connector.Config{Connector: Name, Extra: map[string]any{"keep_timeout": "-1s"}}, connector.Env{Identity: c.id}, c.engines...); !errors.Is(err, connector.ErrConfig) {
 		t.Errorf("New with keep_timeout -1s = %v, want ErrConfig", err)
 	}
-	if _, err := connector.OpenScheduler(connector.Config{Connector: Name}, connector.Env{Identity: c.id}); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "p2p.New") {
-		t.Errorf("OpenScheduler(%s) = %v, want ErrConfig pointing to p2p.New", Name, err)
+	if _, err := connector.OpenScheduler(connector.Config{Connector: Name}, connector.Env{Identity: c.id}); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "engine_id is empty") {
+		t.Errorf("OpenScheduler(%s) without engine_id = %v, want ErrConfig naming engine_id", Name, err)
+	}
+	hybrid := c.id
+	hybrid.Layout.Groups = []hashing.Group{
+		{Kind: hashing.FullAttention, Layers: []int{0}, BlockSize: hybrid.Layout.BlockSize},
+		{Kind: hashing.SlidingWindow, Layers: []int{1}, BlockSize: hybrid.Layout.BlockSize, Window: 64},
+	}
+	if _, _, err := New(connector.Config{Connector: Name}, connector.Env{Identity: hybrid}, c.engines...); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "has 2 groups") {
+		t.Errorf("New with a hybrid layout = %v, want ErrConfig naming its groups", err)
 	}
 }
 

@@ -43,6 +43,7 @@ type Scheduler struct {
 	released  []connector.RequestID
 	stats     connector.Stats
 	closed    bool
+	onClose   func() // set by the registry: frees the engine_id
 }
 
 var (
@@ -523,6 +524,9 @@ func (s *Scheduler) Stats() connector.Stats { return s.stats }
 // Close implements connector.Scheduler. The scheduler half owns no
 // goroutines.
 func (s *Scheduler) Close() error {
+	if !s.closed && s.onClose != nil {
+		s.onClose()
+	}
 	s.closed = true
 	return nil
 }

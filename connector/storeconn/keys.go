@@ -18,8 +18,8 @@ func (kb *keyBuf) reset() {
 	kb.ends = kb.ends[:0]
 }
 
-func (kb *keyBuf) add(ns hashing.Namespace, shard int, h hashing.BlockHash) {
-	kb.b = ns.AppendKey(kb.b, shard, h)
+func (kb *keyBuf) add(ns hashing.Namespace, group, shard int, h hashing.BlockHash) {
+	kb.b = ns.AppendGroupKey(kb.b, group, shard, h)
 	kb.ends = append(kb.ends, len(kb.b))
 }
 

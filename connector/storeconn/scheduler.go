@@ -26,10 +26,13 @@ type Scheduler struct {
 	ns     hashing.Namespace
 	bs     int // tokens per block
 	shards int // distinct KV shards (TP size / replication)
+	groups []hashing.Group // the KV cache groups, explicit
+	plain  bool            // one full-attention group: a match is the present prefix
+	perBlock int           // keys a lookup probes per block: every shard of every group
 
 	reqs        map[connector.RequestID]*request
 	transfers   *connector.Tally[*transfer]
-	saving      map[hashing.BlockHash]int // blocks with a save in flight, this generation
+	saving      map[groupHash]int // blocks with a save in flight, this generation
 	retries     []retry                   // out-of-space saves to plan again
 	nextID      uint64
 	bufs        [2]connector.Metadata // Plan hands out one while the other fills
@@ -67,18 +70,26 @@ var (
 	_ connector.StatsReporter  = (*Scheduler)(nil)
 )
 
-// request is the scheduler half's state of one request.
+// groupHash names one block of one KV cache group.
+type groupHash struct {
+	g int
+	h hashing.BlockHash
+}
+
+// request is the scheduler half's state of one request. Block indices
+// count blocks of Layout.BlockSize tokens, the block size of every group.
 type request struct {
 	id       connector.RequestID
 	lk       *lookup // the latest lookup; nil before the first Match
 	from     int     // first block the engine had locally at Match
 	matchEnd int     // the block the last Match's answer ended at: Allocated may load up to it
-	saveNext int     // first block not yet considered for saving
-	noSave   int     // blocks before this were computed under an older generation
+	saveNext []int   // per group: first block not yet considered for saving
+	noSave   []int   // per group: blocks before this were computed under an older generation
 	inflight int     // transfers (planned or running) that touch its blocks
 	retries  int     // out-of-space retries waiting to be planned
 	finished bool    // Finish was called while transfers ran
-	load     *connector.Transfer
+	loads    int     // load transfers planned or running, one per group that loads
+	loadFail int     // blocks valid after the failures of those loads so far; -1 while none failed
 }
 
 // lookup is one batch exists probe for a request, run by the pool.
@@ -88,11 +99,12 @@ type lookup struct {
 	from   int                 // first block probed
 	hashes []hashing.BlockHash // blocks probed, from `from` on
 	ns     hashing.Namespace
-	shards int
+	groups int
 	// Results, written by the pool before it hands the lookup back under
 	// Scheduler.mu; read by the scheduler only once done is set.
 	picked  atomic.Int64 // when a pool goroutine took it up, in UnixNano; 0 while queued
-	present int          // contiguous blocks present in every shard, from `from`
+	has     [][]bool     // per group, per block from `from`: present in every shard
+	all     bool         // every probed block of every group is present
 	err     error
 	nanos   int64
 	done    bool // set by the scheduler's goroutine when it collects the lookup
@@ -102,6 +114,7 @@ type lookup struct {
 type transfer struct {
 	req     *request
 	load    bool
+	group   int
 	gen     uint64
 	first   int
 	blocks  []connector.BlockID
@@ -120,6 +133,7 @@ type arena struct {
 
 type retry struct {
 	req    *request
+	group  int
 	first  int
 	blocks []connector.BlockID
 	hashes []hashing.BlockHash
@@ -141,12 +155,22 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 		ns:        ns,
 		bs:        env.Identity.Layout.BlockSize,
 		shards:    ns.Shards(),
+		groups:    ns.Groups(),
 		reqs:      make(map[connector.RequestID]*request),
 		transfers: connector.NewTally[*transfer](env.Identity.Layout.TPSize),
-		saving:    make(map[hashing.BlockHash]int),
+		saving:    make(map[groupHash]int),
 		blocks:    env.Blocks,
 		h:         health{log: log},
-		failed:    failedKeys{m: make(map[hashing.BlockHash]time.Time)},
+		failed:    failedKeys{m: make(map[groupHash]time.Time)},
+	}
+	for g, spec := range s.groups {
+		if spec.BlockSize != s.bs {
+			return nil, fmt.Errorf("%w: %s: Layout.Groups[%d].BlockSize = %d: this connector needs every group's block size to equal Layout.BlockSize = %d", connector.ErrConfig, Name, g, spec.BlockSize, s.bs)
+		}
+	}
+	s.plain = len(s.groups) == 1 && s.groups[0].Kind == hashing.FullAttention
+	for g := range s.groups {
+		s.perBlock += ns.GroupShards(g)
 	}
 	if env.Blocks < 0 {
 		return nil, fmt.Errorf("%w: Env.Blocks = %d, want >= 0", connector.ErrConfig, env.Blocks)
@@ -193,9 +217,12 @@ type probeScratch struct {
 func (s *Scheduler) probe(lk *lookup, sc *probeScratch) {
 	start := time.Now()
 	sc.kb.reset()
-	for _, h := range lk.hashes {
-		for sh := 0; sh < lk.shards; sh++ {
-			sc.kb.add(lk.ns, sh, h)
+	for g := range lk.groups {
+		shards := lk.ns.GroupShards(g)
+		for _, h := range lk.hashes {
+			for sh := 0; sh < shards; sh++ {
+				sc.kb.add(lk.ns, g, sh, h)
+			}
 		}
 	}
 	keys := sc.kb.keys(sc.keys[:0])
@@ -209,17 +236,24 @@ func (s *Scheduler) probe(lk *lookup, sc *probeScratch) {
 		lk.err = err
 	} else {
 		s.h.record("exists", firstKeyFailure(res))
-		n := 0
-	blocks:
-		for b := range lk.hashes {
-			for sh := 0; sh < lk.shards; sh++ {
-				if res[b*lk.shards+sh].Err != nil {
-					break blocks
+		lk.has = make([][]bool, lk.groups)
+		lk.all = true
+		k := 0
+		for g := range lk.groups {
+			shards := lk.ns.GroupShards(g)
+			has := make([]bool, len(lk.hashes))
+			for b := range lk.hashes {
+				has[b] = true
+				for sh := range shards {
+					if res[k+sh].Err != nil {
+						has[b] = false
+					}
 				}
+				k += shards
+				lk.all = lk.all && has[b]
 			}
-			n++
+			lk.has[g] = has
 		}
-		lk.present = n
 	}
 	lk.nanos = time.Since(start).Nanoseconds()
 	clear(keys) // drop the batch's string
@@ -274,15 +308,14 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
-		q = &request{id: r.ID}
-		s.reqs[r.ID] = q
+		q = s.newRequest(r.ID)
 	} else if q.finished {
 		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): request finished and not yet released", r.ID)
 	}
 	from := computed / s.bs
 	q.from, q.matchEnd = from, from
-	if q.saveNext < from {
-		q.saveNext = from
+	for g := range q.saveNext {
+		q.saveNext[g] = max(q.saveNext[g], from)
 	}
 	if !s.cfg.Role.CanLoad() {
 		return connector.Match{}, nil
@@ -300,7 +333,7 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		s.collect()
 	}
 	if q.lk == nil || q.lk.gen != s.meta.Generation || q.lk.from > from ||
-		(q.lk.done && (q.lk.err != nil || q.lk.present == len(q.lk.hashes) && q.lk.from+len(q.lk.hashes) < len(r.Hashes))) {
+		(q.lk.done && (q.lk.err != nil || q.lk.all && q.lk.from+len(q.lk.hashes) < len(r.Hashes))) {
 		// A new lookup: none yet, an older generation, the engine lost
 		// local blocks the last one assumed, the last one failed, or it
 		// found every block it probed and the prompt has grown since.
@@ -314,10 +347,10 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 			// never saved again.
 			hashes: append([]hashing.BlockHash(nil), r.Hashes[from:]...),
 			ns:     s.ns,
-			shards: s.shards,
+			groups: len(s.groups),
 		}
 		s.stats.Lookups++
-		s.stats.LookupKeys += int64(len(lk.hashes) * lk.shards)
+		s.stats.LookupKeys += int64(len(lk.hashes) * s.perBlock)
 		if s.opt.syncLookup {
 			s.probe(lk, &s.syncScratch)
 			lk.done = true
@@ -327,7 +360,7 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 			if s.stuck(now) {
 				// Every lookup would wait behind a hung call: a miss.
 				s.stats.Lookups--
-				s.stats.LookupKeys -= int64(len(lk.hashes) * lk.shards)
+				s.stats.LookupKeys -= int64(len(lk.hashes) * s.perBlock)
 				return connector.Match{}, nil
 			}
 			select {
@@ -339,7 +372,7 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 			default:
 				// The queue is full: try again next step.
 				s.stats.Lookups--
-				s.stats.LookupKeys -= int64(len(lk.hashes) * lk.shards)
+				s.stats.LookupKeys -= int64(len(lk.hashes) * s.perBlock)
 				return connector.Match{Pending: true}, nil
 			}
 		}
@@ -363,15 +396,11 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		// A failed lookup is a miss, not an error: recompute is always safe.
 		return connector.Match{}, nil
 	}
-	end := min(q.lk.from+q.lk.present, limit)
+	end := s.resumeEnd(q.lk, r.Hashes, from, limit, time.Time{})
 	if len(s.failed.m) > 0 {
-		now := time.Now()
-		for i := from; i < end; i++ {
-			if s.failed.has(r.Hashes[i], now) {
-				s.stats.FailedSkipped += int64(end - i)
-				end = i
-				break
-			}
+		if e := s.resumeEnd(q.lk, r.Hashes, from, end, time.Now()); e < end {
+			s.stats.FailedSkipped += int64(end - e)
+			end = e
 		}
 	}
 	if end <= from {
@@ -379,6 +408,96 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	}
 	q.matchEnd = end
 	return connector.Match{Tokens: (end - from) * s.bs}, nil
+}
+
+// newRequest starts tracking request id.
+func (s *Scheduler) newRequest(id connector.RequestID) *request {
+	q := &request{id: id, saveNext: make([]int, len(s.groups)), noSave: make([]int, len(s.groups)), loadFail: -1}
+	s.reqs[id] = q
+	return q
+}
+
+// resumeEnd returns the largest block boundary p in [from, limit] that a
+// request whose first from blocks are local can resume from with what lk
+// found: every group has what it needs at p (see [resumable]). With now
+// not zero, blocks whose loads failed lately count as absent.
+func (s *Scheduler) resumeEnd(lk *lookup, hashes []hashing.BlockHash, from, limit int, now time.Time) int {
+	limit = min(limit, lk.from+len(lk.hashes))
+	if limit <= from {
+		return from
+	}
+	// Full attention: the first absent block ends every candidate.
+	end := limit
+	for g, spec := range s.groups {
+		if spec.Kind != hashing.FullAttention {
+			continue
+		}
+		for i := from; i < end; i++ {
+			if !s.present(lk, g, i, hashes, now) {
+				end = i
+				break
+			}
+		}
+	}
+	if s.plain {
+		return end
+	}
+	for p := end; p > from; p-- {
+		if s.resumable(lk, p, from, hashes, now, true) {
+			return p
+		}
+	}
+	return from
+}
+
+// present reports whether lk found block i of group g (i at or after
+// lk.from), and, with now not zero, that its load has not failed lately.
+func (s *Scheduler) present(lk *lookup, g, i int, hashes []hashing.BlockHash, now time.Time) bool {
+	k := i - lk.from
+	if k < 0 || k >= len(lk.hashes) || !lk.has[g][k] {
+		return false
+	}
+	return now.IsZero() || !s.failed.has(groupHash{g, hashes[i]}, now)
+}
+
+// resumable reports whether a request whose first from blocks are local
+// can resume at block boundary p > from with what lk found. Group by
+// group, it needs: full attention, every block in [from, p) (skipped when
+// fullChecked); a sliding window, the blocks in [from, p) that hold the
+// tokens [p×B−W+1, p×B), the window before the token at p×B (which attends
+// to itself and the W−1 before it); a state group, the state after block
+// p−1.
+func (s *Scheduler) resumable(lk *lookup, p, from int, hashes []hashing.BlockHash, now time.Time, fullChecked bool) bool {
+	for g, spec := range s.groups {
+		lo := from
+		switch spec.Kind {
+		case hashing.FullAttention:
+			if fullChecked {
+				continue
+			}
+		case hashing.SlidingWindow:
+			lo = max(from, windowStart(p, s.bs, spec.Window))
+		case hashing.RecurrentState:
+			lo = p - 1
+		}
+		for i := lo; i < p; i++ {
+			if !s.present(lk, g, i, hashes, now) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// windowStart returns the first block a sliding window of w tokens needs
+// to resume at block boundary p (blocks of bs tokens): the block holding
+// token p×bs−w+1, or 0.
+func windowStart(p, bs, w int) int {
+	first := p*bs - w + 1
+	if first <= 0 {
+		return 0
+	}
+	return first / bs
 }
 
 // checkRequest refuses a request the connector cannot track: an empty ID
@@ -393,46 +512,86 @@ func (s *Scheduler) checkRequest(op string, r *connector.Request) error {
 	return nil
 }
 
-// checkBlocks refuses negative block ids and ids outside Env.Blocks when
-// it is set, in all of blocks (a comparison each), and an id named twice
-// among blocks[lo:hi], the blocks the call transfers.
-func (s *Scheduler) checkBlocks(op string, r *connector.Request, blocks []connector.BlockID, lo, hi int) error {
+// checkTable refuses, in group g's table, block ids outside Env.Blocks
+// when it is set and negative ids other than connector.NoBlock (which a
+// full-attention table may not hold at all), a comparison each; and among
+// blocks[lo:hi], the blocks the call transfers, an id named twice and,
+// unless skip says the call passes over them, NoBlock.
+func (s *Scheduler) checkTable(op string, r *connector.Request, g int, blocks []connector.BlockID, lo, hi int, skip bool) error {
+	name := func(i int) string {
+		if len(s.groups) == 1 {
+			return fmt.Sprintf("blocks[%d]", i)
+		}
+		return fmt.Sprintf("blocks[%d][%d] (group %d, %s)", g, i, g, s.groups[g].Kind)
+	}
+	noBlockOK := s.groups[g].Kind != hashing.FullAttention
 	for i, b := range blocks {
+		if b == connector.NoBlock && noBlockOK && (skip || i < lo || i >= hi) {
+			continue
+		}
 		if b < 0 || s.blocks > 0 && int(b) >= s.blocks {
-			if s.blocks > 0 {
-				return fmt.Errorf("%w: %s(%q): blocks[%d] = %d, want [0, %d)", connector.ErrInvalidBlock, op, r.ID, i, b, s.blocks)
+			switch {
+			case b == connector.NoBlock && noBlockOK:
+				return fmt.Errorf("%w: %s(%q): %s = NoBlock, but the call transfers it", connector.ErrInvalidBlock, op, r.ID, name(i))
+			case s.blocks > 0:
+				return fmt.Errorf("%w: %s(%q): %s = %d, want [0, %d)", connector.ErrInvalidBlock, op, r.ID, name(i), b, s.blocks)
 			}
-			return fmt.Errorf("%w: %s(%q): blocks[%d] = %d, want >= 0", connector.ErrInvalidBlock, op, r.ID, i, b)
+			return fmt.Errorf("%w: %s(%q): %s = %d, want >= 0", connector.ErrInvalidBlock, op, r.ID, name(i), b)
 		}
 	}
 	if hi-lo < 2 {
 		return nil
 	}
-	seen := append(s.seen[:0], blocks[lo:hi]...)
+	seen := s.seen[:0]
+	for _, b := range blocks[lo:hi] {
+		if b != connector.NoBlock {
+			seen = append(seen, b)
+		}
+	}
 	slices.Sort(seen)
 	s.seen = seen
 	for i := 1; i < len(seen); i++ {
 		if seen[i] == seen[i-1] {
-			return fmt.Errorf("%w: %s(%q): block %d is named twice", connector.ErrInvalidBlock, op, r.ID, seen[i])
+			if len(s.groups) == 1 {
+				return fmt.Errorf("%w: %s(%q): block %d is named twice", connector.ErrInvalidBlock, op, r.ID, seen[i])
+			}
+			return fmt.Errorf("%w: %s(%q): block %d is named twice in the table of group %d", connector.ErrInvalidBlock, op, r.ID, seen[i], g)
 		}
 	}
 	return nil
 }
 
-// Allocated implements connector.Scheduler.
-func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
-	if err := connector.CheckTables("storeconn: Allocated", r.ID, tables, 1, false); err != nil {
-		return err
+// loadRange returns the blocks [lo, p) of group g that a load resuming at
+// block boundary p moves, for a request whose first from blocks are local.
+func (s *Scheduler) loadRange(g, from, p int) (lo int) {
+	switch spec := s.groups[g]; spec.Kind {
+	case hashing.SlidingWindow:
+		return max(from, windowStart(p, s.bs, spec.Window))
+	case hashing.RecurrentState:
+		return p - 1
 	}
-	blocks := tables[0]
+	return from
+}
+
+// Allocated implements connector.Scheduler. The load fills, in each
+// group's table, the entries that resuming at the matched point needs
+// beyond the local blocks: every block for full attention, the window
+// before the point for a sliding window, the state at the point for a
+// state group. Entries outside them are neither read nor written.
+func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
 	if s.closed {
 		return connector.ErrClosed
 	}
 	if err := s.checkRequest("Allocated", r); err != nil {
 		return err
 	}
-	if err := s.checkBlocks("Allocated", r, blocks, 0, 0); err != nil {
+	if err := connector.CheckTables("storeconn: Allocated", r.ID, tables, len(s.groups), false); err != nil {
 		return err
+	}
+	for g, t := range tables {
+		if err := s.checkTable("Allocated", r, g, t, 0, 0, false); err != nil {
+			return err
+		}
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
@@ -445,30 +604,57 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 		return fmt.Errorf("storeconn: Allocated(%q): external = %d, want a multiple of the block size %d", r.ID, external, s.bs)
 	}
 	n := external / s.bs
-	if q.lk == nil || !q.lk.done || q.lk.err != nil || q.from+n > q.matchEnd || q.lk.gen != s.meta.Generation {
+	p := q.from + n
+	if q.lk == nil || !q.lk.done || q.lk.err != nil || p > q.matchEnd || q.lk.gen != s.meta.Generation {
 		return fmt.Errorf("storeconn: Allocated(%q): external = %d tokens exceeds the last match", r.ID, external)
 	}
-	if q.from+n > len(blocks) || q.from+n > len(r.Hashes) {
-		return fmt.Errorf("%w: Allocated(%q): %d blocks and %d hashes do not cover %d tokens", connector.ErrInvalidBlock, r.ID, len(blocks), len(r.Hashes), (q.from+n)*s.bs)
+	if !s.plain && !s.resumable(q.lk, p, q.from, r.Hashes, time.Time{}, false) {
+		return fmt.Errorf("storeconn: Allocated(%q): external = %d tokens ends at token %d, where the store cannot resume every KV cache group (the last match ended at token %d)", r.ID, external, p*s.bs, q.matchEnd*s.bs)
 	}
-	if q.load != nil {
+	if p > len(r.Hashes) {
+		return fmt.Errorf("%w: Allocated(%q): %d hashes do not cover %d tokens", connector.ErrInvalidBlock, r.ID, len(r.Hashes), p*s.bs)
+	}
+	for g, t := range tables {
+		if p > len(t) {
+			what := "blocks"
+			if len(s.groups) > 1 {
+				what = fmt.Sprintf("blocks in the table of group %d", g)
+			}
+			return fmt.Errorf("%w: Allocated(%q): %d %s do not cover %d tokens", connector.ErrInvalidBlock, r.ID, len(t), what, p*s.bs)
+		}
+	}
+	if q.loads > 0 {
 		return fmt.Errorf("storeconn: Allocated(%q): a load is already planned", r.ID)
 	}
-	if err := s.checkBlocks("Allocated", r, blocks, q.from, q.from+n); err != nil {
-		return err
+	for g, t := range tables {
+		if err := s.checkTable("Allocated", r, g, t, s.loadRange(g, q.from, p), p, false); err != nil {
+			return err
+		}
 	}
-	s.nextID++
-	t := connector.Transfer{
-		ID:     s.nextID,
-		Req:    r.ID,
-		First:  q.from,
-		Blocks: append([]connector.BlockID(nil), blocks[q.from:q.from+n]...),
-		Hashes: append([]hashing.BlockHash(nil), r.Hashes[q.from:q.from+n]...),
+	for g, t := range tables {
+		lo := s.loadRange(g, q.from, p)
+		if lo >= p {
+			continue
+		}
+		s.nextID++
+		tr := connector.Transfer{
+			ID:     s.nextID,
+			Req:    r.ID,
+			Group:  g,
+			First:  lo,
+			Blocks: append([]connector.BlockID(nil), t[lo:p]...),
+			Hashes: append([]hashing.BlockHash(nil), r.Hashes[lo:p]...),
+		}
+		s.meta.Loads = append(s.meta.Loads, tr)
+		s.track(q, &tr, true, 0)
+		q.loads++
 	}
-	s.meta.Loads = append(s.meta.Loads, t)
-	s.track(q, &t, true, 0)
-	// Loaded blocks are in the store: never save them again.
-	q.saveNext = max(q.saveNext, q.from+n)
+	q.loadFail = -1
+	// Loaded blocks are in the store, and the engine computes none of the
+	// tokens before p: never save them again.
+	for g := range q.saveNext {
+		q.saveNext[g] = max(q.saveNext[g], p)
+	}
 	s.stats.HitBlocks += int64(n)
 	s.stats.HitTokens += int64(external)
 	return nil
@@ -480,6 +666,7 @@ func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries in
 	x := &transfer{
 		req:    q,
 		load:   load,
+		group:  t.Group,
 		gen:    s.meta.Generation,
 		first:  t.First,
 		blocks: t.Blocks,
@@ -491,19 +678,18 @@ func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries in
 		x.noSpace = make([]bool, len(t.Blocks))
 		x.failed = make([]bool, len(t.Blocks))
 		for _, h := range t.Hashes {
-			s.saving[h]++
+			s.saving[groupHash{t.Group, h}]++
 		}
 	}
 	s.transfers.Add(t.ID, len(t.Blocks), x)
 	q.inflight++
 }
 
-// Scheduled implements connector.Scheduler.
+// Scheduled implements connector.Scheduler. In every group, the full
+// blocks computed so far that the store lacks are saved, except entries
+// that are connector.NoBlock: sliding-window blocks the engine freed, and
+// block boundaries whose state it did not keep.
 func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
-	if err := connector.CheckTables("storeconn: Scheduled", r.ID, tables, 1, false); err != nil {
-		return err
-	}
-	blocks := tables[0]
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -513,13 +699,17 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 	if computed < 0 {
 		return fmt.Errorf("storeconn: Scheduled(%q): computed = %d, want >= 0", r.ID, computed)
 	}
-	if err := s.checkBlocks("Scheduled", r, blocks, 0, 0); err != nil {
+	if err := connector.CheckTables("storeconn: Scheduled", r.ID, tables, len(s.groups), false); err != nil {
 		return err
+	}
+	for g, t := range tables {
+		if err := s.checkTable("Scheduled", r, g, t, 0, 0, false); err != nil {
+			return err
+		}
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
-		q = &request{id: r.ID}
-		s.reqs[r.ID] = q
+		q = s.newRequest(r.ID)
 	}
 	if q.finished {
 		return fmt.Errorf("storeconn: Scheduled(%q): request finished", r.ID)
@@ -528,50 +718,60 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 		return nil
 	}
 	full := min(computed/s.bs, len(r.Hashes))
-	if full > len(blocks) {
-		return fmt.Errorf("%w: Scheduled(%q): %d blocks do not hold %d computed tokens", connector.ErrInvalidBlock, r.ID, len(blocks), computed)
-	}
-	start := max(q.saveNext, q.noSave)
-	if start >= full {
-		return nil
-	}
-	if err := s.checkBlocks("Scheduled", r, blocks, start, full); err != nil {
-		return err
-	}
-	var t *connector.Transfer
-	for i := start; i < full; i++ {
-		h := r.Hashes[i]
-		if s.knownPresent(q, i) || s.saving[h] > 0 {
-			s.stats.SaveSkipped++
-			continue
+	for g, t := range tables {
+		if full > len(t) {
+			if len(s.groups) == 1 {
+				return fmt.Errorf("%w: Scheduled(%q): %d blocks do not hold %d computed tokens", connector.ErrInvalidBlock, r.ID, len(t), computed)
+			}
+			return fmt.Errorf("%w: Scheduled(%q): %d blocks in the table of group %d do not hold %d computed tokens", connector.ErrInvalidBlock, r.ID, len(t), g, computed)
 		}
-		if t == nil {
-			s.nextID++
-			s.meta.Saves = append(s.meta.Saves, connector.Transfer{ID: s.nextID, Req: r.ID, First: i})
-			t = &s.meta.Saves[len(s.meta.Saves)-1]
-		}
-		if t.First+len(t.Blocks) != i {
-			// A gap (a skipped block): start another transfer so that
-			// First still locates every block.
-			s.track(q, t, false, 0)
-			s.nextID++
-			s.meta.Saves = append(s.meta.Saves, connector.Transfer{ID: s.nextID, Req: r.ID, First: i})
-			t = &s.meta.Saves[len(s.meta.Saves)-1]
-		}
-		t.Blocks = append(t.Blocks, blocks[i])
-		t.Hashes = append(t.Hashes, h)
 	}
-	if t != nil {
-		s.track(q, t, false, 0)
+	for g, t := range tables {
+		if start := max(q.saveNext[g], q.noSave[g]); start < full {
+			if err := s.checkTable("Scheduled", r, g, t, start, full, true); err != nil {
+				return err
+			}
+		}
 	}
-	q.saveNext = full
+	for g, t := range tables {
+		start := max(q.saveNext[g], q.noSave[g])
+		var tr *connector.Transfer
+		for i := start; i < full; i++ {
+			h := r.Hashes[i]
+			if t[i] == connector.NoBlock {
+				continue
+			}
+			if s.knownPresent(q, g, i) || s.saving[groupHash{g, h}] > 0 {
+				s.stats.SaveSkipped++
+				continue
+			}
+			if tr != nil && tr.First+len(tr.Blocks) != i {
+				// A gap (a skipped block): start another transfer so
+				// that First still locates every block.
+				s.track(q, tr, false, 0)
+				tr = nil
+			}
+			if tr == nil {
+				s.nextID++
+				s.meta.Saves = append(s.meta.Saves, connector.Transfer{ID: s.nextID, Req: r.ID, Group: g, First: i})
+				tr = &s.meta.Saves[len(s.meta.Saves)-1]
+			}
+			tr.Blocks = append(tr.Blocks, t[i])
+			tr.Hashes = append(tr.Hashes, h)
+		}
+		if tr != nil {
+			s.track(q, tr, false, 0)
+		}
+		q.saveNext[g] = max(q.saveNext[g], full)
+	}
 	return nil
 }
 
-// knownPresent reports whether the request's last lookup found block i.
-func (s *Scheduler) knownPresent(q *request, i int) bool {
+// knownPresent reports whether the request's last lookup found block i of
+// group g.
+func (s *Scheduler) knownPresent(q *request, g, i int) bool {
 	lk := q.lk
-	return lk != nil && lk.done && lk.err == nil && lk.gen == s.meta.Generation && i >= lk.from && i < lk.from+lk.present
+	return lk != nil && lk.done && lk.err == nil && lk.gen == s.meta.Generation && s.present(lk, g, i, nil, time.Time{})
 }
 
 // Plan implements connector.Scheduler.
@@ -586,7 +786,7 @@ func (s *Scheduler) Plan() *connector.Metadata {
 		}
 		rt.req.retries--
 		s.nextID++
-		t := connector.Transfer{ID: s.nextID, Req: rt.req.id, First: rt.first, Blocks: rt.blocks, Hashes: rt.hashes}
+		t := connector.Transfer{ID: s.nextID, Req: rt.req.id, Group: rt.group, First: rt.first, Blocks: rt.blocks, Hashes: rt.hashes}
 		s.meta.Saves = append(s.meta.Saves, t)
 		s.track(rt.req, &s.meta.Saves[len(s.meta.Saves)-1], false, rt.tries)
 		s.stats.SaveRetries += int64(len(rt.blocks))
@@ -649,7 +849,7 @@ func (s *Scheduler) failBlock(x *transfer, f connector.Failure) {
 			// The store said it holds the block, then failed to deliver
 			// it: a dead client's segment, say. Its lookups would keep
 			// planning loads that fail until the store forgets it.
-			s.failed.add(x.hashes[f.Index], time.Now().Add(s.opt.failedTTL))
+			s.failed.add(groupHash{x.group, x.hashes[f.Index]}, time.Now().Add(s.opt.failedTTL))
 		}
 	case f.Reason == connector.ReasonNoSpace:
 		x.noSpace[f.Index] = true
@@ -662,7 +862,7 @@ func (s *Scheduler) failBlock(x *transfer, f connector.Failure) {
 func (s *Scheduler) finishTransfer(x *transfer) {
 	q := x.req
 	if x.load {
-		q.load = nil
+		q.loads--
 		if x.gen != s.meta.Generation {
 			// Loaded under weights that have since been rotated out: none
 			// of it may be used, whatever the workers read.
@@ -670,25 +870,44 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 		}
 		if x.failAt >= 0 {
 			s.stats.LoadFailures += int64(len(x.blocks) - x.failAt)
-			s.progress.Failed = append(s.progress.Failed, connector.LoadFailure{
-				Req:   q.id,
-				Valid: (x.first + x.failAt) * s.bs,
-				Fail:  s.cfg.LoadFailurePolicy == connector.PolicyFail,
-			})
-			// The lookup promised blocks the store no longer has: look
-			// again next time, and save the blocks the engine recomputes.
-			q.lk = nil
-			q.saveNext = min(q.saveNext, x.first+x.failAt)
-		} else {
-			s.progress.Loaded = append(s.progress.Loaded, q.id)
+			// What survives: with full attention only, every block before
+			// the first that failed; otherwise only the local blocks, as a
+			// window or a state is of no use without the rest.
+			valid := q.from
+			if s.allFull() {
+				valid = x.first + x.failAt
+			}
+			if q.loadFail < 0 || valid < q.loadFail {
+				q.loadFail = valid
+			}
+		}
+		if q.loads == 0 {
+			if q.loadFail >= 0 {
+				s.progress.Failed = append(s.progress.Failed, connector.LoadFailure{
+					Req:   q.id,
+					Valid: q.loadFail * s.bs,
+					Fail:  s.cfg.LoadFailurePolicy == connector.PolicyFail,
+				})
+				// The lookup promised blocks the store no longer has:
+				// look again next time, and save the blocks the engine
+				// recomputes.
+				q.lk = nil
+				for g := range q.saveNext {
+					q.saveNext[g] = min(q.saveNext[g], q.loadFail)
+				}
+				q.loadFail = -1
+			} else {
+				s.progress.Loaded = append(s.progress.Loaded, q.id)
+			}
 		}
 	} else {
 		var stored []hashing.BlockHash
 		var rt *retry
 		for i, h := range x.hashes {
 			if x.gen == s.meta.Generation {
-				if s.saving[h]--; s.saving[h] <= 0 {
-					delete(s.saving, h)
+				k := groupHash{x.group, h}
+				if s.saving[k]--; s.saving[k] <= 0 {
+					delete(s.saving, k)
 				}
 			}
 			switch {
@@ -698,7 +917,7 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 						s.retries = append(s.retries, *rt)
 					}
 					q.retries++
-					rt = &retry{req: q, first: x.first + i, tries: x.tries + 1, after: s.meta.Step + uint64(s.opt.retryDelay)}
+					rt = &retry{req: q, group: x.group, first: x.first + i, tries: x.tries + 1, after: s.meta.Step + uint64(s.opt.retryDelay)}
 				}
 				rt.blocks = append(rt.blocks, x.blocks[i])
 				rt.hashes = append(rt.hashes, h)
@@ -712,7 +931,7 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 			s.retries = append(s.retries, *rt)
 		}
 		if len(stored) > 0 && x.gen == s.meta.Generation {
-			s.events = append(s.events, connector.KVEvent{Kind: connector.BlockStored, Generation: x.gen, Hashes: stored})
+			s.events = append(s.events, connector.KVEvent{Kind: connector.BlockStored, Generation: x.gen, Group: x.group, Hashes: stored})
 		}
 	}
 	q.inflight--
@@ -729,7 +948,7 @@ func (s *Scheduler) maybeRelease(q *request) {
 
 // Finish implements connector.Scheduler.
 func (s *Scheduler) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	if err := connector.CheckTables("storeconn: Finish", r.ID, tables, 1, true); err != nil {
+	if err := connector.CheckTables("storeconn: Finish", r.ID, tables, len(s.groups), true); err != nil {
 		return false, err
 	}
 	if s.closed {
@@ -792,7 +1011,9 @@ func (s *Scheduler) Rotate(gen uint64) error {
 	s.meta.Saves = s.meta.Saves[:0]
 	for _, q := range s.reqs {
 		q.lk = nil
-		q.noSave = max(q.noSave, q.saveNext)
+		for g := range q.noSave {
+			q.noSave[g] = max(q.noSave[g], q.saveNext[g])
+		}
 	}
 	s.events = append(s.events, connector.KVEvent{Kind: connector.AllCleared, Generation: old})
 	return nil
@@ -832,16 +1053,26 @@ func (s *Scheduler) Close() error {
 	return nil
 }
 
+// allFull reports whether every group is full attention.
+func (s *Scheduler) allFull() bool {
+	for _, g := range s.groups {
+		if g.Kind != hashing.FullAttention {
+			return false
+		}
+	}
+	return true
+}
+
 // failedKeys remembers blocks whose loads failed, until a deadline each.
 type failedKeys struct {
-	m map[hashing.BlockHash]time.Time
+	m map[groupHash]time.Time
 }
 
 // maxFailedKeys bounds the memory of failed blocks; past it, expired
 // entries are dropped, then the oldest half.
 const maxFailedKeys = 1 << 16
 
-func (f *failedKeys) add(h hashing.BlockHash, until time.Time) {
+func (f *failedKeys) add(h groupHash, until time.Time) {
 	if len(f.m) >= maxFailedKeys {
 		now := time.Now()
 		for k, t := range f.m {
@@ -862,7 +1093,7 @@ func (f *failedKeys) add(h hashing.BlockHash, until time.Time) {
 	f.m[h] = until
 }
 
-func (f *failedKeys) has(h hashing.BlockHash, now time.Time) bool {
+func (f *failedKeys) has(h groupHash, now time.Time) bool {
 	t, ok := f.m[h]
 	if ok && !now.Before(t) {
 		delete(f.m, h)

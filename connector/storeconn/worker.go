@@ -26,17 +26,15 @@ type Worker struct {
 	log      *slog.Logger
 	id       hashing.Identity
 	rank     int
-	replicas int // ranks that hold the same KV heads
-	replica  int // this rank's index among them
 
 	kv        connector.KVCache
+	groups    []groupMem // per KV cache group: its memory and how its blocks move
 	copier    connector.DeviceCopier
 	pinner    connector.HostPinner // nil: staging memory is not pinned
 	pinFailed atomic.Bool          // pinning failed once: stage through pageable memory
-	mode      path                 // how block bytes move, fixed by Register
 	device    bool                 // KV memory is device memory: staging copies go through copier
 	tl        int                  // trailer bytes after each block in a value: trailerLen, or 0 without verification
-	blockSize int
+	maxBlock  int                  // the largest blockSize of the groups
 	gen       uint64
 	ns        hashing.Namespace
 	genNow    atomic.Uint64 // generation of the latest Start: older jobs are stale
@@ -74,6 +72,14 @@ type Worker struct {
 	stats     workerStats
 	corrupt   limiter // warn-level log lines about values that failed verification
 	h         health  // store calls that failed
+}
+
+// groupMem is one KV cache group's memory in a worker.
+type groupMem struct {
+	kv        connector.KVCache
+	mode      path // how block bytes move, fixed by Register
+	blockSize int  // bytes of one block: all its layers, K and V
+	replicas  int  // ranks that hold the same shard of the group
 }
 
 // path is how a worker moves block bytes between KV memory and the store.
@@ -122,7 +128,6 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 		log:      log,
 		id:       env.Identity,
 		rank:     env.Rank,
-		replicas: env.Identity.Layout.Replication,
 		gen:      env.Identity.Generation,
 		ns:       ns,
 		copier:   env.Copier,
@@ -133,7 +138,6 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 	if opt.verify {
 		w.tl = trailerLen
 	}
-	w.replica = env.Rank % w.replicas
 	w.genNow.Store(w.gen)
 	w.q.cond = sync.NewCond(&w.q.Mutex)
 	w.ctx, w.cancel = context.WithCancel(context.Background())
@@ -160,29 +164,32 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	if w.life.registered {
 		return fmt.Errorf("storeconn: Register called twice")
 	}
-	if len(kv.Groups) != 0 {
-		return fmt.Errorf("%w: Register: KVCache.Groups has %d groups, but the identity's layout has one", connector.ErrConfig, len(kv.Groups))
-	}
 	if err := kv.Validate(); err != nil {
 		return err
 	}
-	if l := w.id.Layout; kv.Layers != l.Layers {
-		return fmt.Errorf("%w: KVCache.Layers = %d, but the identity's Layout.Layers = %d: the keys would name another model's layout", connector.ErrConfig, kv.Layers, l.Layers)
-	} else if kv.BlockBytes%l.BlockSize != 0 {
-		return fmt.Errorf("%w: KVCache.BlockBytes = %d is not a whole number of bytes per token for Layout.BlockSize = %d tokens", connector.ErrConfig, kv.BlockBytes, l.BlockSize)
+	groups, err := w.checkGroups(kv)
+	if err != nil {
+		return err
 	}
-	device := !kv.Regions[0].Loc.IsHost()
-	if device {
+	loc := kv.Group(0).Regions[0].Loc
+	if !loc.IsHost() {
 		if w.copier == nil {
-			return fmt.Errorf("storeconn: KV memory in %v needs Env.Copier (a *cudart.Stream, say) to stage blocks through host memory", kv.Regions[0].Loc)
+			return fmt.Errorf("storeconn: KV memory in %v needs Env.Copier (a *cudart.Stream, say) to stage blocks through host memory", loc)
 		}
-		w.kv, w.blockSize, w.device, w.mode = kv, kv.BlockSize(), true, staging
+		for g := range groups {
+			groups[g].mode = staging
+		}
+		w.kv, w.groups, w.device = kv, groups, true
 		w.life.registered = true
 		return nil
 	}
-	for i, r := range kv.Regions {
+	regions := slices.Clip(kv.Regions)
+	for g := range kv.Groups {
+		regions = append(regions, kv.Groups[g].Regions...)
+	}
+	for i, r := range regions {
 		if err := w.st.Register(r); err != nil {
-			for _, done := range kv.Regions[:i] {
+			for _, done := range regions[:i] {
 				if uerr := w.st.Unregister(done); uerr != nil {
 					w.log.Warn("storeconn: unregister after a failed register", "err", uerr)
 				}
@@ -190,18 +197,61 @@ func (w *Worker) Register(kv connector.KVCache) error {
 			return fmt.Errorf("storeconn: register KV region %d: %w", i, err)
 		}
 	}
-	switch {
-	case w.vec != nil:
-		w.mode = vector
-	case kv.Contiguous() && w.tl == 0:
-		w.mode = direct
-	default:
-		w.mode = staging
+	for g := range groups {
+		gm := &groups[g]
+		switch {
+		case w.vec != nil:
+			gm.mode = vector
+		case gm.kv.Contiguous() && w.tl == 0:
+			gm.mode = direct
+		default:
+			gm.mode = staging
+		}
 	}
-	w.kv = kv
-	w.blockSize = kv.BlockSize()
+	w.kv, w.groups = kv, groups
 	w.life.registered = true
 	return nil
+}
+
+// checkGroups matches kv, a valid KVCache, against the identity's KV cache
+// groups and returns each group's memory.
+func (w *Worker) checkGroups(kv connector.KVCache) ([]groupMem, error) {
+	l := w.id.Layout
+	specs := w.ns.Groups()
+	if n := kv.NumGroups(); n != len(specs) {
+		if len(kv.Groups) == 0 {
+			return nil, fmt.Errorf("%w: Register: KVCache has no Groups, but the identity's layout has %d KV cache groups: describe each group's memory in KVCache.Groups", connector.ErrConfig, len(specs))
+		}
+		return nil, fmt.Errorf("%w: Register: KVCache.Groups has %d groups, but the identity's layout has %d", connector.ErrConfig, n, len(specs))
+	}
+	groups := make([]groupMem, len(specs))
+	for g, spec := range specs {
+		gc := kv.Group(g)
+		name, want := "KVCache", fmt.Sprintf("the identity's Layout.Layers = %d", l.Layers)
+		if len(kv.Groups) > 0 {
+			name, want = fmt.Sprintf("KVCache.Groups[%d]", g), fmt.Sprintf("the identity's Layout.Groups[%d] has %d layers", g, len(spec.Layers))
+		}
+		if gc.Layers != len(spec.Layers) {
+			return nil, fmt.Errorf("%w: %s.Layers = %d, but %s: the keys would name another model's layout", connector.ErrConfig, name, gc.Layers, want)
+		}
+		switch spec.Kind {
+		case hashing.RecurrentState:
+			if gc.KV != 1 || gc.BlockBytes != spec.StateBytes {
+				return nil, fmt.Errorf("%w: %s holds KV = %d × BlockBytes = %d bytes per layer and block, but Layout.Groups[%d].StateBytes = %d: a state group's block is one state (KV 1, BlockBytes = StateBytes)",
+					connector.ErrConfig, name, gc.KV, gc.BlockBytes, g, spec.StateBytes)
+			}
+		default:
+			if gc.BlockBytes%spec.BlockSize != 0 {
+				if len(kv.Groups) == 0 {
+					return nil, fmt.Errorf("%w: KVCache.BlockBytes = %d is not a whole number of bytes per token for Layout.BlockSize = %d tokens", connector.ErrConfig, gc.BlockBytes, l.BlockSize)
+				}
+				return nil, fmt.Errorf("%w: %s.BlockBytes = %d is not a whole number of bytes per token for Layout.Groups[%d].BlockSize = %d tokens", connector.ErrConfig, name, gc.BlockBytes, g, spec.BlockSize)
+			}
+		}
+		groups[g] = groupMem{kv: gc, blockSize: gc.BlockSize(), replicas: l.TPSize / w.ns.GroupShards(g)}
+		w.maxBlock = max(w.maxBlock, groups[g].blockSize)
+	}
+	return groups, nil
 }
 
 // Start implements connector.Worker. It checks the whole Metadata before it
@@ -240,11 +290,11 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 			if t.First < 0 {
 				return fmt.Errorf("%w: transfer %d has First = %d", connector.ErrBadMetadata, t.ID, t.First)
 			}
-			if t.Group != 0 {
-				return fmt.Errorf("%w: transfer %d names KV cache group %d, but the registered KV memory has one group", connector.ErrBadMetadata, t.ID, t.Group)
+			if t.Group < 0 || t.Group >= len(w.groups) {
+				return fmt.Errorf("%w: transfer %d names KV cache group %d, but the registered KV memory has %d", connector.ErrBadMetadata, t.ID, t.Group, len(w.groups))
 			}
 			for _, b := range t.Blocks {
-				if err := w.kv.CheckBlock(b); err != nil {
+				if err := w.groups[t.Group].kv.CheckBlock(b); err != nil {
 					return fmt.Errorf("storeconn: transfer %d of request %q: %w", t.ID, t.Req, err)
 				}
 			}
@@ -458,7 +508,7 @@ func (w *Worker) stage(sc *scratch, n int) (rdma.Region, error) {
 	sc.freeStaging()
 	// A whole batch of values at once, so that buffers are not swapped
 	// (and pinned again) as batches grow.
-	m, err := rdma.AllocHost(max(n, w.opt.batchBlocks*(w.blockSize+w.tl)))
+	m, err := rdma.AllocHost(max(n, w.opt.batchBlocks*(w.maxBlock+w.tl)))
 	if err != nil {
 		return rdma.Region{}, err
 	}
@@ -507,11 +557,11 @@ func (w *Worker) trailerSlots(sc *scratch, n int) (rdma.Region, error) {
 
 // vectorRegions builds sc.vregs: for each block of blocks, its spans and,
 // with verification, its trailer slot in tr.
-func (w *Worker) vectorRegions(sc *scratch, blocks []connector.BlockID, tr rdma.Region) {
+func (w *Worker) vectorRegions(sc *scratch, gm *groupMem, blocks []connector.BlockID, tr rdma.Region) {
 	sc.flat = sc.flat[:0]
 	sc.ends = sc.ends[:0]
 	for k, b := range blocks {
-		sc.flat = w.kv.Spans(sc.flat, b)
+		sc.flat = gm.kv.Spans(sc.flat, b)
 		if w.tl > 0 {
 			slot, _ := tr.Sub(k*trailerLen, trailerLen)
 			sc.flat = append(sc.flat, slot)
@@ -569,21 +619,22 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 	// Every failed block counts, also those of a batch that failed as a
 	// whole.
 	defer func() { w.stats.loadFailures.Add(int64(len(fails))) }()
-	shard := j.ns.Shard(w.rank)
-	bs := w.blockSize
+	gm := &w.groups[t.Group]
+	shard := j.ns.GroupShard(t.Group, w.rank)
+	bs := gm.blockSize
 	stride := bs + w.tl // bytes of one value
-	batch := w.loadBatch(stride)
+	batch := w.loadBatch(gm, stride)
 	for lo := 0; lo < len(t.Blocks); lo += batch {
 		hi := min(lo+batch, len(t.Blocks))
 		sc.kb.reset()
 		for i := lo; i < hi; i++ {
-			sc.kb.add(j.ns, shard, t.Hashes[i])
+			sc.kb.add(j.ns, t.Group, shard, t.Hashes[i])
 		}
 		sc.keys = sc.kb.keys(sc.keys[:0])
 		sc.res = grow(sc.res, len(sc.keys))
 		var stage, tr rdma.Region
 		var err error
-		switch w.mode {
+		switch gm.mode {
 		case staging:
 			if stage, err = w.stage(sc, (hi-lo)*stride); err != nil {
 				clear(sc.keys)
@@ -602,12 +653,12 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 					return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
 				}
 			}
-			w.vectorRegions(sc, t.Blocks[lo:hi], tr)
+			w.vectorRegions(sc, gm, t.Blocks[lo:hi], tr)
 			err = w.call("get", sc.res, func(ctx context.Context) error { return w.vec.GetV(ctx, sc.keys, sc.vregs, sc.res) })
 		default:
 			sc.regions = sc.regions[:0]
 			for i := lo; i < hi; i++ {
-				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
+				sc.regions = gm.kv.Spans(sc.regions, t.Blocks[i])
 			}
 			err = w.call("get", sc.res, func(ctx context.Context) error { return w.st.Get(ctx, sc.keys, sc.regions, sc.res) })
 		}
@@ -623,13 +674,13 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: reason(r.Err)})
 				continue
 			}
-			if err := w.verify(sc, k, r.N, stride); err != nil {
+			if err := w.verify(sc, gm, k, r.N, stride); err != nil {
 				w.corrupted(sc.keys[k], err)
 				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: connector.ReasonCorrupt})
 				continue
 			}
-			if w.mode == staging {
-				w.scatter(sc, sc.regions[k], t.Blocks[i])
+			if gm.mode == staging {
+				w.scatter(sc, gm, sc.regions[k], t.Blocks[i])
 			}
 		}
 		clear(sc.keys)
@@ -665,8 +716,8 @@ func (w *Worker) call(op string, res []store.Result, f func(ctx context.Context)
 // only as many as verify_chunk bytes hold, so that each value is checked
 // while the copy has left it in the CPU's cache, not read again from
 // memory.
-func (w *Worker) loadBatch(stride int) int {
-	if w.mode != vector || w.tl == 0 || w.opt.verifyChunk == 0 {
+func (w *Worker) loadBatch(gm *groupMem, stride int) int {
+	if gm.mode != vector || w.tl == 0 || w.opt.verifyChunk == 0 {
 		return w.opt.batchBlocks
 	}
 	return max(1, min(w.opt.batchBlocks, w.opt.verifyChunk/stride))
@@ -674,15 +725,15 @@ func (w *Worker) loadBatch(stride int) int {
 
 // verify checks the k-th value of a load batch, n bytes long: its size
 // and, with verification, its trailer against its key and its bytes.
-func (w *Worker) verify(sc *scratch, k, n, stride int) error {
+func (w *Worker) verify(sc *scratch, gm *groupMem, k, n, stride int) error {
 	if n != stride {
-		return fmt.Errorf("value of %d bytes, want %d (%d block bytes and a %d-byte trailer)", n, stride, w.blockSize, w.tl)
+		return fmt.Errorf("value of %d bytes, want %d (%d block bytes and a %d-byte trailer)", n, stride, gm.blockSize, w.tl)
 	}
 	if w.tl == 0 {
 		return nil
 	}
-	bs := w.blockSize
-	switch w.mode {
+	bs := gm.blockSize
+	switch gm.mode {
 	case staging:
 		v := sc.regions[k]
 		block, _ := v.Sub(0, bs)
@@ -696,8 +747,8 @@ func (w *Worker) verify(sc *scratch, k, n, stride int) error {
 
 // scatter copies a staged block into the block's spans in KV memory: at
 // once for host memory, or as device copies that flush issues.
-func (w *Worker) scatter(sc *scratch, staged rdma.Region, b connector.BlockID) {
-	sc.spans = w.kv.Spans(sc.spans[:0], b)
+func (w *Worker) scatter(sc *scratch, gm *groupMem, staged rdma.Region, b connector.BlockID) {
+	sc.spans = gm.kv.Spans(sc.spans[:0], b)
 	off := uintptr(0)
 	src := staged.Bytes()
 	for _, sp := range sc.spans {
@@ -708,13 +759,13 @@ func (w *Worker) scatter(sc *scratch, staged rdma.Region, b connector.BlockID) {
 		}
 		off += uintptr(sp.Len)
 	}
-	w.stats.staged.Add(int64(w.blockSize))
+	w.stats.staged.Add(int64(gm.blockSize))
 }
 
 // gather copies a block's spans into a staging region: at once for host
 // memory, or as device copies that flush issues.
-func (w *Worker) gather(sc *scratch, staged rdma.Region, b connector.BlockID) {
-	sc.spans = w.kv.Spans(sc.spans[:0], b)
+func (w *Worker) gather(sc *scratch, gm *groupMem, staged rdma.Region, b connector.BlockID) {
+	sc.spans = gm.kv.Spans(sc.spans[:0], b)
 	off := uintptr(0)
 	dst := staged.Bytes()
 	for _, sp := range sc.spans {
@@ -725,7 +776,7 @@ func (w *Worker) gather(sc *scratch, staged rdma.Region, b connector.BlockID) {
 		}
 		off += uintptr(sp.Len)
 	}
-	w.stats.staged.Add(int64(w.blockSize))
+	w.stats.staged.Add(int64(gm.blockSize))
 }
 
 // flush issues the device copies that scatter or gather queued, in one
@@ -790,8 +841,10 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		w.stats.stale.Add(int64(len(t.Blocks)))
 		return fail(sc.fails, t.ID, 0, len(t.Blocks), connector.ReasonStale)
 	}
-	shard := j.ns.Shard(w.rank)
-	bs := w.blockSize
+	gm := &w.groups[t.Group]
+	shard := j.ns.GroupShard(t.Group, w.rank)
+	replicas, replica := gm.replicas, w.rank%gm.replicas
+	bs := gm.blockSize
 	stride := bs + w.tl
 	idx := sc.idx[:0]
 	defer func() { sc.idx = idx }()
@@ -803,7 +856,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		idx = idx[:0]
 		hi := lo
 		for ; hi < len(t.Blocks) && len(idx) < w.opt.batchBlocks; hi++ {
-			if (t.First+hi)%w.replicas == w.replica {
+			if (t.First+hi)%replicas == replica {
 				idx = append(idx, hi)
 			}
 		}
@@ -813,12 +866,12 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		}
 		sc.kb.reset()
 		for _, i := range idx {
-			sc.kb.add(j.ns, shard, t.Hashes[i])
+			sc.kb.add(j.ns, t.Group, shard, t.Hashes[i])
 		}
 		sc.keys = sc.kb.keys(sc.keys[:0])
 		sc.res = grow(sc.res, len(sc.keys))
 		var err error
-		switch w.mode {
+		switch gm.mode {
 		case staging:
 			var stage rdma.Region
 			if stage, err = w.stage(sc, len(idx)*stride); err != nil {
@@ -829,7 +882,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 			sc.copies = sc.copies[:0]
 			for k, i := range idx {
 				sub, _ := stage.Sub(k*stride, stride)
-				w.gather(sc, sub, t.Blocks[i])
+				w.gather(sc, gm, sub, t.Blocks[i])
 				sc.regions = append(sc.regions, sub)
 			}
 			if err := w.flush(sc, false); err != nil {
@@ -856,7 +909,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 			for _, i := range idx {
 				blocks = append(blocks, t.Blocks[i])
 			}
-			w.vectorRegions(sc, blocks, tr)
+			w.vectorRegions(sc, gm, blocks, tr)
 			if w.tl > 0 {
 				for k, rs := range sc.vregs {
 					putTrailer(rs[len(rs)-1].Bytes(), sc.keys[k], bs, blockCRC(rs[:len(rs)-1]))
@@ -866,7 +919,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		default:
 			sc.regions = sc.regions[:0]
 			for _, i := range idx {
-				sc.regions = w.kv.Spans(sc.regions, t.Blocks[i])
+				sc.regions = gm.kv.Spans(sc.regions, t.Blocks[i])
 			}
 			err = w.call("put", sc.res, func(ctx context.Context) error { return w.st.Put(ctx, sc.keys, sc.regions, sc.res) })
 		}
@@ -892,7 +945,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 			// Stop this request's saves for the step; the scheduler
 			// plans the rest again later.
 			for i := lo; i < len(t.Blocks); i++ {
-				if (t.First+i)%w.replicas == w.replica {
+				if (t.First+i)%replicas == replica {
 					sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: connector.ReasonNoSpace})
 				}
 			}
@@ -956,7 +1009,11 @@ func (w *Worker) Close() error {
 			defer close(w.drained)
 			w.wg.Wait()
 			if registered && !w.device {
-				for _, r := range w.kv.Regions {
+				regions := slices.Clip(w.kv.Regions)
+				for g := range w.kv.Groups {
+					regions = append(regions, w.kv.Groups[g].Regions...)
+				}
+				for _, r := range regions {
 					if uerr := w.st.Unregister(r); uerr != nil && !errors.Is(uerr, store.ErrClosed) {
 						w.unregErr = errors.Join(w.unregErr, uerr)
 					}
