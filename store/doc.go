@@ -26,6 +26,10 @@
 //	err := s.Get(ctx, keys[:n], dsts[:n], res[:n])  // one region per key
 //	err = s.Put(ctx, keys, srcs, res)               // first writer wins
 //
+// Each res[i].N is a number of bytes: the value's size for Exists and Get
+// (for Get, the bytes written), the source's length for Put, duplicates
+// included; 0 on error (see [Result]).
+//
 // A batch call returns an error only when the call as a whole failed: the
 // store is closed, ctx was done before anything was done, or the slices
 // disagree in length ([CheckBatch]). Everything else is reported per key in

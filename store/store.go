@@ -29,15 +29,23 @@ import (
 type Store interface {
 	// Exists looks up each key: res[i].Err is nil when keys[i] is present,
 	// [ErrNotFound] when it is absent, another error for that key alone
-	// (such as [ErrInvalidKey]). res[i].N is the value's size when present.
-	// An exists may grant a short read lease (see the implementation's doc).
+	// (such as [ErrInvalidKey]). res[i].N is the size in bytes of the value
+	// the key holds when present (at least 1, as no value is empty), or 0
+	// from a store configured to report presence only, whose doc says so
+	// (store/mooncake with Config.PresenceOnly); 0 on error. An exists may
+	// grant a read lease on each key it finds (see the implementation's
+	// doc).
 	Exists(ctx context.Context, keys []string, res []Result) error
 
 	// Put stores the bytes of src[i] under keys[i]. A key that is already
 	// present keeps its first value and counts as success (first writer
-	// wins). res[i].N is the number of bytes stored (len of the region) on
-	// success. Per-key errors: [ErrInvalidKey], [ErrInvalidRegion],
-	// [ErrNoSpace] (nothing stored for that key; the caller may retry later).
+	// wins). On success res[i].N is src[i].Len, the length of the value
+	// this call offered, whether the call stored it or found the key
+	// present; it is not the size of the value the key holds, which after
+	// a put of a present key may differ (Exists or Get report that size).
+	// On error res[i].N is 0. Per-key errors: [ErrInvalidKey],
+	// [ErrInvalidRegion], [ErrNoSpace] (nothing stored for that key; the
+	// caller may retry later).
 	//
 	// First writer wins within a batch too: a key named more than once in
 	// keys is stored from its first occurrence that is stored, and every
@@ -45,8 +53,10 @@ type Store interface {
 	// and it reports success with res[i].N the length of its own region.
 	Put(ctx context.Context, keys []string, src []rdma.Region, res []Result) error
 
-	// Get copies the value of keys[i] into dst[i]. res[i].N is the number
-	// of bytes copied (the value's size). Per-key errors: [ErrNotFound],
+	// Get copies the value of keys[i] into dst[i], from its start. On
+	// success res[i].N is the value's size, which is the number of bytes
+	// written into dst[i]; the bytes of dst[i] past N are left as they
+	// were. On error res[i].N is 0. Per-key errors: [ErrNotFound],
 	// [ErrBufferTooSmall] (dst[i] is shorter than the value; dst[i] is not
 	// written), [ErrLeaseExpired], [ErrInvalidKey], [ErrInvalidRegion].
 	//
@@ -111,13 +121,16 @@ type Store interface {
 //
 // PutV stores under keys[i] the concatenation of the regions src[i], in
 // order, exactly as [Store.Put] would store one region holding those bytes:
-// the same first-writer-wins rule, per-key errors and res[i].N (the total
-// length). GetV copies the value of keys[i] across the regions dst[i] in
-// order, filling each before the next; res[i].N is the value's size. A value
-// longer than the regions together is [ErrBufferTooSmall] and nothing of it
-// is written; a shorter one fills a prefix of the regions and leaves the
-// rest unchanged. An empty region list for a key is [ErrInvalidRegion] for
-// that key. len(src) or len(dst) must equal len(keys) ([CheckBatch]).
+// the same first-writer-wins rule and per-key errors, and on success
+// res[i].N is the total length of the regions src[i], whether the call
+// stored them or found the key present. GetV copies the value of keys[i]
+// across the regions dst[i] in order, filling each before the next; on
+// success res[i].N is the value's size, the number of bytes written across
+// the regions. A value longer than the regions together is
+// [ErrBufferTooSmall] and nothing of it is written; a shorter one fills a
+// prefix of the regions and leaves the rest unchanged. An empty region list
+// for a key is [ErrInvalidRegion] for that key. On error res[i].N is 0.
+// len(src) or len(dst) must equal len(keys) ([CheckBatch]).
 //
 // A value stored with PutV is read back by Get, and a value stored with Put
 // by GetV: the grouping of regions is not part of the value. Callers check
@@ -137,8 +150,28 @@ type Vectored interface {
 }
 
 // Result is the outcome of one key of a batch call.
+//
+// N is a number of bytes, and which one depends on the call:
+//
+//	call          res[i].N on success
+//	Exists        the size of the value keys[i] holds (0 from a store that
+//	              reports presence only, and says so in its doc)
+//	Get, GetV     the size of the value, which is the number of bytes written
+//	              into the destination, from its start
+//	Put, PutV     the length of the source (src[i].Len, or the total of the
+//	              regions src[i]), whether the call stored it or found the
+//	              key present; each occurrence of a key repeated in the batch
+//	              reports its own source's length
+//
+// N is 0 whenever Err is not nil. A put does not report the size of the
+// value the key holds: after a put of a present key that value is the
+// first one stored, which may be of another size. Mooncake Store's put
+// reports success for a present key with no sign that it was present, and
+// learning the size there costs a request to the master per key (and a
+// read lease on it), so no store reports it; a caller that must know asks
+// Exists, or checks N of the Get that reads the value.
 type Result struct {
-	N   int   // bytes stored, read, or the value's size; 0 on error
+	N   int   // bytes: see the table above; 0 on error
 	Err error // nil on success; matches one of the package's sentinels
 }
 

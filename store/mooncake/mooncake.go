@@ -325,7 +325,12 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 // lie inside a region given to [Store.Register], else that key fails with
 // store.ErrInvalidRegion and nothing is sent for it. A key repeated within
 // the batch is sent once; its repeats get the first one's outcome. A key
-// already in the store keeps its value and counts as success.
+// already in the store keeps its value and counts as success. On success
+// res[i].N is src[i].Len, whether the key was stored or present, as
+// [store.Result] defines it: Mooncake reports a put of a present key as a
+// success like any other (0, with OBJECT_ALREADY_EXISTS only in its log),
+// so the binding cannot tell which it was, nor the size of the value the
+// key holds, without a get_size request to the master per key.
 func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
 	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
 		return err
