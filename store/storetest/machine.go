@@ -297,7 +297,7 @@ func (m *machine) putVals(t *rapid.T, op string, keys []string, vals [][]byte, c
 		switch {
 		case r.Err == nil:
 			if r.N != len(vals[i]) {
-				t.Fatalf("%s(%q): key %q: N = %d, want %d (the regions' length)", op, keys, key, r.N, len(vals[i]))
+				t.Fatalf("%s(%q): key %q: N = %d, want %d%s", op, keys, key, r.N, len(vals[i]), m.putNWhy(key, r.N, stored[key]))
 			}
 			m.countPut(key, len(vals[i]), stored[key])
 			stored[key] = true
@@ -309,6 +309,8 @@ func (m *machine) putVals(t *rapid.T, op string, keys []string, vals [][]byte, c
 				m.model[key] = append(cur, vals[i]) // it may have been evicted or removed first
 			}
 			delete(m.maybe, key)
+		case r.N != 0:
+			t.Fatalf("%s(%q): key %q: {N: %d, Err: %v}, want N 0 (N is 0 whenever Err is set)", op, keys, key, r.N, r.Err)
 		case errors.Is(r.Err, store.ErrNoSpace):
 			m.tally.rejected++
 			if !m.opts.Evicts && m.modelBytes()+int64(len(vals[i])) <= m.opts.Capacity {
@@ -331,6 +333,25 @@ func (m *machine) putVals(t *rapid.T, op string, keys []string, vals [][]byte, c
 		}
 	}
 	return n
+}
+
+// putNWhy says why a successful put of key must report the length of its
+// source, not n: n is the size of a value the key may hold already (or of
+// the one this batch stored, for a repeat), or 0, as if a put that finds
+// the key present stored nothing.
+func (m *machine) putNWhy(key string, n int, again bool) string {
+	const rule = "a put reports its source's length on success, for a key that was present too (store.Result)"
+	if n == 0 {
+		return fmt.Sprintf(", its source's length: %s, although it stores nothing then", rule)
+	}
+	present := again
+	for _, v := range m.model[key] {
+		present = present || len(v) == n
+	}
+	if present {
+		return fmt.Sprintf(", its source's length, not %d, the size of the value the key holds: %s, which keeps the first value, of whatever size", n, rule)
+	}
+	return " (the regions' length)"
 }
 
 // countPut counts a successful put of key, of n bytes, in the tally:
@@ -455,6 +476,8 @@ func (m *machine) getKeys(t *rapid.T, op string, keys []string) {
 			m.sawValue(t, op, key, got[:r.N])
 			m.tally.hits++
 			m.tally.bytesOut += int64(r.N)
+		case r.N != 0:
+			t.Fatalf("%s(%q): key %q: {N: %d, Err: %v}, want N 0 (N is 0 whenever Err is set)", op, keys, key, r.N, r.Err)
 		case errors.Is(r.Err, store.ErrNotFound):
 			m.tally.misses++
 			if j := written(0); j >= 0 {
@@ -492,6 +515,8 @@ func (m *machine) probe(t *rapid.T, keys []string) []store.Result {
 		switch {
 		case r.Err == nil:
 			m.sawSize(t, key, r.N)
+		case r.N != 0:
+			t.Fatalf("Exists: key %q: {N: %d, Err: %v}, want N 0 (N is 0 whenever Err is set)", key, r.N, r.Err)
 		case errors.Is(r.Err, store.ErrNotFound):
 			m.sawAbsent(t, "Exists", key)
 		default:

@@ -64,6 +64,9 @@ const (
 	bugEvictedAliases              // an evicted key's entry is left pointing at the memory of the put that evicted it
 	bugNeverCountsEvictions        // Stats().Evictions stays zero
 	bugNeverEvicts                 // the store says it evicts, at Options.Capacity, but holds everything
+	bugDuplicateHeldSize           // a put of a present key reports the size of the value the key holds as N, not its source's length
+	bugDuplicateZero               // a put of a present key reports N 0, as it stores nothing
+	bugShortReportsSize            // a get into too short a destination reports the value's size as N beside store.ErrBufferTooSmall
 )
 
 // refStore is a simple, correct store on the Go heap, one mutex around
@@ -257,8 +260,15 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		}
 		again := inBatch[k]
 		inBatch[k] = true
-		if _, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
-			res[i] = store.Result{N: src[i].Len}
+		if v, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
+			switch s.bug {
+			case bugDuplicateHeldSize:
+				res[i] = store.Result{N: len(v)}
+			case bugDuplicateZero:
+				res[i] = store.Result{}
+			default:
+				res[i] = store.Result{N: src[i].Len}
+			}
 			s.countDuplicate(src[i].Len, again)
 			continue
 		}
@@ -404,6 +414,9 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 				copy(b, v)
 			}
 			res[i] = store.Result{Err: fmt.Errorf("%w: %d > %d", store.ErrBufferTooSmall, len(v), len(b))}
+			if s.bug == bugShortReportsSize {
+				res[i].N = len(v)
+			}
 			continue
 		}
 		half := len(v) / 2

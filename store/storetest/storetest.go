@@ -115,15 +115,19 @@ func (o *Options) ensureDefaults() error {
 //     after every step: a present value always has exactly its first-written
 //     bytes, a removed key never comes back, a key vanishes only if the
 //     store evicts, gets write exactly the value's bytes and nothing past
-//     them, puts neither write their sources nor keep reading them; and
-//     the Stats counters the store declares (Options.Stats,
-//     Options.Counters) read what the calls' results say.
+//     them, puts neither write their sources nor keep reading them, every
+//     result's N is what store.Result says (the value's size for Exists
+//     and Get, the source's length for every successful put, a put of a
+//     present key included, 0 beside every error); and the Stats counters
+//     the store declares (Options.Stats, Options.Counters) read what the
+//     calls' results say.
 //   - FirstWriterWins: concurrent puts of different values under the same
 //     keys, with concurrent readers: every reader sees one winner per key.
 //   - Churn: concurrent puts, gets, exists and removes under eviction
 //     pressure (when the store evicts): every value read is exact.
 //   - RepeatedKeys: a key named more than once in one batch: a put keeps
-//     the first occurrence's bytes and every occurrence succeeds; a get
+//     the first occurrence's bytes and every occurrence succeeds, with N
+//     the length of its own source; a get
 //     fills every occurrence's destination, each judged on its own size.
 //   - DistinctKeys: keys of store.MaxKeyLen bytes that differ in one byte,
 //     keys that are prefixes of each other, keys that differ in case only:
