@@ -79,8 +79,16 @@
 // Mooncake grants a read lease on each key found by an exists or read by a
 // get, and store/mooncake removes without overriding leases, so a key under
 // a lease stays (Remove fails with ErrHasLease after a bounded wait,
-// RemovePrefix and RemoveAll skip it) until the lease ends. Callers that
-// remove keys treat what is left as stale, never as withdrawn.
+// RemovePrefix and RemoveAll skip it) until the lease ends. A store says
+// which of its calls grant leases, for how long, and how long Remove waits
+// for one, through the optional interface [Leaser]:
+//
+//	if l, ok := s.(store.Leaser); ok && !l.Leases().Exists {
+//		// probing keys with Exists holds nothing back from eviction or removal
+//	}
+//
+// Callers that remove keys treat what is left as stale, never as
+// withdrawn.
 //
 // # Concurrency
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
 )
@@ -33,8 +34,7 @@ type Store interface {
 	// the key holds when present (at least 1, as no value is empty), or 0
 	// from a store configured to report presence only, whose doc says so
 	// (store/mooncake with Config.PresenceOnly); 0 on error. An exists may
-	// grant a read lease on each key it finds (see the implementation's
-	// doc).
+	// grant a read lease on each key it finds (see [Leaser]).
 	Exists(ctx context.Context, keys []string, res []Result) error
 
 	// Put stores the bytes of src[i] under keys[i]. A key that is already
@@ -75,12 +75,12 @@ type Store interface {
 
 	// Remove deletes key. It returns [ErrNotFound] if the key is absent.
 	//
-	// A store that grants read leases (see [Store.Exists]) does not take a
-	// key from under a lease: Remove of a leased key may wait a bounded
-	// time for the lease to end, and then fails with an error matching
-	// [ErrHasLease], leaving the key whole and readable until a later
-	// removal, eviction or the lease's end lets it go. Removal never frees
-	// memory a Get is copying out of (see [Store.Get]).
+	// A store that grants read leases (see [Leaser]) does not take a key
+	// from under a lease: Remove of a leased key may wait a bounded time
+	// (Leases.RemoveWait) for the lease to end, and then fails with an
+	// error matching [ErrHasLease], leaving the key whole and readable
+	// until a later removal, eviction or the lease's end lets it go.
+	// Removal never frees memory a Get is copying out of (see [Store.Get]).
 	Remove(ctx context.Context, key string) error
 
 	// RemovePrefix deletes every key that starts with prefix, and returns
@@ -147,6 +147,55 @@ type Vectored interface {
 	// repeated key and for a removal in flight. The slices are read during
 	// the call only; it may be called concurrently with any other call.
 	GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []Result) error
+}
+
+// Leaser is an optional interface of a [Store] that says whether it
+// grants read leases, and what its removals do under one: stores differ,
+// and the rest of the interface cannot say it. Callers check for Leaser
+// once, when they open the store, and read Leases then: it does not change
+// for the store's life. A store that does not implement Leaser may grant
+// leases or not; callers then assume that it may, for a time they do not
+// know, as [Store.Remove] and [Store.RemovePrefix] allow.
+type Leaser interface {
+	// Leases describes the store's read leases. It neither blocks nor
+	// fails, and it may be called concurrently with any call, and after
+	// Close.
+	Leases() Leases
+}
+
+// Leases describes the read leases of a store (see [Leaser]). Its zero
+// value is a store that grants none: Remove, RemovePrefix and RemoveAll
+// remove every key they name that is present, and never return
+// [ErrHasLease].
+//
+// A read lease is granted on each key that Exists finds, when Exists is
+// set, and on each key that Get reads, when Get is set, at some time
+// during the call; it lasts TTL from then, and each such call grants it
+// anew. While a lease lasts the key stays (in Mooncake it is not evicted
+// either): [Store.Remove] of it waits up to RemoveWait for the lease to
+// end, and then fails with an error matching [ErrHasLease], leaving the
+// key whole and readable; [Store.RemovePrefix] and [Store.RemoveAll] leave
+// it in place and do not count it (whether they also return [ErrHasLease]
+// is up to the store, as its doc says). A Get of a key whose lease ran out
+// during the transfer may fail with [ErrLeaseExpired]. Mooncake Store
+// grants a lease on every exists and get, for the master's
+// --default_kv_lease_ttl; store/memstore grants none.
+type Leases struct {
+	// Exists is whether Exists grants a read lease on each key it finds.
+	Exists bool
+	// Get is whether Get (and GetV) grants a read lease on each key it
+	// reads.
+	Get bool
+	// TTL is how long a lease lasts once granted. Zero, when Exists or
+	// Get is set, means that a lease ends with the call that granted it:
+	// it holds the key only while the call runs (a Remove waits for a Get
+	// copying the key's value, and nothing else).
+	TTL time.Duration
+	// RemoveWait is the longest that Remove waits for a lease on its key
+	// to end before it fails with [ErrHasLease]; zero means it fails at
+	// once. A Remove may take longer than RemoveWait by the time of its
+	// calls to the store's backend.
+	RemoveWait time.Duration
 }
 
 // Result is the outcome of one key of a batch call.

@@ -20,6 +20,7 @@ import (
 var (
 	_ store.Store    = (*Store)(nil)
 	_ store.Vectored = (*Store)(nil)
+	_ store.Leaser   = (*Store)(nil)
 )
 
 // Store is the embedded in-process store. Create one with [New]; it is safe
@@ -658,6 +659,13 @@ func (s *Store) Stats() store.Stats {
 	}
 	return st
 }
+
+// Leases reports that memstore grants no read leases: the zero
+// store.Leases. Remove, RemovePrefix and RemoveAll take every key they
+// name at once, and never fail with store.ErrHasLease; a Get that is
+// copying a value out when its key is removed keeps its memory until the
+// copy ends, with no effect on the removal. It implements [store.Leaser].
+func (s *Store) Leases() store.Leases { return store.Leases{} }
 
 // Close waits for the calls in flight, then drops every value and unmaps
 // the store's memory. Later calls return store.ErrClosed. Close is
