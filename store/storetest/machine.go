@@ -81,6 +81,8 @@ type machine struct {
 	fill   []string
 	fillAt int
 	filled int64
+	// leaseNote says, in a failure of a removal, why no lease may hold.
+	leaseNote string
 }
 
 // maxFill is the most keys Fill puts.
@@ -111,6 +113,11 @@ type evictionsSeen struct {
 
 func (h *harness) stateMachine(t tester) {
 	opts := h.opts
+	opts.Leases = h.heldBetweenCalls() // no call is in flight beside a removal here
+	note := ""
+	if h.opts.Leases && !opts.Leases {
+		note = " (the store's Leases declare leases that end with their call, TTL 0, and no call is in flight)"
+	}
 	src := newMemory(t, batchMax, opts.MaxValueSize)
 	dst := newMemory(t, batchMax, opts.MaxValueSize+64)
 	vsrc := newMemory(t, batchMax, opts.MaxValueSize+(vparts+1)*vgap)
@@ -140,7 +147,7 @@ func (h *harness) stateMachine(t tester) {
 			}()
 		}
 		m := &machine{s: s, opts: opts, keys: keys, sizes: sizes, src: src, dst: dst, vsrc: vsrc, vdst: vdst,
-			model: map[string][][]byte{}, maybe: map[string]bool{}, absent: map[string]string{}, fill: fill}
+			model: map[string][][]byte{}, maybe: map[string]bool{}, absent: map[string]string{}, fill: fill, leaseNote: note}
 		actions := map[string]func(*rapid.T){
 			"Put":          m.put,
 			"PutMore":      m.put,
@@ -549,7 +556,7 @@ func (m *machine) remove(t *rapid.T) {
 		if m.opts.Leases {
 			want += " or store.ErrHasLease"
 		}
-		t.Fatalf("Remove(%q) = %v, want %s", key, err, want)
+		t.Fatalf("Remove(%q) = %v, want %s%s", key, err, want, m.leaseNote)
 	}
 }
 
@@ -577,7 +584,7 @@ func (m *machine) removed(t *rapid.T, call string, n int, err error, match func(
 		if m.opts.Leases {
 			want += " or one matching store.ErrHasLease"
 		}
-		t.Fatalf("%s = %d, %v; want %s", call, n, err, want)
+		t.Fatalf("%s = %d, %v; want %s%s", call, n, err, want, m.leaseNote)
 	}
 	present := 0
 	for key, vals := range m.model {
@@ -590,7 +597,7 @@ func (m *machine) removed(t *rapid.T, call string, n int, err error, match func(
 		if m.opts.Evicts || m.opts.Leases {
 			want = fmt.Sprintf("at most %d (some may have been evicted or left under a lease)", present)
 		}
-		t.Fatalf("%s = %d, want %s", call, n, want)
+		t.Fatalf("%s = %d, want %s%s", call, n, want, m.leaseNote)
 	}
 	left := m.opts.Leases && (leased || n < present)
 	for key, vals := range m.model {

@@ -64,6 +64,12 @@ type Options struct {
 	// store.ErrHasLease). Run then accepts those outcomes, and after a
 	// removal that left keys it learns from the next calls which ones.
 	// Without Leases, every removal removes what it names.
+	//
+	// A store that implements store.Leaser declares its leases itself,
+	// and Run takes them from there, checking them against what the store
+	// does (see Run's Leases subtest): Leases is then read as set when the
+	// store's Leases grant any (Exists or Get), and must not be set when
+	// they grant none. Leave it false for such a store.
 	Leases bool
 
 	// Registration declares that the store, like Mooncake Store, takes
@@ -141,6 +147,18 @@ func (o *Options) ensureDefaults() error {
 //     their keys away and puts store other keys' values of the same size
 //     in the space freed: every get returns its key's value whole or
 //     reports it absent, never a torn value or another key's bytes.
+//   - Leases, when the store implements store.Leaser: what its Leases
+//     declares, checked against what its removals do right after an
+//     Exists and after a Get of a key: a call declared to grant no lease,
+//     or leases that end with their call (TTL 0), leave Remove and
+//     RemovePrefix free to take the key; one declared to grant a lease of
+//     TTL makes Remove fail with store.ErrHasLease within RemoveWait (and
+//     some slack) and RemovePrefix leave the key, until TTL has passed,
+//     the key staying whole; and a TTL short enough to wait out (at most
+//     2 s) ends by then. A store that implements store.Leaser also sets
+//     what Options.Leases would (see there), and one whose leases end
+//     with their call is held to removals that take every key they name
+//     in the state machine, where no call is in flight beside a removal.
 //   - Vectored, when the store implements store.Vectored: PutV and GetV
 //     against the same values as Put and Get, across regions of random
 //     sizes, with short region lists, empty ones and repeated keys (the
@@ -170,9 +188,12 @@ func (o *Options) ensureDefaults() error {
 //     with correct results.
 //
 // newStore is called once per store, from the subtest's goroutine (or the
-// rapid check's), with the subtest as t. Run registers the host memory it
-// uses with each store, unregisters it at the end, and closes every store it
-// creates; stores must tolerate a second Close. Failures name the operation,
+// rapid check's), with the subtest as t; and once before the subtests,
+// with t, for a store that Run asks for its store.Leaser declaration and
+// closes at once (every store must declare the same leases). Run
+// registers the host memory it uses with each store, unregisters it at
+// the end, and closes every store it creates; stores must tolerate a
+// second Close. Failures name the operation,
 // the keys and what was expected. The state machine honors rapid's flags
 // (-rapid.checks, -rapid.steps, -rapid.seed) and -short shortens every
 // subtest.
@@ -216,6 +237,7 @@ func run(t tester, newStore func(t testing.TB) store.Store, opts Options, only s
 		t.Fatalf("storetest: %v", err)
 	}
 	h := &harness{newStore: newStore, opts: opts}
+	h.declared(t)
 	for _, sub := range h.subtests() {
 		if only == "" || sub.name == only {
 			t.run(sub.name, sub.f)
@@ -239,6 +261,7 @@ func (h *harness) subtests() []struct {
 		{"DistinctKeys", h.distinct},
 		{"Prefixes", h.prefixes},
 		{"Removal", h.removal},
+		{"Leases", h.leases},
 		{"Vectored", h.vectored},
 		{"BadInput", h.badInput},
 		{"Register", h.register},
@@ -253,6 +276,9 @@ func (h *harness) subtests() []struct {
 type harness struct {
 	newStore func(t testing.TB) store.Store
 	opts     Options
+	// lease is what the stores declare through store.Leaser, if leaser.
+	lease  store.Leases
+	leaser bool
 }
 
 // open returns a new store with mem registered, to be unregistered and
@@ -262,6 +288,10 @@ func (h *harness) open(t tester, mems ...*memory) store.Store {
 	s := h.newStore(t)
 	if s == nil {
 		t.Fatal("storetest: newStore returned a nil store")
+	}
+	if err := h.sameLeases(s); err != nil {
+		closeStore(t, s)
+		t.Fatal(err)
 	}
 	for _, m := range mems {
 		if err := s.Register(m.region()); err != nil {
