@@ -15,8 +15,8 @@
 // seconds. Tests of higher layers (connectors, engines) wrap a store in a
 // [Faulty] store, which injects whole-call errors, partial batch failures,
 // keys that vanish between Exists and Get, and latency, deterministically
-// for a given seed, and which implements store.Vectored exactly when the
-// wrapped store does.
+// for a given seed, and which implements store.Vectored and store.Leaser
+// exactly when the wrapped store does.
 //
 // # Usage
 //

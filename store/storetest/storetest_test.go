@@ -357,6 +357,7 @@ func TestRunPassesCorrectStores(t *testing.T) {
 		{"ShortLeases", -4, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
 		{"GetLeasesOnly", -5, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
 		{"NoLeases", -6, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"FaultyLeasesWithoutFaults", -3, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, true},
 	} {
 		newStore := func(testing.TB) store.Store {
 			var s store.Store
