@@ -26,6 +26,10 @@
 //	err := s.Get(ctx, keys[:n], dsts[:n], res[:n])  // one region per key
 //	err = s.Put(ctx, keys, srcs, res)               // first writer wins
 //
+// Each res[i].N is a number of bytes: the value's size for Exists and Get
+// (for Get, the bytes written), the source's length for Put, duplicates
+// included; 0 on error (see [Result]).
+//
 // A batch call returns an error only when the call as a whole failed: the
 // store is closed, ctx was done before anything was done, or the slices
 // disagree in length ([CheckBatch]). Everything else is reported per key in
@@ -75,8 +79,16 @@
 // Mooncake grants a read lease on each key found by an exists or read by a
 // get, and store/mooncake removes without overriding leases, so a key under
 // a lease stays (Remove fails with ErrHasLease after a bounded wait,
-// RemovePrefix and RemoveAll skip it) until the lease ends. Callers that
-// remove keys treat what is left as stale, never as withdrawn.
+// RemovePrefix and RemoveAll skip it) until the lease ends. A store says
+// which of its calls grant leases, for how long, and how long Remove waits
+// for one, through the optional interface [Leaser]:
+//
+//	if l, ok := s.(store.Leaser); ok && !l.Leases().Exists {
+//		// probing keys with Exists holds nothing back from eviction or removal
+//	}
+//
+// Callers that remove keys treat what is left as stale, never as
+// withdrawn.
 //
 // # Concurrency
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
 )
@@ -29,15 +30,22 @@ import (
 type Store interface {
 	// Exists looks up each key: res[i].Err is nil when keys[i] is present,
 	// [ErrNotFound] when it is absent, another error for that key alone
-	// (such as [ErrInvalidKey]). res[i].N is the value's size when present.
-	// An exists may grant a short read lease (see the implementation's doc).
+	// (such as [ErrInvalidKey]). res[i].N is the size in bytes of the value
+	// the key holds when present (at least 1, as no value is empty), or 0
+	// from a store configured to report presence only, whose doc says so
+	// (store/mooncake with Config.PresenceOnly); 0 on error. An exists may
+	// grant a read lease on each key it finds (see [Leaser]).
 	Exists(ctx context.Context, keys []string, res []Result) error
 
 	// Put stores the bytes of src[i] under keys[i]. A key that is already
 	// present keeps its first value and counts as success (first writer
-	// wins). res[i].N is the number of bytes stored (len of the region) on
-	// success. Per-key errors: [ErrInvalidKey], [ErrInvalidRegion],
-	// [ErrNoSpace] (nothing stored for that key; the caller may retry later).
+	// wins). On success res[i].N is src[i].Len, the length of the value
+	// this call offered, whether the call stored it or found the key
+	// present; it is not the size of the value the key holds, which after
+	// a put of a present key may differ (Exists or Get report that size).
+	// On error res[i].N is 0. Per-key errors: [ErrInvalidKey],
+	// [ErrInvalidRegion], [ErrNoSpace] (nothing stored for that key; the
+	// caller may retry later).
 	//
 	// First writer wins within a batch too: a key named more than once in
 	// keys is stored from its first occurrence that is stored, and every
@@ -45,8 +53,10 @@ type Store interface {
 	// and it reports success with res[i].N the length of its own region.
 	Put(ctx context.Context, keys []string, src []rdma.Region, res []Result) error
 
-	// Get copies the value of keys[i] into dst[i]. res[i].N is the number
-	// of bytes copied (the value's size). Per-key errors: [ErrNotFound],
+	// Get copies the value of keys[i] into dst[i], from its start. On
+	// success res[i].N is the value's size, which is the number of bytes
+	// written into dst[i]; the bytes of dst[i] past N are left as they
+	// were. On error res[i].N is 0. Per-key errors: [ErrNotFound],
 	// [ErrBufferTooSmall] (dst[i] is shorter than the value; dst[i] is not
 	// written), [ErrLeaseExpired], [ErrInvalidKey], [ErrInvalidRegion].
 	//
@@ -65,12 +75,12 @@ type Store interface {
 
 	// Remove deletes key. It returns [ErrNotFound] if the key is absent.
 	//
-	// A store that grants read leases (see [Store.Exists]) does not take a
-	// key from under a lease: Remove of a leased key may wait a bounded
-	// time for the lease to end, and then fails with an error matching
-	// [ErrHasLease], leaving the key whole and readable until a later
-	// removal, eviction or the lease's end lets it go. Removal never frees
-	// memory a Get is copying out of (see [Store.Get]).
+	// A store that grants read leases (see [Leaser]) does not take a key
+	// from under a lease: Remove of a leased key may wait a bounded time
+	// (Leases.RemoveWait) for the lease to end, and then fails with an
+	// error matching [ErrHasLease], leaving the key whole and readable
+	// until a later removal, eviction or the lease's end lets it go.
+	// Removal never frees memory a Get is copying out of (see [Store.Get]).
 	Remove(ctx context.Context, key string) error
 
 	// RemovePrefix deletes every key that starts with prefix, and returns
@@ -111,13 +121,16 @@ type Store interface {
 //
 // PutV stores under keys[i] the concatenation of the regions src[i], in
 // order, exactly as [Store.Put] would store one region holding those bytes:
-// the same first-writer-wins rule, per-key errors and res[i].N (the total
-// length). GetV copies the value of keys[i] across the regions dst[i] in
-// order, filling each before the next; res[i].N is the value's size. A value
-// longer than the regions together is [ErrBufferTooSmall] and nothing of it
-// is written; a shorter one fills a prefix of the regions and leaves the
-// rest unchanged. An empty region list for a key is [ErrInvalidRegion] for
-// that key. len(src) or len(dst) must equal len(keys) ([CheckBatch]).
+// the same first-writer-wins rule and per-key errors, and on success
+// res[i].N is the total length of the regions src[i], whether the call
+// stored them or found the key present. GetV copies the value of keys[i]
+// across the regions dst[i] in order, filling each before the next; on
+// success res[i].N is the value's size, the number of bytes written across
+// the regions. A value longer than the regions together is
+// [ErrBufferTooSmall] and nothing of it is written; a shorter one fills a
+// prefix of the regions and leaves the rest unchanged. An empty region list
+// for a key is [ErrInvalidRegion] for that key. On error res[i].N is 0.
+// len(src) or len(dst) must equal len(keys) ([CheckBatch]).
 //
 // A value stored with PutV is read back by Get, and a value stored with Put
 // by GetV: the grouping of regions is not part of the value. Callers check
@@ -136,9 +149,78 @@ type Vectored interface {
 	GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []Result) error
 }
 
+// Leaser is an optional interface of a [Store] that says whether it
+// grants read leases, and what its removals do under one: stores differ,
+// and the rest of the interface cannot say it. Callers check for Leaser
+// once, when they open the store, and read Leases then: it does not change
+// for the store's life. A store that does not implement Leaser may grant
+// leases or not; callers then assume that it may, for a time they do not
+// know, as [Store.Remove] and [Store.RemovePrefix] allow.
+type Leaser interface {
+	// Leases describes the store's read leases. It neither blocks nor
+	// fails, and it may be called concurrently with any call, and after
+	// Close.
+	Leases() Leases
+}
+
+// Leases describes the read leases of a store (see [Leaser]). Its zero
+// value is a store that grants none: Remove, RemovePrefix and RemoveAll
+// remove every key they name that is present, and never return
+// [ErrHasLease].
+//
+// A read lease is granted on each key that Exists finds, when Exists is
+// set, and on each key that Get reads, when Get is set, at some time
+// during the call; it lasts TTL from then, and each such call grants it
+// anew. While a lease lasts the key stays (in Mooncake it is not evicted
+// either): [Store.Remove] of it waits up to RemoveWait for the lease to
+// end, and then fails with an error matching [ErrHasLease], leaving the
+// key whole and readable; [Store.RemovePrefix] and [Store.RemoveAll] leave
+// it in place and do not count it (whether they also return [ErrHasLease]
+// is up to the store, as its doc says). A Get of a key whose lease ran out
+// during the transfer may fail with [ErrLeaseExpired]. Mooncake Store
+// grants a lease on every exists and get, for the master's
+// --default_kv_lease_ttl; store/memstore grants none.
+type Leases struct {
+	// Exists is whether Exists grants a read lease on each key it finds.
+	Exists bool
+	// Get is whether Get (and GetV) grants a read lease on each key it
+	// reads.
+	Get bool
+	// TTL is how long a lease lasts once granted. Zero, when Exists or
+	// Get is set, means that a lease ends with the call that granted it:
+	// it holds the key only while the call runs (a Remove waits for a Get
+	// copying the key's value, and nothing else).
+	TTL time.Duration
+	// RemoveWait is the longest that Remove waits for a lease on its key
+	// to end before it fails with [ErrHasLease]; zero means it fails at
+	// once. A Remove may take longer than RemoveWait by the time of its
+	// calls to the store's backend.
+	RemoveWait time.Duration
+}
+
 // Result is the outcome of one key of a batch call.
+//
+// N is a number of bytes, and which one depends on the call:
+//
+//	call          res[i].N on success
+//	Exists        the size of the value keys[i] holds (0 from a store that
+//	              reports presence only, and says so in its doc)
+//	Get, GetV     the size of the value, which is the number of bytes written
+//	              into the destination, from its start
+//	Put, PutV     the length of the source (src[i].Len, or the total of the
+//	              regions src[i]), whether the call stored it or found the
+//	              key present; each occurrence of a key repeated in the batch
+//	              reports its own source's length
+//
+// N is 0 whenever Err is not nil. A put does not report the size of the
+// value the key holds: after a put of a present key that value is the
+// first one stored, which may be of another size. Mooncake Store's put
+// reports success for a present key with no sign that it was present, and
+// learning the size there costs a request to the master per key (and a
+// read lease on it), so no store reports it; a caller that must know asks
+// Exists, or checks N of the Get that reads the value.
 type Result struct {
-	N   int   // bytes stored, read, or the value's size; 0 on error
+	N   int   // bytes: see the table above; 0 on error
 	Err error // nil on success; matches one of the package's sentinels
 }
 

@@ -60,16 +60,18 @@
 // memstore grants no leases. An entry is pinned only while a Get copies its
 // bytes out: it cannot be evicted during the copy, and a Remove,
 // RemovePrefix or RemoveAll during the copy takes the key away at once but
-// frees its memory only when the copy ends, so no put can reuse it under
-// the read. A Get that overlaps a removal of its key therefore copies the
-// value whole or finds the key absent, as [store.Store] requires, and a
-// removal never fails or leaves a key because of a read. Exists pins nothing, so probing many keys never holds memory: a key
-// reported present may be evicted before the Get that follows, which then
-// returns store.ErrNotFound and counts as a miss. Mooncake instead grants a
-// read lease (10 s by default) on exists and get; leased entries cannot be
-// evicted, and exists-heavy lookups have been seen to starve eviction that
-// way. memstore therefore never returns store.ErrLeaseExpired or
-// store.ErrHasLease.
+// frees its memory only when the copy ends, so no put can reuse it under the
+// read. A Get that overlaps a removal of its key therefore copies the value
+// whole or finds the key absent, as [store.Store] requires, and a removal
+// never fails or leaves a key because of a read. Exists pins nothing, so
+// probing many keys never holds memory: a key reported present may be
+// evicted before the Get that follows, which then returns store.ErrNotFound
+// and counts as a miss. Mooncake instead grants a read lease (10 s by
+// default) on exists and get; leased entries cannot be evicted, and
+// exists-heavy lookups have been seen to starve eviction that way. memstore
+// therefore never returns store.ErrLeaseExpired or store.ErrHasLease, and
+// says so through [store.Leaser]: [Store.Leases] returns the zero
+// store.Leases.
 //
 // # Concurrency
 //

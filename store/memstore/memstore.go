@@ -20,6 +20,7 @@ import (
 var (
 	_ store.Store    = (*Store)(nil)
 	_ store.Vectored = (*Store)(nil)
+	_ store.Leaser   = (*Store)(nil)
 )
 
 // Store is the embedded in-process store. Create one with [New]; it is safe
@@ -185,7 +186,7 @@ func (s *Store) start(ctx context.Context, op string, keys, regions, res int) er
 }
 
 // Exists reports for each key whether it is present, and its value's size
-// in res[i].N. It grants no lease and does not count as a use for LRU: a key
+// in res[i].N (0 for an absent key). It grants no lease and does not count as a use for LRU: a key
 // reported present may be evicted before a later Get, which then returns
 // store.ErrNotFound. Per-key errors: store.ErrNotFound, store.ErrInvalidKey.
 //
@@ -304,11 +305,14 @@ func (s *Store) group(keys []string, res []store.Result) *grouping {
 
 // Put copies each src[i] into the store under keys[i], straight from the
 // caller's memory into the store's. A present key keeps its first value
-// (the put succeeds and counts as a duplicate). When the value would take
-// the memory in use above the high watermark, least recently used entries
-// not being read are evicted first; if there is still no room the key gets
-// store.ErrNoSpace. Per-key errors: store.ErrInvalidKey,
-// store.ErrInvalidRegion, store.ErrNoSpace.
+// (the put succeeds and counts as a duplicate). On success res[i].N is
+// src[i].Len, for a present key too, as [store.Result] defines it for
+// every store: memstore knows the size of the value it keeps, but reports
+// what a store that does not know it reports (Exists tells the size).
+// When the value would take the memory in use above the high watermark,
+// least recently used entries not being read are evicted first; if there
+// is still no room the key gets store.ErrNoSpace. Per-key errors:
+// store.ErrInvalidKey, store.ErrInvalidRegion, store.ErrNoSpace.
 func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
 	return s.putBatch(ctx, keys, len(src), func(i int) []rdma.Region { return src[i : i+1] }, res)
 }
@@ -316,9 +320,10 @@ func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res [
 // PutV stores under each keys[i] the concatenation of the regions src[i],
 // copied straight from each region into the store's memory, one after the
 // other, as [Store.Put] stores one region: the same first-writer-wins rule,
-// eviction and errors, and res[i].N the total length. An empty src[i] is
-// store.ErrInvalidRegion for that key, as is any region of it that Put
-// would refuse (the error names which). It implements [store.Vectored].
+// eviction and errors, and res[i].N the total length of src[i] (a present
+// key's too). An empty src[i] is store.ErrInvalidRegion for that key, as
+// is any region of it that Put would refuse (the error names which). It
+// implements [store.Vectored].
 func (s *Store) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
 	return s.putBatch(ctx, keys, len(src), func(i int) []rdma.Region { return src[i] }, res)
 }
@@ -654,6 +659,13 @@ func (s *Store) Stats() store.Stats {
 	}
 	return st
 }
+
+// Leases reports that memstore grants no read leases: the zero
+// store.Leases. Remove, RemovePrefix and RemoveAll take every key they
+// name at once, and never fail with store.ErrHasLease; a Get that is
+// copying a value out when its key is removed keeps its memory until the
+// copy ends, with no effect on the removal. It implements [store.Leaser].
+func (s *Store) Leases() store.Leases { return store.Leases{} }
 
 // Close waits for the calls in flight, then drops every value and unmaps
 // the store's memory. Later calls return store.ErrClosed. Close is

@@ -36,6 +36,16 @@ const (
 	// NoRemoveWait, as Config.RemoveLeaseWait, makes Remove fail at once
 	// when the key is under a read lease.
 	NoRemoveWait time.Duration = -1
+
+	// DefaultLeaseTTL is the read lease a mooncake_master grants by
+	// default (its --default_kv_lease_ttl) at the Mooncake commit this
+	// binding follows, 3b5a5941: 10 s, as measured there. Other Mooncake
+	// versions default to 5 s.
+	DefaultLeaseTTL = 10 * time.Second
+	// NoLeaseTTL, as Config.LeaseTTL, declares a master whose leases end
+	// with the call that granted them (--default_kv_lease_ttl=0): a key is
+	// held only while a get copies it.
+	NoLeaseTTL time.Duration = -1
 )
 
 // Environment variables read by [ConfigFromEnv] and [Open].
@@ -130,6 +140,16 @@ type Config struct {
 	// remove_lease_wait (read by this package only): a duration such as
 	// "250ms" or a number of seconds, where 0 means no retry.
 	RemoveLeaseWait time.Duration `json:"-"`
+	// LeaseTTL is the read lease the master grants on every exists and
+	// get (its --default_kv_lease_ttl), as [Store.Leases] reports it. The
+	// C API cannot ask the master, so set it when the master runs with
+	// another value than DefaultLeaseTTL; the binding does not time
+	// anything by it. Zero means DefaultLeaseTTL; NoLeaseTTL (any negative
+	// value) declares leases that end with their call. JSON
+	// default_kv_lease_ttl (read by this package only), as the master's
+	// flag takes it: a number of milliseconds, where 0 means NoLeaseTTL,
+	// or a duration such as "10s".
+	LeaseTTL time.Duration `json:"-"`
 	// Logger receives the client's life-cycle events; nil discards them.
 	Logger *slog.Logger `json:"-"`
 }
@@ -154,8 +174,9 @@ func LoadConfig(path string) (Config, error) {
 // "512 MB" (KB, MB, GB, TB or K, M, G, T, powers of 1024, case ignored);
 // protocol defaults to "tcp" and is lower-cased; device_name may be null.
 // replica_num and preferred_segments set the replication of puts,
-// presence_only makes Exists answer presence alone, and remove_lease_wait
-// bounds how long Remove waits for a read lease to end (see Config). The
+// presence_only makes Exists answer presence alone, remove_lease_wait
+// bounds how long Remove waits for a read lease to end, and
+// default_kv_lease_ttl declares the master's lease (see Config). The
 // fields mode, enable_offload, enable_ssd_offload, ssd_offload_path,
 // enable_client_http_server and client_http_port are ignored, as are
 // unknown fields. The result has [Config.EnsureDefaults] applied and is
@@ -220,6 +241,13 @@ func ParseConfig(data []byte) (Config, error) {
 		}
 		cfg.RemoveLeaseWait = d
 	}
+	if raw, ok := fields["default_kv_lease_ttl"]; ok {
+		d, err := parseTTL(raw)
+		if err != nil {
+			return Config{}, fmt.Errorf("mooncake: config: field default_kv_lease_ttl: %w", err)
+		}
+		cfg.LeaseTTL = d
+	}
 	if raw, ok := fields["replica_num"]; ok {
 		if err := json.Unmarshal(raw, &cfg.ReplicaNum); err != nil {
 			return Config{}, fmt.Errorf("mooncake: config: field replica_num: want a whole number, got %s", clip(raw))
@@ -283,9 +311,10 @@ func ConfigFromEnv() (Config, error) {
 
 // EnsureDefaults fills the empty fields that have a default: LocalHostname
 // "localhost", MetadataServer "P2PHANDSHAKE", Protocol "tcp",
-// RemoveLeaseWait [DefaultRemoveLeaseWait]; it lower-cases Protocol and
-// trims spaces around the strings; a negative RemoveLeaseWait becomes
-// [NoRemoveWait]. Sizes are left alone: zero means none (see
+// RemoveLeaseWait [DefaultRemoveLeaseWait], LeaseTTL [DefaultLeaseTTL];
+// it lower-cases Protocol and trims spaces around the strings; a negative
+// RemoveLeaseWait becomes [NoRemoveWait], a negative LeaseTTL
+// [NoLeaseTTL]. Sizes are left alone: zero means none (see
 // [DefaultGlobalSegmentSize]). MasterServerAddress has no default.
 func (c *Config) EnsureDefaults() {
 	c.LocalHostname = strings.TrimSpace(c.LocalHostname)
@@ -307,6 +336,12 @@ func (c *Config) EnsureDefaults() {
 		c.RemoveLeaseWait = DefaultRemoveLeaseWait
 	case c.RemoveLeaseWait < 0:
 		c.RemoveLeaseWait = NoRemoveWait
+	}
+	switch {
+	case c.LeaseTTL == 0:
+		c.LeaseTTL = DefaultLeaseTTL
+	case c.LeaseTTL < 0:
+		c.LeaseTTL = NoLeaseTTL
 	}
 }
 
@@ -494,6 +529,42 @@ func parseWait(raw json.RawMessage) (time.Duration, error) {
 	}
 	if d == 0 {
 		return NoRemoveWait, nil
+	}
+	return d, nil
+}
+
+// maxTTL bounds default_kv_lease_ttl: a day is longer than any lease a
+// cache would grant.
+const maxTTL = 24 * time.Hour
+
+// parseTTL reads default_kv_lease_ttl as mooncake_master's flag takes it:
+// a whole number of milliseconds, or a Go duration string, from 0
+// (NoLeaseTTL) to a day.
+func parseTTL(raw json.RawMessage) (time.Duration, error) {
+	var d time.Duration
+	var str string
+	var num json.Number
+	const want = "want a number of milliseconds or a duration such as \"10s\""
+	switch {
+	case json.Unmarshal(raw, &str) == nil:
+		var err error
+		if d, err = time.ParseDuration(str); err != nil {
+			return 0, fmt.Errorf("invalid duration %s: %s", clip(raw), want)
+		}
+	case json.Unmarshal(raw, &num) == nil:
+		ms, err := strconv.ParseInt(num.String(), 10, 64)
+		if err != nil || ms < 0 || ms > maxTTL.Milliseconds() {
+			return 0, fmt.Errorf("%s: want a whole number of milliseconds from 0 to %d", clip(raw), maxTTL.Milliseconds())
+		}
+		d = time.Duration(ms) * time.Millisecond
+	default:
+		return 0, fmt.Errorf("invalid duration %s: %s", clip(raw), want)
+	}
+	if d < 0 || d > maxTTL {
+		return 0, fmt.Errorf("%s: want 0 to %v", clip(raw), maxTTL)
+	}
+	if d == 0 {
+		return NoLeaseTTL, nil
 	}
 	return d, nil
 }

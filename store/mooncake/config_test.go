@@ -88,44 +88,62 @@ func TestParseConfig(t *testing.T) {
 		{"vllm", vllmConfig, Config{
 			LocalHostname: "node1", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "10.0.0.1:50051",
 			GlobalSegmentSize: 4 << 30, LocalBufferSize: 1 << 30, Protocol: "rdma", DeviceName: "mlx5_0,mlx5_1",
-			TenantID: "default", RemoveLeaseWait: DefaultRemoveLeaseWait,
+			TenantID: "default", RemoveLeaseWait: DefaultRemoveLeaseWait, LeaseTTL: DefaultLeaseTTL,
 		}},
 		{"minimal", `{"local_hostname": "h", "metadata_server": "", "master_server_address": "m:1"}`, Config{
 			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1",
 			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, Protocol: "tcp",
-			RemoveLeaseWait: DefaultRemoveLeaseWait,
+			RemoveLeaseWait: DefaultRemoveLeaseWait, LeaseTTL: DefaultLeaseTTL,
 		}},
 		{"nulls and zero sizes", `{"local_hostname": "h", "metadata_server": "http://m:8080/metadata", "master_server_address": "m:1",
 			"device_name": null, "global_segment_size": 0, "local_buffer_size": "0", "protocol": null}`, Config{
 			LocalHostname: "h", MetadataServer: "http://m:8080/metadata", MasterServerAddress: "m:1", Protocol: "tcp",
-			RemoveLeaseWait: DefaultRemoveLeaseWait,
+			RemoveLeaseWait: DefaultRemoveLeaseWait, LeaseTTL: DefaultLeaseTTL,
 		}},
 		{"replication", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
 			"replica_num": 2, "preferred_segments": ["h:12300"], "global_segment_size": "512 mb"}`, Config{
 			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
 			GlobalSegmentSize: 512 << 20, LocalBufferSize: DefaultLocalBufferSize,
-			ReplicaNum: 2, PreferredSegments: []string{"h:12300"}, RemoveLeaseWait: DefaultRemoveLeaseWait,
+			ReplicaNum: 2, PreferredSegments: []string{"h:12300"}, RemoveLeaseWait: DefaultRemoveLeaseWait, LeaseTTL: DefaultLeaseTTL,
 		}},
 		{"presence only", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
 			"presence_only": true}`, Config{
 			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
 			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, PresenceOnly: true,
-			RemoveLeaseWait: DefaultRemoveLeaseWait,
+			RemoveLeaseWait: DefaultRemoveLeaseWait, LeaseTTL: DefaultLeaseTTL,
 		}},
 		{"remove lease wait", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
 			"remove_lease_wait": "250ms"}`, Config{
 			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
-			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, RemoveLeaseWait: 250 * time.Millisecond,
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, RemoveLeaseWait: 250 * time.Millisecond, LeaseTTL: DefaultLeaseTTL,
 		}},
 		{"remove lease wait in seconds", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
 			"remove_lease_wait": 12.5}`, Config{
 			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
-			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, RemoveLeaseWait: 12500 * time.Millisecond,
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, RemoveLeaseWait: 12500 * time.Millisecond, LeaseTTL: DefaultLeaseTTL,
+		}},
+		{"lease ttl in milliseconds", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
+			"default_kv_lease_ttl": 5000}`, Config{
+			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize,
+			RemoveLeaseWait: DefaultRemoveLeaseWait, LeaseTTL: 5 * time.Second,
+		}},
+		{"lease ttl as a duration", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
+			"default_kv_lease_ttl": "500ms"}`, Config{
+			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize,
+			RemoveLeaseWait: DefaultRemoveLeaseWait, LeaseTTL: 500 * time.Millisecond,
+		}},
+		{"no lease ttl", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
+			"default_kv_lease_ttl": 0}`, Config{
+			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize,
+			RemoveLeaseWait: DefaultRemoveLeaseWait, LeaseTTL: NoLeaseTTL,
 		}},
 		{"no remove retry", `{"local_hostname": "h", "metadata_server": "P2PHANDSHAKE", "master_server_address": "m:1",
 			"remove_lease_wait": 0}`, Config{
 			LocalHostname: "h", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "m:1", Protocol: "tcp",
-			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, RemoveLeaseWait: NoRemoveWait,
+			GlobalSegmentSize: DefaultGlobalSegmentSize, LocalBufferSize: DefaultLocalBufferSize, RemoveLeaseWait: NoRemoveWait, LeaseTTL: DefaultLeaseTTL,
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -176,6 +194,11 @@ func TestParseConfigErrors(t *testing.T) {
 		{"wait too long", base(`, "remove_lease_wait": 86400`), []string{"remove_lease_wait", "86400"}},
 		{"wait not a duration", base(`, "remove_lease_wait": "soon"`), []string{"remove_lease_wait", `"soon"`}},
 		{"wait as bool", base(`, "remove_lease_wait": true`), []string{"remove_lease_wait", "true"}},
+		{"negative ttl", base(`, "default_kv_lease_ttl": -1`), []string{"default_kv_lease_ttl", "-1"}},
+		{"fractional ttl", base(`, "default_kv_lease_ttl": 2.5`), []string{"default_kv_lease_ttl", "2.5", "milliseconds"}},
+		{"ttl too long", base(`, "default_kv_lease_ttl": "48h"`), []string{"default_kv_lease_ttl", `"48h"`}},
+		{"ttl without unit", base(`, "default_kv_lease_ttl": "5000"`), []string{"default_kv_lease_ttl", `"5000"`}},
+		{"ttl as bool", base(`, "default_kv_lease_ttl": false`), []string{"default_kv_lease_ttl", "false"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseConfig([]byte(tc.in))
@@ -228,7 +251,7 @@ func TestConfigFromEnv(t *testing.T) {
 	want := Config{
 		LocalHostname: "localhost", MetadataServer: "P2PHANDSHAKE", MasterServerAddress: "10.0.0.2:50051",
 		GlobalSegmentSize: 1 << 30, LocalBufferSize: DefaultLocalBufferSize, Protocol: "tcp",
-		RemoveLeaseWait: DefaultRemoveLeaseWait,
+		RemoveLeaseWait: DefaultRemoveLeaseWait, LeaseTTL: DefaultLeaseTTL,
 	}
 	if diff := cmp.Diff(want, cfg); err != nil || diff != "" {
 		t.Errorf("ConfigFromEnv() = %v, (-want +got):\n%s", err, diff)
@@ -269,6 +292,18 @@ func TestValidateGoConfig(t *testing.T) {
 		c.EnsureDefaults()
 		if c.RemoveLeaseWait != tc.want {
 			t.Errorf("EnsureDefaults(RemoveLeaseWait %v) = %v, want %v", tc.in, c.RemoveLeaseWait, tc.want)
+		}
+	}
+	for _, tc := range []struct{ in, want time.Duration }{
+		{0, DefaultLeaseTTL},
+		{-time.Second, NoLeaseTTL},
+		{NoLeaseTTL, NoLeaseTTL},
+		{time.Minute, time.Minute},
+	} {
+		c := Config{MasterServerAddress: "m:1", LeaseTTL: tc.in}
+		c.EnsureDefaults()
+		if c.LeaseTTL != tc.want {
+			t.Errorf("EnsureDefaults(LeaseTTL %v) = %v, want %v", tc.in, c.LeaseTTL, tc.want)
 		}
 	}
 }

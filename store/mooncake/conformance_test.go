@@ -25,20 +25,24 @@ const counters = storetest.CounterHits | storetest.CounterMisses | storetest.Cou
 // The fake grants leases as Mooncake does, in two shapes: for the time of a
 // read only (removals wait for reads in flight), and for an hour, so that
 // every key the harness has read or probed stays (removals fail with
-// store.ErrHasLease, at once).
+// store.ErrHasLease, at once). Config.LeaseTTL declares the fake's lease,
+// as it would a master's --default_kv_lease_ttl, and the harness checks
+// the binding's store.Leaser against what the removals do.
 func TestConformance(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		lease time.Duration
+		lease time.Duration // granted by the fake
+		ttl   time.Duration // declared: Config.LeaseTTL
 		wait  time.Duration
 	}{
-		{"ReadLeases", 0, 0},
-		{"LongLeases", time.Hour, NoRemoveWait},
+		{"ReadLeases", 0, NoLeaseTTL, 0},
+		{"LongLeases", time.Hour, time.Hour, NoRemoveWait},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := fakeHooks(t)
 			cfg := fakeConfig(t)
 			cfg.RemoveLeaseWait = tc.wait
+			cfg.LeaseTTL = tc.ttl
 			storetest.Run(t, func(t testing.TB) store.Store {
 				s, err := Open(context.Background(), cfg)
 				if err != nil {
@@ -46,7 +50,7 @@ func TestConformance(t *testing.T) {
 				}
 				h.setLease(s.handle, int64(tc.lease), 0)
 				return s
-			}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096, Leases: true, Registration: true, Counters: counters})
+			}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096, Registration: true, Counters: counters})
 		})
 	}
 }
@@ -58,7 +62,10 @@ func TestConformance(t *testing.T) {
 // the master, and the harness removes everything between its checks, so
 // use a master of its own. The capacity declared is the client's segment:
 // the harness fails a store that declares eviction and holds twice its
-// declared capacity without evicting.
+// declared capacity without evicting. The master's lease is taken to be
+// DefaultLeaseTTL unless MOONCAKE_CONFIG_PATH's file declares its
+// default_kv_lease_ttl: the harness fails a binding that declares a lease
+// the master does not grant.
 func TestConformanceReal(t *testing.T) {
 	cfg := realConfig(t)
 	cfg.RemoveLeaseWait = NoRemoveWait // every key read stays leased for the master's TTL
@@ -68,7 +75,7 @@ func TestConformanceReal(t *testing.T) {
 			t.Fatalf("Open(%s) = %v", cfg.MasterServerAddress, err)
 		}
 		return s
-	}, storetest.Options{Evicts: true, Capacity: int64(cfg.GlobalSegmentSize), MaxValueSize: 64 << 10, Leases: true, Registration: true, Counters: counters})
+	}, storetest.Options{Evicts: true, Capacity: int64(cfg.GlobalSegmentSize), MaxValueSize: 64 << 10, Registration: true, Counters: counters})
 }
 
 // realConfig returns the config of a real Mooncake cluster from the

@@ -67,6 +67,9 @@
 //
 // Exists and Get leave a read lease on each key they find (the master's
 // --default_kv_lease_ttl, 10 s by default); a leased key is not evicted.
+// [Store.Leases] says so ([store.Leaser]), with the lease's TTL as
+// Config.LeaseTTL declares it (the C API cannot ask the master) and
+// Config.RemoveLeaseWait.
 // Removals never use force: a forced removal frees the value's memory at
 // once, a put may reuse it while a get in flight still copies out of it,
 // and that get then returns another key's bytes as success. Without

@@ -41,7 +41,10 @@ type Store struct {
 	}
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Leaser = (*Store)(nil)
+)
 
 // Force passed to every removal: none. Exists and get leave a read lease
 // on a key (10 s by default) during which a removal without force fails
@@ -257,8 +260,8 @@ func markRepeats(t repeatTable, keys []string, regions []rdma.Region, res []stor
 // mooncake_store_get_size call per key found to fill res[i].N (a key
 // removed in between reports store.ErrNotFound). With
 // Config.PresenceOnly it makes the one batch call only and res[i].N is 0.
-// Mooncake grants a read lease (10 s by default) on each key found, during
-// which the key is not evicted.
+// Mooncake grants a read lease (Config.LeaseTTL, 10 s by default) on each
+// key found, during which the key is not evicted.
 func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) error {
 	if err := store.CheckBatch("exists", len(keys), -1, len(res)); err != nil {
 		return err
@@ -325,7 +328,12 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 // lie inside a region given to [Store.Register], else that key fails with
 // store.ErrInvalidRegion and nothing is sent for it. A key repeated within
 // the batch is sent once; its repeats get the first one's outcome. A key
-// already in the store keeps its value and counts as success.
+// already in the store keeps its value and counts as success. On success
+// res[i].N is src[i].Len, whether the key was stored or present, as
+// [store.Result] defines it: Mooncake reports a put of a present key as a
+// success like any other (0, with OBJECT_ALREADY_EXISTS only in its log),
+// so the binding cannot tell which it was, nor the size of the value the
+// key holds, without a get_size request to the master per key.
 func (s *Store) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
 	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
 		return err
@@ -640,8 +648,8 @@ func (s *Store) Remove(ctx context.Context, key string) error {
 			return fmt.Errorf("mooncake: remove %q: %w", key, Error{Op: opRemove, Code: int(rc)})
 		case waited >= s.cfg.RemoveLeaseWait:
 			return fmt.Errorf("mooncake: remove %q: the key is under a read lease or being read, still after %d tries in %v "+
-				"(Config.RemoveLeaseWait %v; a lease lasts the master's --default_kv_lease_ttl, 10 s by default, after the last exists or get): %w",
-				key, tries, waited, s.cfg.RemoveLeaseWait, Error{Op: opRemove, Code: int(rc)})
+				"(Config.RemoveLeaseWait %v; a lease lasts the master's --default_kv_lease_ttl, %v by Config.LeaseTTL, after the last exists or get): %w",
+				key, tries, waited, s.cfg.RemoveLeaseWait, s.Leases().TTL, Error{Op: opRemove, Code: int(rc)})
 		}
 		d := min(pause, s.cfg.RemoveLeaseWait-waited)
 		timer := time.NewTimer(d)
@@ -732,6 +740,25 @@ func (s *Store) RemoveAll(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("mooncake: remove all: %w", Error{Op: opAll, Code: int(n)})
 	}
 	return int(n), nil
+}
+
+// Leases reports the read leases of Mooncake Store as the binding uses
+// it: Exists (batch_is_exist, and get_size for the sizes) and Get
+// (batch_get_into) grant a lease on each key they find, for
+// Config.LeaseTTL (the master's --default_kv_lease_ttl, which the C API
+// cannot ask: [DefaultLeaseTTL] unless the config says otherwise; 0 for
+// [NoLeaseTTL]); Remove waits up to Config.RemoveLeaseWait (0 for
+// [NoRemoveWait]) for a lease to end, then fails with an error matching
+// store.ErrHasLease; RemovePrefix and RemoveAll leave leased keys and, as
+// the master reports only how many it removed, return a nil error. It
+// implements [store.Leaser].
+func (s *Store) Leases() store.Leases {
+	return store.Leases{
+		Exists:     true,
+		Get:        true,
+		TTL:        max(s.cfg.LeaseTTL, 0),
+		RemoveWait: max(s.cfg.RemoveLeaseWait, 0),
+	}
 }
 
 // Register registers r with the client (mooncake_store_register_buffer)

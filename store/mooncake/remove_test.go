@@ -290,3 +290,31 @@ func TestRemovePrefixLeavesLeasedKeys(t *testing.T) {
 		t.Errorf("RemoveAll() after the leases ended = %d, %v; want 2, nil", n, err)
 	}
 }
+
+// Leases reports what the config declares: leases on exists and get for
+// Config.LeaseTTL, and Remove's wait, as the store uses them; after Close
+// too.
+func TestLeases(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ttl, wait time.Duration
+		want      store.Leases
+	}{
+		{"defaults", 0, 0, store.Leases{Exists: true, Get: true, TTL: DefaultLeaseTTL, RemoveWait: DefaultRemoveLeaseWait}},
+		{"declared", 5 * time.Second, 250 * time.Millisecond, store.Leases{Exists: true, Get: true, TTL: 5 * time.Second, RemoveWait: 250 * time.Millisecond}},
+		{"no ttl, no wait", NoLeaseTTL, NoRemoveWait, store.Leases{Exists: true, Get: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openFake(t, func(c *Config) { c.LeaseTTL, c.RemoveLeaseWait = tc.ttl, tc.wait })
+			if got := s.Leases(); got != tc.want {
+				t.Errorf("Leases() = %+v, want %+v", got, tc.want)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Leases(); got != tc.want {
+				t.Errorf("Leases() after Close = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}

@@ -9,12 +9,14 @@
 // implementation declares in [Options] (whether it evicts, how much it
 // holds, whether its removals respect read leases, whether it takes only
 // registered memory or device memory too, which Stats it keeps exactly)
-// and the optional interfaces it implements ([store.Vectored]), in
+// and the optional interfaces it implements ([store.Vectored], and
+// [store.Leaser], whose declaration of the store's read leases it takes
+// in place of Options.Leases and checks against what the store does), in
 // seconds. Tests of higher layers (connectors, engines) wrap a store in a
 // [Faulty] store, which injects whole-call errors, partial batch failures,
 // keys that vanish between Exists and Get, and latency, deterministically
-// for a given seed, and which implements store.Vectored exactly when the
-// wrapped store does.
+// for a given seed, and which implements store.Vectored and store.Leaser
+// exactly when the wrapped store does.
 //
 // # Usage
 //

@@ -95,9 +95,10 @@ type FaultCounts struct {
 // same calls sees the same faults, however goroutines interleave calls on
 // different keys. A Faulty store is safe for concurrent use.
 //
-// A Faulty store implements [store.Vectored] exactly when the store it
-// wraps does, so that code which checks for it takes the same path over
-// the wrapper as over the store. PutV and GetV get the faults of Put and
+// A Faulty store implements [store.Vectored] and [store.Leaser] exactly
+// when the store it wraps does, so that code which checks for them takes
+// the same path over the wrapper as over the store (Leases is the wrapped
+// store's: faults add no leases). PutV and GetV get the faults of Put and
 // Get (OpPut, OpGet): the same whole-call and per-key errors, drawn alike,
 // and Scribble writes over every host region of a faulted GetV key.
 //
@@ -131,22 +132,54 @@ type faultyVectored struct {
 	v store.Vectored
 }
 
+// faultyLeaser and faultyVectoredLeaser are Faulty stores over a store
+// with store.Leaser, and without or with store.Vectored.
+type (
+	faultyLeaser struct {
+		*faulty
+		l store.Leaser
+	}
+	faultyVectoredLeaser struct {
+		*faultyVectored
+		l store.Leaser
+	}
+)
+
 var (
 	_ Faulty         = (*faulty)(nil)
 	_ Faulty         = (*faultyVectored)(nil)
 	_ store.Vectored = (*faultyVectored)(nil)
+	_ Faulty         = (*faultyLeaser)(nil)
+	_ store.Leaser   = (*faultyLeaser)(nil)
+	_ Faulty         = (*faultyVectoredLeaser)(nil)
+	_ store.Vectored = (*faultyVectoredLeaser)(nil)
+	_ store.Leaser   = (*faultyVectoredLeaser)(nil)
 )
 
 // NewFaulty returns s with faults injected as opts says; the result
-// implements store.Vectored if s does. It panics if a rate is outside
-// [0, 1] or Latency is negative: those are programming errors of the test.
+// implements store.Vectored if s does, and store.Leaser if s does. It
+// panics if a rate is outside [0, 1] or Latency is negative: those are
+// programming errors of the test.
 func NewFaulty(s store.Store, opts FaultOptions) Faulty {
 	f := newFaulty(s, opts)
-	if v, ok := s.(store.Vectored); ok {
+	v, vectored := s.(store.Vectored)
+	l, leaser := s.(store.Leaser)
+	switch {
+	case vectored && leaser:
+		return &faultyVectoredLeaser{faultyVectored: &faultyVectored{faulty: f, v: v}, l: l}
+	case vectored:
 		return &faultyVectored{faulty: f, v: v}
+	case leaser:
+		return &faultyLeaser{faulty: f, l: l}
 	}
 	return f
 }
+
+// Leases returns the wrapped store's Leases.
+func (f *faultyLeaser) Leases() store.Leases { return f.l.Leases() }
+
+// Leases returns the wrapped store's Leases.
+func (f *faultyVectoredLeaser) Leases() store.Leases { return f.l.Leases() }
 
 func newFaulty(s store.Store, opts FaultOptions) *faulty {
 	for _, r := range []struct {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -437,4 +438,46 @@ func holds(t *testing.T, s store.Store, keys []string) []bool {
 		out[i] = x.Err == nil
 	}
 	return out
+}
+
+// vecLeaser is a vecStore that implements store.Leaser, declaring l.
+type vecLeaser struct {
+	*vecStore
+	l store.Leases
+}
+
+func (s vecLeaser) Leases() store.Leases { return s.l }
+
+// A Faulty store implements store.Leaser exactly when the store it wraps
+// does, with or without store.Vectored, and reports the wrapped store's
+// Leases.
+func TestFaultyLeaser(t *testing.T) {
+	l := store.Leases{Exists: true, Get: true, TTL: 3 * time.Second, RemoveWait: time.Second}
+	for _, tc := range []struct {
+		name             string
+		inner            store.Store
+		vectored, leaser bool
+	}{
+		{"Plain", newRefStore(noBug, 0), false, false},
+		{"Vectored", newVecStore(noVBug), true, false},
+		{"Leaser", newLeasingStore(l), false, true},
+		{"VectoredLeaser", vecLeaser{newVecStore(noVBug), l}, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := NewFaulty(tc.inner, FaultOptions{Seed: 1})
+			if _, ok := f.(store.Vectored); ok != tc.vectored {
+				t.Errorf("NewFaulty(%T) implements store.Vectored: %v, want %v", tc.inner, ok, tc.vectored)
+			}
+			got, ok := f.(store.Leaser)
+			if ok != tc.leaser {
+				t.Fatalf("NewFaulty(%T) implements store.Leaser: %v, want %v", tc.inner, ok, tc.leaser)
+			}
+			if ok && got.Leases() != l {
+				t.Errorf("NewFaulty(%T).Leases() = %+v, want the wrapped store's %+v", tc.inner, got.Leases(), l)
+			}
+			if f.Unwrap() != tc.inner {
+				t.Errorf("NewFaulty(%T).Unwrap() = %T, want the wrapped store", tc.inner, f.Unwrap())
+			}
+		})
+	}
 }

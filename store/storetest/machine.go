@@ -81,6 +81,8 @@ type machine struct {
 	fill   []string
 	fillAt int
 	filled int64
+	// leaseNote says, in a failure of a removal, why no lease may hold.
+	leaseNote string
 }
 
 // maxFill is the most keys Fill puts.
@@ -111,6 +113,11 @@ type evictionsSeen struct {
 
 func (h *harness) stateMachine(t tester) {
 	opts := h.opts
+	opts.Leases = h.heldBetweenCalls() // no call is in flight beside a removal here
+	note := ""
+	if h.opts.Leases && !opts.Leases {
+		note = " (the store's Leases declare leases that end with their call, TTL 0, and no call is in flight)"
+	}
 	src := newMemory(t, batchMax, opts.MaxValueSize)
 	dst := newMemory(t, batchMax, opts.MaxValueSize+64)
 	vsrc := newMemory(t, batchMax, opts.MaxValueSize+(vparts+1)*vgap)
@@ -140,7 +147,7 @@ func (h *harness) stateMachine(t tester) {
 			}()
 		}
 		m := &machine{s: s, opts: opts, keys: keys, sizes: sizes, src: src, dst: dst, vsrc: vsrc, vdst: vdst,
-			model: map[string][][]byte{}, maybe: map[string]bool{}, absent: map[string]string{}, fill: fill}
+			model: map[string][][]byte{}, maybe: map[string]bool{}, absent: map[string]string{}, fill: fill, leaseNote: note}
 		actions := map[string]func(*rapid.T){
 			"Put":          m.put,
 			"PutMore":      m.put,
@@ -297,7 +304,7 @@ func (m *machine) putVals(t *rapid.T, op string, keys []string, vals [][]byte, c
 		switch {
 		case r.Err == nil:
 			if r.N != len(vals[i]) {
-				t.Fatalf("%s(%q): key %q: N = %d, want %d (the regions' length)", op, keys, key, r.N, len(vals[i]))
+				t.Fatalf("%s(%q): key %q: N = %d, want %d%s", op, keys, key, r.N, len(vals[i]), m.putNWhy(key, r.N, stored[key]))
 			}
 			m.countPut(key, len(vals[i]), stored[key])
 			stored[key] = true
@@ -309,6 +316,8 @@ func (m *machine) putVals(t *rapid.T, op string, keys []string, vals [][]byte, c
 				m.model[key] = append(cur, vals[i]) // it may have been evicted or removed first
 			}
 			delete(m.maybe, key)
+		case r.N != 0:
+			t.Fatalf("%s(%q): key %q: {N: %d, Err: %v}, want N 0 (N is 0 whenever Err is set)", op, keys, key, r.N, r.Err)
 		case errors.Is(r.Err, store.ErrNoSpace):
 			m.tally.rejected++
 			if !m.opts.Evicts && m.modelBytes()+int64(len(vals[i])) <= m.opts.Capacity {
@@ -331,6 +340,25 @@ func (m *machine) putVals(t *rapid.T, op string, keys []string, vals [][]byte, c
 		}
 	}
 	return n
+}
+
+// putNWhy says why a successful put of key must report the length of its
+// source, not n: n is the size of a value the key may hold already (or of
+// the one this batch stored, for a repeat), or 0, as if a put that finds
+// the key present stored nothing.
+func (m *machine) putNWhy(key string, n int, again bool) string {
+	const rule = "a put reports its source's length on success, for a key that was present too (store.Result)"
+	if n == 0 {
+		return fmt.Sprintf(", its source's length: %s, although it stores nothing then", rule)
+	}
+	present := again
+	for _, v := range m.model[key] {
+		present = present || len(v) == n
+	}
+	if present {
+		return fmt.Sprintf(", its source's length, not %d, the size of the value the key holds: %s, which keeps the first value, of whatever size", n, rule)
+	}
+	return " (the regions' length)"
 }
 
 // countPut counts a successful put of key, of n bytes, in the tally:
@@ -455,6 +483,8 @@ func (m *machine) getKeys(t *rapid.T, op string, keys []string) {
 			m.sawValue(t, op, key, got[:r.N])
 			m.tally.hits++
 			m.tally.bytesOut += int64(r.N)
+		case r.N != 0:
+			t.Fatalf("%s(%q): key %q: {N: %d, Err: %v}, want N 0 (N is 0 whenever Err is set)", op, keys, key, r.N, r.Err)
 		case errors.Is(r.Err, store.ErrNotFound):
 			m.tally.misses++
 			if j := written(0); j >= 0 {
@@ -492,6 +522,8 @@ func (m *machine) probe(t *rapid.T, keys []string) []store.Result {
 		switch {
 		case r.Err == nil:
 			m.sawSize(t, key, r.N)
+		case r.N != 0:
+			t.Fatalf("Exists: key %q: {N: %d, Err: %v}, want N 0 (N is 0 whenever Err is set)", key, r.N, r.Err)
 		case errors.Is(r.Err, store.ErrNotFound):
 			m.sawAbsent(t, "Exists", key)
 		default:
@@ -524,7 +556,7 @@ func (m *machine) remove(t *rapid.T) {
 		if m.opts.Leases {
 			want += " or store.ErrHasLease"
 		}
-		t.Fatalf("Remove(%q) = %v, want %s", key, err, want)
+		t.Fatalf("Remove(%q) = %v, want %s%s", key, err, want, m.leaseNote)
 	}
 }
 
@@ -552,7 +584,7 @@ func (m *machine) removed(t *rapid.T, call string, n int, err error, match func(
 		if m.opts.Leases {
 			want += " or one matching store.ErrHasLease"
 		}
-		t.Fatalf("%s = %d, %v; want %s", call, n, err, want)
+		t.Fatalf("%s = %d, %v; want %s%s", call, n, err, want, m.leaseNote)
 	}
 	present := 0
 	for key, vals := range m.model {
@@ -565,7 +597,7 @@ func (m *machine) removed(t *rapid.T, call string, n int, err error, match func(
 		if m.opts.Evicts || m.opts.Leases {
 			want = fmt.Sprintf("at most %d (some may have been evicted or left under a lease)", present)
 		}
-		t.Fatalf("%s = %d, want %s", call, n, want)
+		t.Fatalf("%s = %d, want %s%s", call, n, want, m.leaseNote)
 	}
 	left := m.opts.Leases && (leased || n < present)
 	for key, vals := range m.model {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -64,14 +65,45 @@ const (
 	bugEvictedAliases              // an evicted key's entry is left pointing at the memory of the put that evicted it
 	bugNeverCountsEvictions        // Stats().Evictions stays zero
 	bugNeverEvicts                 // the store says it evicts, at Options.Capacity, but holds everything
+	bugDuplicateHeldSize           // a put of a present key reports the size of the value the key holds as N, not its source's length
+	bugDuplicateZero               // a put of a present key reports N 0, as it stores nothing
+	bugShortReportsSize            // a get into too short a destination reports the value's size as N beside store.ErrBufferTooSmall
+	bugUndeclaredLeases            // Exists and Get lease keys for an hour, but the store's Leases declare none
+	bugUnheldLeases                // the store's Leases declare hour-long leases on Exists and Get, but it grants none
+	bugLeaseOutlivesTTL            // the store's Leases declare leases of 100 ms, but they last an hour
 )
 
+// leasesOf returns the leases a refStore with bug b grants, and those it
+// declares through store.Leaser, if it implements it.
+func leasesOf(b bug) (grants store.Leases, declares *store.Leases) {
+	hour := store.Leases{Exists: true, Get: true, TTL: time.Hour}
+	switch b {
+	case bugUndeclaredLeases:
+		return hour, &store.Leases{}
+	case bugUnheldLeases:
+		return store.Leases{}, &hour
+	case bugLeaseOutlivesTTL:
+		short := hour
+		short.TTL = 100 * time.Millisecond
+		return hour, &short
+	}
+	return store.Leases{}, nil
+}
+
 // refStore is a simple, correct store on the Go heap, one mutex around
-// everything, with an optional FIFO eviction and an optional bug.
+// everything, with an optional FIFO eviction, optional read leases and an
+// optional bug.
 type refStore struct {
 	bug      bug
 	capacity int  // bytes; 0: no eviction
 	needsReg bool // Put and Get take only regions inside registered ones
+	// grants are the read leases the store grants (Remove fails at once
+	// under one; RemovePrefix and RemoveAll skip such keys and say so),
+	// declares those its Leases method declares, if store returns a
+	// store.Leaser.
+	grants   store.Leases
+	declares *store.Leases
+	leased   map[string]time.Time // when each lease ends
 
 	mu     sync.Mutex
 	m      map[string][]byte
@@ -94,8 +126,43 @@ type refStore struct {
 var _ store.Store = (*refStore)(nil)
 
 func newRefStore(b bug, capacity int) *refStore {
-	return &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}, gone: map[string][]byte{},
-		stale: map[string][]byte{}, alias: map[string]string{}}
+	s := &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}, gone: map[string][]byte{},
+		stale: map[string][]byte{}, alias: map[string]string{}, leased: map[string]time.Time{}}
+	s.grants, s.declares = leasesOf(b)
+	return s
+}
+
+// leasingStore is a refStore that implements store.Leaser.
+type leasingStore struct{ *refStore }
+
+var _ store.Leaser = leasingStore{}
+
+func (s leasingStore) Leases() store.Leases { return *s.declares }
+
+// store returns s, as a store.Leaser when it declares its leases.
+func (s *refStore) store() store.Store {
+	if s.declares != nil {
+		return leasingStore{s}
+	}
+	return s
+}
+
+// lease grants k a read lease, if the store grants one on the call
+// (Exists or Get). The caller holds s.mu.
+func (s *refStore) lease(onCall bool, k string) {
+	if onCall && s.grants.TTL > 0 {
+		s.leased[k] = time.Now().Add(s.grants.TTL)
+	}
+}
+
+// isLeased reports whether k is under a read lease. The caller holds s.mu.
+func (s *refStore) isLeased(k string) bool {
+	end, ok := s.leased[k]
+	if ok && !time.Now().Before(end) {
+		delete(s.leased, k)
+		return false
+	}
+	return ok
 }
 
 func (s *refStore) validKey(k string) error {
@@ -223,6 +290,7 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 		}
 		if ok {
 			res[i] = store.Result{N: len(v)}
+			s.lease(s.grants.Exists, s.index(keys[i]))
 			if s.bug == bugCountsFoundExists {
 				s.st.Exists++
 			}
@@ -257,8 +325,15 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		}
 		again := inBatch[k]
 		inBatch[k] = true
-		if _, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
-			res[i] = store.Result{N: src[i].Len}
+		if v, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
+			switch s.bug {
+			case bugDuplicateHeldSize:
+				res[i] = store.Result{N: len(v)}
+			case bugDuplicateZero:
+				res[i] = store.Result{}
+			default:
+				res[i] = store.Result{N: src[i].Len}
+			}
 			s.countDuplicate(src[i].Len, again)
 			continue
 		}
@@ -355,6 +430,7 @@ func (s *refStore) countGet(r store.Result, room int) {
 }
 
 func (s *refStore) drop(k string) {
+	delete(s.leased, k)
 	s.gone[k] = s.m[k]
 	s.used -= len(s.m[k])
 	delete(s.m, k)
@@ -404,6 +480,9 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 				copy(b, v)
 			}
 			res[i] = store.Result{Err: fmt.Errorf("%w: %d > %d", store.ErrBufferTooSmall, len(v), len(b))}
+			if s.bug == bugShortReportsSize {
+				res[i].N = len(v)
+			}
 			continue
 		}
 		half := len(v) / 2
@@ -423,6 +502,7 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 			clear(b[len(v):])
 		}
 		res[i] = store.Result{N: len(v)}
+		s.lease(s.grants.Get, k)
 	}
 	for i := range n {
 		s.countGet(res[i], dst[i].Len)
@@ -469,6 +549,9 @@ func (s *refStore) Remove(ctx context.Context, key string) error {
 	if _, ok := s.m[key]; !ok {
 		return store.ErrNotFound
 	}
+	if s.isLeased(key) {
+		return fmt.Errorf("%w: %q", store.ErrHasLease, key)
+	}
 	if s.bug != bugServesAfterRemove {
 		s.drop(key)
 	}
@@ -512,7 +595,7 @@ func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, 
 	if err := s.begin(ctx, "remove", 0, -1, 0); err != nil {
 		return 0, err
 	}
-	n := 0
+	n, left := 0, 0
 	for k := range s.m {
 		if err := s.ctxErr(ctx); err != nil {
 			if s.bug == bugCancelMiscounts {
@@ -520,13 +603,20 @@ func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, 
 			}
 			return n, err
 		}
-		if match(k) {
+		switch {
+		case !match(k):
+		case s.isLeased(k):
+			left++
+		default:
 			s.drop(k)
 			n++
 		}
 	}
 	if s.bug == bugPrefixMiscount && n > 0 {
 		n++
+	}
+	if left > 0 {
+		return n, fmt.Errorf("%w: %d keys left under a lease", store.ErrHasLease, left)
 	}
 	return n, nil
 }

@@ -35,7 +35,7 @@ func (h *harness) repeatedKeys(t tester) {
 	}
 	for i, r := range res[:4] {
 		if r.Err != nil || r.N != sizes[i] {
-			t.Fatalf("Put(%q): occurrence %d of %q = {N: %d, Err: %v}, want {N: %d} (every occurrence of a repeated key succeeds, with its own length)",
+			t.Fatalf("Put(%q): occurrence %d of %q = {N: %d, Err: %v}, want {N: %d} (every occurrence of a repeated key succeeds, with its own source's length, not the size of the value kept)",
 				keys, i, keys[i], r.N, r.Err, sizes[i])
 		}
 	}
@@ -76,7 +76,8 @@ func (h *harness) repeatedKeys(t tester) {
 	}
 	for i, r := range res[:2] {
 		if r.Err != nil || r.N != maxv-i {
-			t.Fatalf("Put of present key %q twice: occurrence %d = {N: %d, Err: %v}, want {N: %d}", b, i, r.N, r.Err, maxv-i)
+			t.Fatalf("Put of present key %q twice: occurrence %d = {N: %d, Err: %v}, want {N: %d}, its own source's length (not %d, the size of the value the key keeps)",
+				b, i, r.N, r.Err, maxv-i, len(vals[1]))
 		}
 	}
 	if v := got(b); !bytes.Equal(v, vals[1]) {

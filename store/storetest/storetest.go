@@ -64,6 +64,12 @@ type Options struct {
 	// store.ErrHasLease). Run then accepts those outcomes, and after a
 	// removal that left keys it learns from the next calls which ones.
 	// Without Leases, every removal removes what it names.
+	//
+	// A store that implements store.Leaser declares its leases itself,
+	// and Run takes them from there, checking them against what the store
+	// does (see Run's Leases subtest): Leases is then read as set when the
+	// store's Leases grant any (Exists or Get), and must not be set when
+	// they grant none. Leave it false for such a store.
 	Leases bool
 
 	// Registration declares that the store, like Mooncake Store, takes
@@ -115,15 +121,19 @@ func (o *Options) ensureDefaults() error {
 //     after every step: a present value always has exactly its first-written
 //     bytes, a removed key never comes back, a key vanishes only if the
 //     store evicts, gets write exactly the value's bytes and nothing past
-//     them, puts neither write their sources nor keep reading them; and
-//     the Stats counters the store declares (Options.Stats,
-//     Options.Counters) read what the calls' results say.
+//     them, puts neither write their sources nor keep reading them, every
+//     result's N is what store.Result says (the value's size for Exists
+//     and Get, the source's length for every successful put, a put of a
+//     present key included, 0 beside every error); and the Stats counters
+//     the store declares (Options.Stats, Options.Counters) read what the
+//     calls' results say.
 //   - FirstWriterWins: concurrent puts of different values under the same
 //     keys, with concurrent readers: every reader sees one winner per key.
 //   - Churn: concurrent puts, gets, exists and removes under eviction
 //     pressure (when the store evicts): every value read is exact.
 //   - RepeatedKeys: a key named more than once in one batch: a put keeps
-//     the first occurrence's bytes and every occurrence succeeds; a get
+//     the first occurrence's bytes and every occurrence succeeds, with N
+//     the length of its own source; a get
 //     fills every occurrence's destination, each judged on its own size.
 //   - DistinctKeys: keys of store.MaxKeyLen bytes that differ in one byte,
 //     keys that are prefixes of each other, keys that differ in case only:
@@ -137,6 +147,18 @@ func (o *Options) ensureDefaults() error {
 //     their keys away and puts store other keys' values of the same size
 //     in the space freed: every get returns its key's value whole or
 //     reports it absent, never a torn value or another key's bytes.
+//   - Leases, when the store implements store.Leaser: what its Leases
+//     declares, checked against what its removals do right after an
+//     Exists and after a Get of a key: a call declared to grant no lease,
+//     or leases that end with their call (TTL 0), leave Remove and
+//     RemovePrefix free to take the key; one declared to grant a lease of
+//     TTL makes Remove fail with store.ErrHasLease within RemoveWait (and
+//     some slack) and RemovePrefix leave the key, until TTL has passed,
+//     the key staying whole; and a TTL short enough to wait out (at most
+//     2 s) ends by then. A store that implements store.Leaser also sets
+//     what Options.Leases would (see there), and one whose leases end
+//     with their call is held to removals that take every key they name
+//     in the state machine, where no call is in flight beside a removal.
 //   - Vectored, when the store implements store.Vectored: PutV and GetV
 //     against the same values as Put and Get, across regions of random
 //     sizes, with short region lists, empty ones and repeated keys (the
@@ -166,9 +188,12 @@ func (o *Options) ensureDefaults() error {
 //     with correct results.
 //
 // newStore is called once per store, from the subtest's goroutine (or the
-// rapid check's), with the subtest as t. Run registers the host memory it
-// uses with each store, unregisters it at the end, and closes every store it
-// creates; stores must tolerate a second Close. Failures name the operation,
+// rapid check's), with the subtest as t; and once before the subtests,
+// with t, for a store that Run asks for its store.Leaser declaration and
+// closes at once (every store must declare the same leases). Run
+// registers the host memory it uses with each store, unregisters it at
+// the end, and closes every store it creates; stores must tolerate a
+// second Close. Failures name the operation,
 // the keys and what was expected. The state machine honors rapid's flags
 // (-rapid.checks, -rapid.steps, -rapid.seed) and -short shortens every
 // subtest.
@@ -212,6 +237,7 @@ func run(t tester, newStore func(t testing.TB) store.Store, opts Options, only s
 		t.Fatalf("storetest: %v", err)
 	}
 	h := &harness{newStore: newStore, opts: opts}
+	h.declared(t)
 	for _, sub := range h.subtests() {
 		if only == "" || sub.name == only {
 			t.run(sub.name, sub.f)
@@ -235,6 +261,7 @@ func (h *harness) subtests() []struct {
 		{"DistinctKeys", h.distinct},
 		{"Prefixes", h.prefixes},
 		{"Removal", h.removal},
+		{"Leases", h.leases},
 		{"Vectored", h.vectored},
 		{"BadInput", h.badInput},
 		{"Register", h.register},
@@ -249,6 +276,9 @@ func (h *harness) subtests() []struct {
 type harness struct {
 	newStore func(t testing.TB) store.Store
 	opts     Options
+	// lease is what the stores declare through store.Leaser, if leaser.
+	lease  store.Leases
+	leaser bool
 }
 
 // open returns a new store with mem registered, to be unregistered and
@@ -258,6 +288,10 @@ func (h *harness) open(t tester, mems ...*memory) store.Store {
 	s := h.newStore(t)
 	if s == nil {
 		t.Fatal("storetest: newStore returned a nil store")
+	}
+	if err := h.sameLeases(s); err != nil {
+		closeStore(t, s)
+		t.Fatal(err)
 	}
 	for _, m := range mems {
 		if err := s.Register(m.region()); err != nil {

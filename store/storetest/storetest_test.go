@@ -234,6 +234,10 @@ var brokenStores = []brokenCase{
 	{"EvictedAliases", bugEvictedAliases, "StateMachine", "", Options{Evicts: true}},
 	{"NeverCountsEvictions", bugNeverCountsEvictions, "StateMachine", "Stats().Evictions", Options{Evicts: true, Counters: CounterEvictions}},
 	{"NeverEvicts", bugNeverEvicts, "StateMachine", "none saw a key evicted", Options{Evicts: true}},
+	{"DuplicateHeldSize", bugDuplicateHeldSize, "StateMachine", "the size of the value the key holds", Options{}},
+	{"DuplicateHeldSizeRepeat", bugDuplicateHeldSize, "RepeatedKeys", "its own source's length", Options{}},
+	{"DuplicateZero", bugDuplicateZero, "StateMachine", "although it stores nothing then", Options{}},
+	{"ShortReportsSize", bugShortReportsSize, "StateMachine", "N is 0 whenever Err is set", Options{}},
 	{"RetainsSource", bugRetainsSource, "StateMachine", "", Options{}},
 	{"WritesPastValue", bugWritesPastValue, "StateMachine", "", Options{}},
 	{"StatsOffByOne", bugStatsOffByOne, "StateMachine", "", Options{Stats: true}},
@@ -245,6 +249,14 @@ var brokenStores = []brokenCase{
 	{"ForeignUnderRemoval", bugForeignUnderRemoval, "Removal", "another key's bytes", Options{}},
 	{"ForeignUnderRemovalLeases", bugForeignUnderRemoval, "Removal", "another key's bytes", Options{Leases: true}},
 	{"LeaseRefusalLies", bugLeaseRefusalLies, "StateMachine", "vanished", Options{Leases: true}},
+	{"UndeclaredLeasesExists", bugUndeclaredLeases, "Leases/Exists", "declares no read leases, so Exists does not grant one", Options{}},
+	{"UndeclaredLeasesGet", bugUndeclaredLeases, "Leases/Get", "declares no read leases, so Get does not grant one", Options{}},
+	{"UndeclaredLeasesPrefix", bugUndeclaredLeases, "Leases/RemovePrefix", "want a nil error: store.Leaser declares no read leases", Options{}},
+	{"UndeclaredLeasesModel", bugUndeclaredLeases, "StateMachine", "", Options{}},
+	{"UnheldLeasesExists", bugUnheldLeases, "Leases/Exists", "the key must stay until the lease ends", Options{}},
+	{"UnheldLeasesGet", bugUnheldLeases, "Leases/Get", "the key must stay until the lease ends", Options{}},
+	{"UnheldLeasesPrefix", bugUnheldLeases, "Leases/RemovePrefix", "under a lease, must stay and not be counted", Options{}},
+	{"LeaseOutlivesTTL", bugLeaseOutlivesTTL, "Leases/Exists", "the lease outlived its TTL", Options{}},
 	{"TruncatesKeys", bugTruncatesKeys, "DistinctKeys", "conflates keys that differ", Options{}},
 	{"TruncatesKeysModel", bugTruncatesKeys, "StateMachine", "", Options{}},
 	{"FoldsCase", bugFoldsCase, "DistinctKeys", "in case only", Options{}},
@@ -285,7 +297,7 @@ func (tc brokenCase) run(t *testing.T) {
 	got := runRecorded(t, func(testing.TB) store.Store {
 		s := newRefStore(tc.bug, capacity)
 		s.needsReg = opts.Registration
-		return s
+		return s.store()
 	}, opts, tc.caught)
 	if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
 		t.Errorf("Run did not fail in %s for a store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
@@ -341,6 +353,11 @@ func TestRunPassesCorrectStores(t *testing.T) {
 		{"Registration", -2, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Registration: true}, false},
 		{"Vectored", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
 		{"FaultyVectoredWithoutFaults", -1, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, true},
+		{"LongLeases", -3, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"ShortLeases", -4, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"GetLeasesOnly", -5, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"NoLeases", -6, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, false},
+		{"FaultyLeasesWithoutFaults", -3, Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters}, true},
 	} {
 		newStore := func(testing.TB) store.Store {
 			var s store.Store
@@ -351,6 +368,14 @@ func TestRunPassesCorrectStores(t *testing.T) {
 				r := newRefStore(noBug, 0)
 				r.needsReg = true
 				s = r
+			case -3: // leases of an hour on Exists and Get, declared
+				s = newLeasingStore(store.Leases{Exists: true, Get: true, TTL: time.Hour})
+			case -4: // leases of 50 ms on Exists and Get, declared
+				s = newLeasingStore(store.Leases{Exists: true, Get: true, TTL: 50 * time.Millisecond})
+			case -5: // leases of an hour on Get only, declared
+				s = newLeasingStore(store.Leases{Get: true, TTL: time.Hour})
+			case -6: // no leases, declared
+				s = newLeasingStore(store.Leases{})
 			default:
 				s = newRefStore(noBug, tc.capacity)
 			}
@@ -364,6 +389,48 @@ func TestRunPassesCorrectStores(t *testing.T) {
 				t.Errorf("Run under a recorder failed %v for a correct store:\n%s", got.failedUnder(""), got)
 			}
 			Run(t, newStore, tc.opts)
+		})
+	}
+}
+
+// newLeasingStore returns a correct refStore that grants the leases l
+// and declares them.
+func newLeasingStore(l store.Leases) store.Store {
+	s := newRefStore(noBug, 0)
+	s.grants, s.declares = l, &l
+	return s.store()
+}
+
+// TestRunRefusesContradictoryLeases checks that Run fails at once, saying
+// why, for a store whose store.Leaser declares no leases while
+// Options.Leases declares some, or one whose declaration has a negative
+// time, or stores that declare different leases.
+func TestRunRefusesContradictoryLeases(t *testing.T) {
+	opts := Options{Capacity: 256 << 10, MaxValueSize: 2048}
+	for _, tc := range []struct {
+		name     string
+		newStore func(int) store.Store
+		leases   bool
+		reason   string
+	}{
+		{"OptionsSayLeases", func(int) store.Store { return newLeasingStore(store.Leases{}) }, true, "leave Options.Leases false"},
+		{"NegativeTTL", func(int) store.Store { return newLeasingStore(store.Leases{Get: true, TTL: -time.Second}) }, false, "must not be negative"},
+		{"Different", func(n int) store.Store { return newLeasingStore(store.Leases{Get: true, TTL: time.Duration(n)}) }, false, "every store must declare the same"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			n := 0
+			o := opts
+			o.Leases = tc.leases
+			got := runRecorded(t, func(testing.TB) store.Store {
+				mu.Lock()
+				defer mu.Unlock()
+				n++
+				return tc.newStore(n)
+			}, o, "RepeatedKeys")
+			if failed := got.failedUnder("Run"); len(failed) == 0 || !got.saidUnder("Run", tc.reason) {
+				t.Errorf("Run failed %v for a store that declares leases it may not, and did not say %q; it recorded:\n%s", failed, tc.reason, got)
+			}
 		})
 	}
 }
