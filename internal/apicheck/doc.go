@@ -32,7 +32,7 @@
 //	type DeviceCopy = struct{Dst uintptr; Src uintptr; N int}
 //	type Config struct
 //	type Config struct, Role string
-//	type Config struct, embedded Base
+//	type Config struct, embedded rdma.Region
 //	method (*Config) Validate() error
 //	type Store interface { Get, Put, unexported methods }
 //	type Store interface, Get(context.Context, []Key) error
