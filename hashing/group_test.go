@@ -247,7 +247,7 @@ func TestExplicitDefaultGroup(t *testing.T) {
 	// Near misses are other identities.
 	for name, edit := range map[string]func(*Group){
 		"block size 2x": func(g *Group) { g.BlockSize = 32 },
-		"sliding":       func(g *Group) { g.Kind, g.Window = SlidingWindow, 1 << 30 },
+		"sliding":       func(g *Group) { g.Kind, g.Window = SlidingWindow, 1<<30 },
 	} {
 		other := validIdentity()
 		other.Layout.Groups = implicit.Layout.EffectiveGroups()

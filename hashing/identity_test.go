@@ -187,7 +187,7 @@ func TestIdentityUnmarshalErrors(t *testing.T) {
 	hugeLayers := append([]byte(nil), good...)
 	copy(hugeLayers[len(good)-28:], []byte{0xff, 0xff, 0xff, 0xff})
 	// head is the encoding up to the groups; groups of 32 layers follow.
-	head := good[:len(good)-4 : len(good)-4]
+	head := good[: len(good)-4 : len(good)-4]
 	u32 := func(vs ...uint32) []byte {
 		var b []byte
 		for _, v := range vs {

@@ -130,7 +130,9 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity, hy hybri
 		{"group without kind", "Layout.Groups[1].Kind", "Layout.Groups[1].Kind = 0: required", hy.gptOSS,
 			func(id *Identity) { id.Layout.Groups[1].Kind = 0 }},
 		{"group without layers", "Layout.Groups[2].Layers", "Layout.Groups[2].Layers = []: empty", hy.gptOSS,
-			func(id *Identity) { id.Layout.Groups = append(id.Layout.Groups, Group{Kind: FullAttention, Layers: []int{}, BlockSize: 16}) }},
+			func(id *Identity) {
+				id.Layout.Groups = append(id.Layout.Groups, Group{Kind: FullAttention, Layers: []int{}, BlockSize: 16})
+			}},
 		{"group layer out of range", "Layout.Groups[1].Layers[18]", "Layout.Groups[1].Layers[18] = 36: outside [0, 36)", hy.gptOSS,
 			func(id *Identity) { id.Layout.Groups[1].Layers = append(id.Layout.Groups[1].Layers, 36) }},
 		{"group layer negative", "Layout.Groups[0].Layers[0]", "Layout.Groups[0].Layers[0] = -1: outside [0, 36)", hy.gptOSS,
@@ -140,7 +142,9 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity, hy hybri
 		{"group layers out of order", "Layout.Groups[1].Layers[1]", "Layout.Groups[1].Layers[1] = 1: not above the layer before it, 3", hy.gptOSS,
 			func(id *Identity) { l := id.Layout.Groups[1].Layers; l[0], l[1] = l[1], l[0] }},
 		{"layer in two groups", "Layout.Groups[1].Layers[1]", "Layout.Groups[1].Layers[1] = 2: also in Layout.Groups[0]", hy.gptOSS,
-			func(id *Identity) { id.Layout.Groups[1].Layers = append([]int{1, 2}, id.Layout.Groups[1].Layers[1:]...) }},
+			func(id *Identity) {
+				id.Layout.Groups[1].Layers = append([]int{1, 2}, id.Layout.Groups[1].Layers[1:]...)
+			}},
 		{"layer in no group", "Layout.Groups", "Layout.Groups = 2 groups: layer 28 of Layout.Layers 32 is in no group", hy.jamba,
 			func(id *Identity) { id.Layout.Groups[1].Layers = id.Layout.Groups[1].Layers[:3] }},
 		{"layers beyond every group", "Layout.Groups", "layers 36, 37 of Layout.Layers 38 are in no group", hy.gptOSS,
@@ -201,7 +205,7 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity, hy hybri
 	mla8.Layout.KVHeads = 8
 	// The groups of an encoding: its head (everything before the group
 	// count) and groups appended to it.
-	head := good[:n-4 : n-4]
+	head := good[: n-4 : n-4]
 	u32 := func(vs ...uint32) []byte {
 		var b []byte
 		for _, v := range vs {

@@ -18,22 +18,22 @@ import (
 // connector.Scheduler, connector.Rotator, connector.EventSource and
 // connector.StatsReporter.
 type Scheduler struct {
-	cfg    connector.Config
-	opt    options
-	st     store.Store
-	log    *slog.Logger
-	id     hashing.Identity
-	ns     hashing.Namespace
-	bs     int // tokens per block
-	shards int // distinct KV shards (TP size / replication)
-	groups []hashing.Group // the KV cache groups, explicit
-	plain  bool            // one full-attention group: a match is the present prefix
-	perBlock int           // keys a lookup probes per block: every shard of every group
+	cfg      connector.Config
+	opt      options
+	st       store.Store
+	log      *slog.Logger
+	id       hashing.Identity
+	ns       hashing.Namespace
+	bs       int             // tokens per block
+	shards   int             // distinct KV shards (TP size / replication)
+	groups   []hashing.Group // the KV cache groups, explicit
+	plain    bool            // one full-attention group: a match is the present prefix
+	perBlock int             // keys a lookup probes per block: every shard of every group
 
 	reqs        map[connector.RequestID]*request
 	transfers   *connector.Tally[*transfer]
 	saving      map[groupHash]int // blocks with a save in flight, this generation
-	retries     []retry                   // out-of-space saves to plan again
+	retries     []retry           // out-of-space saves to plan again
 	nextID      uint64
 	bufs        [2]connector.Metadata // Plan hands out one while the other fills
 	arenas      [2]arena              // the blocks and hashes of bufs[i] as handed out
@@ -102,12 +102,12 @@ type lookup struct {
 	groups int
 	// Results, written by the pool before it hands the lookup back under
 	// Scheduler.mu; read by the scheduler only once done is set.
-	picked  atomic.Int64 // when a pool goroutine took it up, in UnixNano; 0 while queued
-	has     [][]bool     // per group, per block from `from`: present in every shard
-	all     bool         // every probed block of every group is present
-	err     error
-	nanos   int64
-	done    bool // set by the scheduler's goroutine when it collects the lookup
+	picked atomic.Int64 // when a pool goroutine took it up, in UnixNano; 0 while queued
+	has    [][]bool     // per group, per block from `from`: present in every shard
+	all    bool         // every probed block of every group is present
+	err    error
+	nanos  int64
+	done   bool // set by the scheduler's goroutine when it collects the lookup
 }
 
 // transfer is a planned or running load or save.

@@ -19,13 +19,13 @@ import (
 // Worker is the worker half of the store connector. It implements
 // connector.Worker and connector.StatsReporter.
 type Worker struct {
-	cfg      connector.Config
-	opt      options
-	st       store.Store
-	vec      store.Vectored // nil: the store moves one region per key
-	log      *slog.Logger
-	id       hashing.Identity
-	rank     int
+	cfg  connector.Config
+	opt  options
+	st   store.Store
+	vec  store.Vectored // nil: the store moves one region per key
+	log  *slog.Logger
+	id   hashing.Identity
+	rank int
 
 	kv        connector.KVCache
 	groups    []groupMem // per KV cache group: its memory and how its blocks move
@@ -122,16 +122,16 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 		return nil, fmt.Errorf("%w: Env.Rank = %d, want [0, %d) for TP size %d", connector.ErrConfig, env.Rank, tp, tp)
 	}
 	w := &Worker{
-		cfg:      cfg,
-		opt:      opt,
-		st:       env.Store,
-		log:      log,
-		id:       env.Identity,
-		rank:     env.Rank,
-		gen:      env.Identity.Generation,
-		ns:       ns,
-		copier:   env.Copier,
-		h:        health{log: log},
+		cfg:    cfg,
+		opt:    opt,
+		st:     env.Store,
+		log:    log,
+		id:     env.Identity,
+		rank:   env.Rank,
+		gen:    env.Identity.Generation,
+		ns:     ns,
+		copier: env.Copier,
+		h:      health{log: log},
 	}
 	w.vec, _ = env.Store.(store.Vectored)
 	w.pinner, _ = env.Copier.(connector.HostPinner)
