@@ -26,6 +26,23 @@
 // Progress.Failed, no later than the step in which the request's loads are
 // reported done, with the policy (recompute or fail) applied.
 //
+// # KV cache groups
+//
+// A hybrid layout (hashing.Layout.Groups) is served group by group: each
+// group has its own keys (hashing.Namespace.GroupKey), its own block table
+// in the calls and its own memory in the worker (connector.KVCache.Groups).
+// A lookup probes every group's blocks; the match is the longest block
+// boundary every group can resume from (all blocks for full attention, the
+// window before it for a sliding window, the state after its last block
+// for a state group), and the load moves exactly those blocks, one
+// transfer per group. Saves skip connector.NoBlock entries. A failed load
+// of a hybrid request leaves only its local blocks valid (a window or a
+// state is of no use without the rest); with full attention only, every
+// block before the first that failed. State groups are saved by every rank
+// (each holds its own part), attention groups striped across replicas.
+// Every group's block size must equal Layout.BlockSize; another is refused
+// when the scheduler half opens.
+//
 // Rotate moves every key to a new weights generation: from the next step
 // on nothing of an older generation is looked up, loaded or saved; saves of
 // an older generation still queued in a worker are dropped (ReasonStale),
