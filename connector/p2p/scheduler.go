@@ -37,7 +37,7 @@ type Scheduler struct {
 	transfers *connector.Tally[*transfer]
 	slots     []bool // producer mailbox slots in use
 	nextID    uint64
-	bufs      [2]connector.Metadata
+	plans     connector.PlanBuffer // Plan hands out one Metadata while the next fills
 	meta      *connector.Metadata
 	progress  connector.Progress
 	released  []connector.RequestID
@@ -105,7 +105,7 @@ func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns has
 		transfers: connector.NewTally[*transfer](id.Layout.TPSize),
 		slots:     make([]bool, opt.slots),
 	}
-	s.meta = &s.bufs[0]
+	s.meta = s.plans.Filling()
 	s.meta.Generation = id.Generation
 	return s
 }
@@ -327,14 +327,8 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 // Plan implements connector.Scheduler.
 func (s *Scheduler) Plan() *connector.Metadata {
 	s.meta.Step++
-	m := s.meta
-	next := &s.bufs[0]
-	if m == next {
-		next = &s.bufs[1]
-	}
-	next.Reset()
-	next.Step, next.Generation = m.Step, m.Generation
-	s.meta = next
+	m := s.plans.HandOut()
+	s.meta = s.plans.Filling()
 	return m
 }
 

@@ -35,9 +35,8 @@ type Scheduler struct {
 	saving      map[groupHash]int // blocks with a save in flight, this generation
 	retries     []retry           // out-of-space saves to plan again
 	nextID      uint64
-	bufs        [2]connector.Metadata // Plan hands out one while the other fills
-	arenas      [2]arena              // the blocks and hashes of bufs[i] as handed out
-	meta        *connector.Metadata   // the one filling: this step's plan
+	plans       connector.PlanBuffer // Plan hands out one Metadata while the next fills
+	meta        *connector.Metadata  // the one filling: this step's plan
 	progress    connector.Progress
 	events      []connector.KVEvent
 	released    []connector.RequestID
@@ -125,12 +124,6 @@ type transfer struct {
 	tries   int
 }
 
-// arena holds the copies of one Metadata's blocks and hashes.
-type arena struct {
-	blocks []connector.BlockID
-	hashes []hashing.BlockHash
-}
-
 type retry struct {
 	req    *request
 	group  int
@@ -175,7 +168,7 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 	if env.Blocks < 0 {
 		return nil, fmt.Errorf("%w: Env.Blocks = %d, want >= 0", connector.ErrConfig, env.Blocks)
 	}
-	s.meta = &s.bufs[0]
+	s.meta = s.plans.Filling()
 	s.meta.Generation = env.Identity.Generation
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if !opt.syncLookup {
@@ -661,7 +654,7 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 }
 
 // track records a planned transfer. The record shares the Transfer's
-// blocks and hashes; Plan hands the engine copies (see Plan).
+// blocks and hashes; Plan hands the engine copies (connector.PlanBuffer).
 func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries int) {
 	x := &transfer{
 		req:    q,
@@ -792,31 +785,8 @@ func (s *Scheduler) Plan() *connector.Metadata {
 		s.stats.SaveRetries += int64(len(rt.blocks))
 	}
 	s.retries = kept
-	m := s.meta
-	mi := 0
-	if m == &s.bufs[1] {
-		mi = 1
-	}
-	next := &s.bufs[1-mi]
-	// The engine gets copies of the blocks and hashes, in space reused
-	// every other Plan: the records share the originals, and an engine
-	// that writes into the Metadata must not change what the connector
-	// retries or remembers as failed.
-	a := &s.arenas[mi]
-	a.blocks, a.hashes = a.blocks[:0], a.hashes[:0]
-	for _, list := range [2][]connector.Transfer{m.Loads, m.Saves} {
-		for i := range list {
-			t := &list[i]
-			b, h := len(a.blocks), len(a.hashes)
-			a.blocks = append(a.blocks, t.Blocks...)
-			a.hashes = append(a.hashes, t.Hashes...)
-			t.Blocks = a.blocks[b:len(a.blocks):len(a.blocks)]
-			t.Hashes = a.hashes[h:len(a.hashes):len(a.hashes)]
-		}
-	}
-	next.Reset()
-	next.Step, next.Generation = m.Step, m.Generation
-	s.meta = next
+	m := s.plans.HandOut()
+	s.meta = s.plans.Filling()
 	return m
 }
 
