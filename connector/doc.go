@@ -83,10 +83,11 @@
 // in (a Request, block tables, Outputs) is read during the call and never
 // retained. What a half hands out (the Metadata from Plan, the Progress
 // from Update, the Output from Poll) is the half's, read-only, and valid
-// until the next call of the same method: an engine that writes into one
-// corrupts nothing of the connector's state, because the connector keeps
-// its own records apart (connectortest checks it), but what it wrote is
-// what the workers receive. Copy or encode a value to keep it longer.
+// until the next call of the same method. The connectors of this module
+// keep their own records apart from what they hand out ([PlanBuffer] hands
+// out copies of a Metadata's blocks and hashes), so an engine that writes
+// into one corrupts nothing of their state, but what it wrote is what the
+// workers receive. Copy or encode a value to keep it longer.
 //
 // # Identity
 //
