@@ -15,12 +15,11 @@ import (
 	"github.com/kvconnect/kvconnect/store"
 )
 
-// The CUDA runtime's types are what a GPU engine hands the connector.
+// The CUDA runtime's events are what a GPU engine hands the connector as
+// ready events (its copier is a *cudacopy.Copier).
 var (
-	_ connector.DeviceCopier = (*cudart.Stream)(nil)
-	_ connector.HostPinner   = (*cudart.Stream)(nil)
-	_ connector.Event        = (*cudart.Event)(nil)
-	_ connector.Waiter       = (*cudart.Event)(nil)
+	_ connector.Event  = (*cudart.Event)(nil)
+	_ connector.Waiter = (*cudart.Event)(nil)
 )
 
 // fakeCopier stands in for a CUDA stream: "device" memory is host memory
@@ -31,25 +30,41 @@ type fakeCopier struct {
 	fail    error
 }
 
-func (c *fakeCopier) copy(copies []connector.DeviceCopy) error {
+// copy runs the copies at once; when c.fail is set it issues none and
+// returns no completion, as the contract allows.
+func (c *fakeCopier) copy(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.fail != nil {
-		return c.fail
+		return nil, c.fail
 	}
 	c.batches++
+	runCopies(copies)
+	return copied{}, nil
+}
+
+func (c *fakeCopier) CopyToHost(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
+	return c.copy(copies)
+}
+
+func (c *fakeCopier) CopyToDevice(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
+	return c.copy(copies)
+}
+
+// runCopies moves the bytes of copies between "device" and host memory,
+// both host memory from rdma.AllocHost in these tests.
+func runCopies(copies []connector.DeviceCopy) {
 	for _, cp := range copies {
-		// Both sides are host memory from rdma.AllocHost in these tests.
 		dst := rdma.Region{Addr: cp.Dst, Len: cp.N, Loc: rdma.Host}
 		src := rdma.Region{Addr: cp.Src, Len: cp.N, Loc: rdma.Host}
 		copy(dst.Bytes(), src.Bytes())
 	}
-	return nil
 }
 
-func (c *fakeCopier) CopyToHost(copies []connector.DeviceCopy) error   { return c.copy(copies) }
-func (c *fakeCopier) CopyToDevice(copies []connector.DeviceCopy) error { return c.copy(copies) }
-func (c *fakeCopier) Synchronize(context.Context) error                { return nil }
+// copied is the completion of copies that already ran.
+type copied struct{}
+
+func (copied) Wait(context.Context) error { return nil }
 
 // deviceRig is a scheduler half and one worker whose KV memory (8 blocks of
 // 2×2×64 bytes, in order) is "device" memory reachable only through a fake

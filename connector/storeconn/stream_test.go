@@ -14,27 +14,35 @@ import (
 	"github.com/kvconnect/kvconnect/store"
 )
 
-// streamCopier queues copies as a CUDA stream does: they run later, in
-// order, and Synchronize waits for them. Like cudart's Stream, a
-// Synchronize with a cancellable context gives up when the context is done
-// and returns while copies are still queued; it records when that
-// happens. It also pins host memory, and records copies that touch host
-// memory that is not pinned.
+// streamCopier issues each batch of copies as a CUDA stream of its own
+// would: the copies run later, when the batch's completion is waited for.
+// Like cudart's streams, a Wait with a cancellable context gives up when
+// the context is done and returns while the copies are still queued; it
+// records when that happens. It also pins host memory, records copies
+// that touch host memory that is not pinned, and refuses to unpin memory
+// that queued copies touch.
 type streamCopier struct {
 	mu        sync.Mutex
-	queued    []connector.DeviceCopy
-	gate      chan struct{} // when set, CopyToDevice waits for it to close
-	entered   chan struct{} // closed when a gated CopyToDevice arrives
-	failAfter int           // CopyToDevice queues this many copies, then fails; < 0 never
-	early     int           // Synchronize calls that returned with copies queued
+	queued    map[*streamBatch]bool // batches whose copies have not run
+	gate      chan struct{}         // when set, CopyToDevice waits for it to close
+	entered   chan struct{}         // closed when a gated CopyToDevice arrives
+	failAfter int                   // CopyToDevice issues this many copies, then fails; < 0 never
+	waitErr   error                 // when set, Wait fails with it and the copies stay queued
+	early     int                   // Waits that returned with their copies queued
 	pins      map[uintptr]int
 	pinErr    error // PinHost fails with it when set
 	unpinned  int   // copies whose host side was not pinned
 	everPins  int
 }
 
+// streamBatch is the completion of one batch of a streamCopier.
+type streamBatch struct {
+	c      *streamCopier
+	copies []connector.DeviceCopy // the copier's own copy of what was issued
+}
+
 func newStreamCopier() *streamCopier {
-	return &streamCopier{failAfter: -1, pins: map[uintptr]int{}}
+	return &streamCopier{failAfter: -1, pins: map[uintptr]int{}, queued: map[*streamBatch]bool{}}
 }
 
 func (c *streamCopier) pinned(addr uintptr, n int) bool {
@@ -46,7 +54,7 @@ func (c *streamCopier) pinned(addr uintptr, n int) bool {
 	return false
 }
 
-func (c *streamCopier) enqueue(copies []connector.DeviceCopy, toDevice bool) error {
+func (c *streamCopier) enqueue(copies []connector.DeviceCopy, toDevice bool) (connector.CopyCompletion, error) {
 	c.mu.Lock()
 	gate, entered := c.gate, c.entered
 	c.mu.Unlock()
@@ -56,9 +64,11 @@ func (c *streamCopier) enqueue(copies []connector.DeviceCopy, toDevice bool) err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	b := &streamBatch{c: c}
+	c.queued[b] = true
 	for i, cp := range copies {
 		if toDevice && c.failAfter >= 0 && i == c.failAfter {
-			return fmt.Errorf("copy %d: device error", i)
+			return b, fmt.Errorf("copy %d: device error", i)
 		}
 		host := cp.Dst
 		if toDevice {
@@ -67,40 +77,35 @@ func (c *streamCopier) enqueue(copies []connector.DeviceCopy, toDevice bool) err
 		if !c.pinned(host, cp.N) {
 			c.unpinned++
 		}
-		c.queued = append(c.queued, cp)
+		b.copies = append(b.copies, cp)
 	}
-	return nil
+	return b, nil
 }
 
-func (c *streamCopier) CopyToHost(copies []connector.DeviceCopy) error {
+func (c *streamCopier) CopyToHost(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
 	return c.enqueue(copies, false)
 }
 
-func (c *streamCopier) CopyToDevice(copies []connector.DeviceCopy) error {
+func (c *streamCopier) CopyToDevice(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
 	return c.enqueue(copies, true)
 }
 
-func (c *streamCopier) Synchronize(ctx context.Context) error {
-	if ctx.Done() != nil {
-		select {
-		case <-ctx.Done():
-			c.mu.Lock()
-			if len(c.queued) > 0 {
-				c.early++
-			}
-			c.mu.Unlock()
-			return ctx.Err()
-		default:
-		}
-	}
+func (b *streamBatch) Wait(ctx context.Context) error {
+	c := b.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, cp := range c.queued {
-		dst := rdma.Region{Addr: cp.Dst, Len: cp.N, Loc: rdma.Host}
-		src := rdma.Region{Addr: cp.Src, Len: cp.N, Loc: rdma.Host}
-		copy(dst.Bytes(), src.Bytes())
+	if !c.queued[b] {
+		return nil
 	}
-	c.queued = c.queued[:0]
+	if ctx.Err() != nil {
+		c.early++
+		return ctx.Err()
+	}
+	if c.waitErr != nil {
+		return c.waitErr
+	}
+	runCopies(b.copies)
+	delete(c.queued, b)
 	return nil
 }
 
@@ -121,20 +126,32 @@ func (c *streamCopier) PinHost(addr uintptr, n int) error {
 func (c *streamCopier) UnpinHost(addr uintptr) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.queued) > 0 {
-		return fmt.Errorf("unpin with %d copies queued", len(c.queued))
-	}
-	if _, ok := c.pins[addr]; !ok {
+	n, ok := c.pins[addr]
+	if !ok {
 		return errors.New("not pinned")
+	}
+	for b := range c.queued {
+		for _, cp := range b.copies {
+			for _, p := range [2]uintptr{cp.Dst, cp.Src} {
+				if p < addr+uintptr(n) && addr < p+uintptr(cp.N) {
+					return fmt.Errorf("unpin of %#x with a copy of %d bytes at %#x queued", addr, cp.N, p)
+				}
+			}
+		}
 	}
 	delete(c.pins, addr)
 	return nil
 }
 
+// state returns the copies queued, the Waits that returned early and the
+// ranges pinned.
 func (c *streamCopier) state() (queued, early, pins int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.queued), c.early, len(c.pins)
+	for b := range c.queued {
+		queued += len(b.copies)
+	}
+	return queued, c.early, len(c.pins)
 }
 
 // ctxStore records the context of the latest Get.
@@ -161,8 +178,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// Close while a load's device copies are still queued: the worker waits
-// for them without cancellation before it unmaps the staging buffer.
+// Close while a load's device copies are still being issued: the worker
+// waits for their completion without cancellation before it unmaps the
+// staging buffer.
 func TestCloseWaitsForQueuedCopies(t *testing.T) {
 	st := &ctxStore{Store: newMem(t)}
 	cp := newStreamCopier()
@@ -195,8 +213,8 @@ func TestCloseWaitsForQueuedCopies(t *testing.T) {
 }
 
 // A batch of device copies that fails part-way leaves earlier copies
-// queued: the worker waits for them before it reports the blocks failed,
-// so none lands in a block being recomputed.
+// queued: the worker waits for the batch's completion before it reports
+// the blocks failed, so none lands in a block being recomputed.
 func TestPartialCopyFailureSynchronizes(t *testing.T) {
 	cp := newStreamCopier()
 	d := newDeviceRigOn(t, connector.BlockMajor, newMem(t), cp)
