@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -28,6 +30,8 @@ type streamCopier struct {
 	entered   chan struct{}         // closed when a gated CopyToDevice arrives
 	failAfter int                   // CopyToDevice issues this many copies, then fails; < 0 never
 	waitErr   error                 // when set, Wait fails with it and the copies stay queued
+	failed    []*streamBatch        // batches whose Wait failed
+	reused    int                   // copies issued to or from host memory that a failed batch touches
 	early     int                   // Waits that returned with their copies queued
 	pins      map[uintptr]int
 	pinErr    error // PinHost fails with it when set
@@ -39,6 +43,17 @@ type streamCopier struct {
 type streamBatch struct {
 	c      *streamCopier
 	copies []connector.DeviceCopy // the copier's own copy of what was issued
+	host   []rdma.Region          // the host side of each copy
+}
+
+// touches reports whether a copy of b reads or writes host memory in r.
+func (b *streamBatch) touches(r rdma.Region) bool {
+	for _, h := range b.host {
+		if h.Addr < r.Addr+uintptr(r.Len) && r.Addr < h.Addr+uintptr(h.Len) {
+			return true
+		}
+	}
+	return false
 }
 
 func newStreamCopier() *streamCopier {
@@ -77,7 +92,14 @@ func (c *streamCopier) enqueue(copies []connector.DeviceCopy, toDevice bool) (co
 		if !c.pinned(host, cp.N) {
 			c.unpinned++
 		}
+		r := rdma.Region{Addr: host, Len: cp.N, Loc: rdma.Host}
+		for _, f := range c.failed {
+			if f.touches(r) {
+				c.reused++
+			}
+		}
 		b.copies = append(b.copies, cp)
+		b.host = append(b.host, r)
 	}
 	return b, nil
 }
@@ -102,6 +124,9 @@ func (b *streamBatch) Wait(ctx context.Context) error {
 		return ctx.Err()
 	}
 	if c.waitErr != nil {
+		if !slices.Contains(c.failed, b) {
+			c.failed = append(c.failed, b)
+		}
 		return c.waitErr
 	}
 	runCopies(b.copies)
@@ -131,12 +156,8 @@ func (c *streamCopier) UnpinHost(addr uintptr) error {
 		return errors.New("not pinned")
 	}
 	for b := range c.queued {
-		for _, cp := range b.copies {
-			for _, p := range [2]uintptr{cp.Dst, cp.Src} {
-				if p < addr+uintptr(n) && addr < p+uintptr(cp.N) {
-					return fmt.Errorf("unpin of %#x with a copy of %d bytes at %#x queued", addr, cp.N, p)
-				}
-			}
+		if b.touches(rdma.Region{Addr: addr, Len: n, Loc: rdma.Host}) {
+			return fmt.Errorf("unpin of %#x with copies from or to it queued", addr)
 		}
 	}
 	delete(c.pins, addr)
@@ -275,5 +296,65 @@ func TestStagingPinFails(t *testing.T) {
 	defer cp.mu.Unlock()
 	if cp.everPins != 0 || cp.unpinned == 0 {
 		t.Errorf("%d pins, %d unpinned copies; want staging through unpinned memory", cp.everPins, cp.unpinned)
+	}
+}
+
+// When the completion of a batch of device copies fails, the device's
+// state is unknown: the load fails, and its staging buffer is retired,
+// never reused by a later batch, nor unpinned or freed, also by Close.
+// One transfer goroutine, so that the save after the failure runs where
+// the failed load ran.
+func TestCopyWaitFailureRetiresStaging(t *testing.T) {
+	cp := newStreamCopier()
+	d := newDeviceRigWith(t, connector.BlockMajor, newMem(t), cp, map[string]any{"transfer_workers": 1})
+	d.saveFour()
+	cp.mu.Lock()
+	cp.waitErr = errors.New("cudaErrorIllegalAddress")
+	cp.mu.Unlock()
+	d.loadFour()
+	d.until("load failure", func(p *connector.Progress) bool {
+		if len(p.Loaded) > 0 {
+			t.Fatalf("load reported done although waiting for its device copies failed")
+		}
+		return len(p.Failed) > 0
+	})
+	cp.mu.Lock()
+	cp.waitErr = nil
+	cp.mu.Unlock()
+
+	// A save of another prompt stages through a buffer of its own.
+	toks := make([]hashing.Token, 2*bs+1)
+	for i := range toks {
+		toks[i] = hashing.Token(1000 + i)
+	}
+	hs, err := hashing.HashBlocks(bs, toks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &connector.Request{ID: "other", Prompt: len(toks), Hashes: hs}
+	if err := d.s.Scheduled(other, other.Prompt, []connector.BlockID{5, 6, 7}); err != nil {
+		t.Fatal(err)
+	}
+	d.step(connector.Ready)
+	if keep, err := d.s.Finish(other, nil); err != nil {
+		t.Fatal(err)
+	} else if keep {
+		d.until("release of the other prompt", func(p *connector.Progress) bool { return len(p.Released) == 1 })
+	}
+	if st := d.w.(connector.StatsReporter).Stats(); st.Saves != 4+2 {
+		t.Fatalf("Saves = %d, want 6: the four blocks first saved and the other prompt's two", st.Saves)
+	}
+	if err := d.w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	queued, _, pins := cp.state()
+	cp.mu.Lock()
+	reused := cp.reused
+	cp.mu.Unlock()
+	if reused > 0 {
+		t.Errorf("%d copies went to or from the staging memory of the batch whose wait failed", reused)
+	}
+	if queued == 0 || pins != 1 {
+		t.Errorf("after Close: %d copies queued, %d buffers pinned; want the failed batch's copies queued and its buffer still pinned", queued, pins)
 	}
 }
