@@ -269,7 +269,8 @@ type Env struct {
 
 	// Copier, when the worker's KV memory is device memory that the store
 	// cannot reach, stages blocks through registered host memory: a
-	// *cudart.Stream is one. Worker half only.
+	// *cudacopy.Copier (connector/cudacopy) is one. Worker half only; the
+	// connector does not close it.
 	Copier DeviceCopier
 
 	// Logger receives the connector's logs; nil discards them.
@@ -290,21 +291,46 @@ type Env struct {
 }
 
 // DeviceCopy is one copy of N bytes from Src to Dst, between device memory
-// and host memory. It is the same type as cudart.Copy, so a *cudart.Stream
-// is a [DeviceCopier] without this package importing cudart.
-type DeviceCopy = struct {
+// and host memory. Both are addresses outside the Go heap (device memory,
+// pinned or mapped host memory): the copy runs after the call that issues
+// it returns. It is a struct of its own, not cudart's type, so that fields
+// can be added; connector/cudacopy turns it into cudart's.
+type DeviceCopy struct {
 	Dst, Src uintptr
 	N        int
 }
 
 // DeviceCopier moves block bytes between device KV memory and host staging
-// memory. Copies may run asynchronously; Synchronize waits until every copy
-// issued so far is done. A worker's transfer goroutines share it, so it must
-// be safe for concurrent use.
+// memory (connector/cudacopy's Copier is one, over CUDA streams). Copies
+// may run asynchronously: each call issues one batch and returns its
+// [CopyCompletion], which completes when exactly the copies of that batch
+// have, not those that other calls issued before or after. A worker's
+// transfer goroutines share the copier and each waits only for its own
+// batches, so it must be safe for concurrent use, and one goroutine's
+// batch must never have to wait for another's.
+//
+// The copies slice is read during the call only; the caller keeps it.
+// When issuing fails part-way, the call returns the error together with a
+// completion that covers the copies it did issue: done is nil only when
+// err is not and no copy was issued. A caller reuses or frees memory that
+// a batch touches only after Wait of its completion returned nil.
 type DeviceCopier interface {
-	CopyToHost(copies []DeviceCopy) error
-	CopyToDevice(copies []DeviceCopy) error
-	Synchronize(ctx context.Context) error
+	CopyToHost(copies []DeviceCopy) (done CopyCompletion, err error)
+	CopyToDevice(copies []DeviceCopy) (done CopyCompletion, err error)
+}
+
+// CopyCompletion is the completion of one batch of device copies, from a
+// [DeviceCopier]. Wait blocks until every copy of the batch has completed
+// and returns nil, or returns the error that the device reported for
+// them, or ctx.Err() once ctx is done (the copies go on; Wait may be
+// called again). After an error other than ctx's the state of the memory
+// is unknown: the caller never reuses or frees it. Once Wait returned nil
+// the copier may recycle what the batch used, and later calls of Wait
+// return nil at once. The connector calls Wait from one goroutine at a
+// time, and on every completion it gets, until it returns nil or an error
+// other than ctx's.
+type CopyCompletion interface {
+	Wait(ctx context.Context) error
 }
 
 // HostPinner is an optional interface of a [DeviceCopier] that can
@@ -312,8 +338,9 @@ type DeviceCopier interface {
 // full speed and asynchronously; copies from pageable memory are staged by
 // the driver and run at a fraction of the bandwidth. A connector that
 // allocates host staging buffers pins them with PinHost once and unpins
-// them with UnpinHost before it frees them, after every copy into or out of
-// them has completed. A *cudart.Stream is a HostPinner.
+// them with UnpinHost before it frees them, after the completion of every
+// batch that copied into or out of them returned nil from Wait.
+// connector/cudacopy's Copier is a HostPinner.
 type HostPinner interface {
 	PinHost(addr uintptr, n int) error
 	UnpinHost(addr uintptr) error

@@ -45,6 +45,9 @@
 // lock and device switch. [Copy] is an alias of an unnamed struct, and the
 // connector-facing methods take only such types, so packages can declare
 // interfaces that [*Stream] and [*Event] satisfy without importing cudart.
+// A connector's worker stages device KV memory through
+// connector/cudacopy's Copier, which runs each batch of copies on a
+// stream of its own from this package.
 //
 // # Memory
 //

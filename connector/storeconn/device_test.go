@@ -3,10 +3,12 @@ package storeconn_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
@@ -15,12 +17,11 @@ import (
 	"github.com/kvconnect/kvconnect/store"
 )
 
-// The CUDA runtime's types are what a GPU engine hands the connector.
+// The CUDA runtime's events are what a GPU engine hands the connector as
+// ready events (its copier is a *cudacopy.Copier).
 var (
-	_ connector.DeviceCopier = (*cudart.Stream)(nil)
-	_ connector.HostPinner   = (*cudart.Stream)(nil)
-	_ connector.Event        = (*cudart.Event)(nil)
-	_ connector.Waiter       = (*cudart.Event)(nil)
+	_ connector.Event  = (*cudart.Event)(nil)
+	_ connector.Waiter = (*cudart.Event)(nil)
 )
 
 // fakeCopier stands in for a CUDA stream: "device" memory is host memory
@@ -31,25 +32,41 @@ type fakeCopier struct {
 	fail    error
 }
 
-func (c *fakeCopier) copy(copies []connector.DeviceCopy) error {
+// copy runs the copies at once; when c.fail is set it issues none and
+// returns no completion, as the contract allows.
+func (c *fakeCopier) copy(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.fail != nil {
-		return c.fail
+		return nil, c.fail
 	}
 	c.batches++
+	runCopies(copies)
+	return copied{}, nil
+}
+
+func (c *fakeCopier) CopyToHost(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
+	return c.copy(copies)
+}
+
+func (c *fakeCopier) CopyToDevice(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
+	return c.copy(copies)
+}
+
+// runCopies moves the bytes of copies between "device" and host memory,
+// both host memory from rdma.AllocHost in these tests.
+func runCopies(copies []connector.DeviceCopy) {
 	for _, cp := range copies {
-		// Both sides are host memory from rdma.AllocHost in these tests.
 		dst := rdma.Region{Addr: cp.Dst, Len: cp.N, Loc: rdma.Host}
 		src := rdma.Region{Addr: cp.Src, Len: cp.N, Loc: rdma.Host}
 		copy(dst.Bytes(), src.Bytes())
 	}
-	return nil
 }
 
-func (c *fakeCopier) CopyToHost(copies []connector.DeviceCopy) error   { return c.copy(copies) }
-func (c *fakeCopier) CopyToDevice(copies []connector.DeviceCopy) error { return c.copy(copies) }
-func (c *fakeCopier) Synchronize(context.Context) error                { return nil }
+// copied is the completion of copies that already ran.
+type copied struct{}
+
+func (copied) Wait(context.Context) error { return nil }
 
 // deviceRig is a scheduler half and one worker whose KV memory (8 blocks of
 // 2×2×64 bytes, in order) is "device" memory reachable only through a fake
@@ -74,7 +91,15 @@ func newDeviceRig(t *testing.T, order connector.Order) *deviceRig {
 // newDeviceRigOn is a deviceRig over st with copier cp.
 func newDeviceRigOn(t *testing.T, order connector.Order, st store.Store, cp connector.DeviceCopier) *deviceRig {
 	t.Helper()
+	return newDeviceRigWith(t, order, st, cp, nil)
+}
+
+// newDeviceRigWith is a deviceRig over st with copier cp and the config
+// keys of extra.
+func newDeviceRigWith(t *testing.T, order connector.Order, st store.Store, cp connector.DeviceCopier, extra map[string]any) *deviceRig {
+	t.Helper()
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
+	maps.Copy(cfg.Extra, extra)
 	env := connector.Env{Identity: identity(1, 1), Store: st, Copier: cp}
 	s, err := connector.OpenScheduler(cfg, env)
 	if err != nil {
@@ -203,5 +228,137 @@ func TestDeviceCopyFailureFailsBlocks(t *testing.T) {
 	})
 	if fails[0].Valid != 0 {
 		t.Errorf("Valid = %d after the first batch failed, want 0", fails[0].Valid)
+	}
+}
+
+// heldCopier runs copies as they are issued, except for one batch to the
+// device once armed: its copies run, and its completion completes, only
+// when release is closed.
+type heldCopier struct {
+	mu      sync.Mutex
+	armed   bool
+	batch   *heldBatch
+	held    chan struct{} // closed when a transfer goroutine waits for the held batch
+	release chan struct{}
+}
+
+type heldBatch struct {
+	c      *heldCopier
+	copies []connector.DeviceCopy
+	once   sync.Once
+}
+
+// arm holds the next batch to the device.
+func (c *heldCopier) arm() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.armed, c.held, c.release = true, make(chan struct{}), make(chan struct{})
+}
+
+func (c *heldCopier) CopyToHost(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
+	runCopies(copies)
+	return copied{}, nil
+}
+
+func (c *heldCopier) CopyToDevice(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.armed {
+		runCopies(copies)
+		return copied{}, nil
+	}
+	c.armed = false
+	c.batch = &heldBatch{c: c, copies: slices.Clone(copies)} // the caller keeps its slice
+	return c.batch, nil
+}
+
+func (b *heldBatch) Wait(ctx context.Context) error {
+	b.once.Do(func() { close(b.c.held) })
+	select {
+	case <-b.c.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	b.c.mu.Lock()
+	defer b.c.mu.Unlock()
+	runCopies(b.copies)
+	b.copies = nil
+	return nil
+}
+
+// TestTransfersWaitOnlyForTheirCopies: each transfer goroutine of a worker
+// waits for the completion of its own batch of device copies only. Two
+// loads run on the worker's two transfer goroutines; while the completion
+// of one's batch is held, the other's load finishes and is reported, and
+// the held one is reported only after its completion is released, with
+// every byte in place.
+func TestTransfersWaitOnlyForTheirCopies(t *testing.T) {
+	cp := &heldCopier{}
+	d := newDeviceRigWith(t, connector.BlockMajor, newMem(t), cp, map[string]any{"transfer_workers": 2})
+	for i := range d.mem.Bytes() {
+		d.mem.Bytes()[i] = byte(i * 7)
+	}
+	d.saveFour()
+	clear(d.mem.Bytes())
+
+	// Two requests that share the saved prompt's first blocks: b loads four
+	// blocks into blocks 0-3, c two into blocks 5 and 6. They load in one
+	// step, on the worker's two transfer goroutines.
+	into := map[connector.RequestID][]connector.BlockID{"b": blocks(5), "c": {5, 6, 7}}
+	reqs := []*connector.Request{request("b", 4*bs+1), request("c", 2*bs+1)}
+	for _, r := range reqs {
+		m, err := d.s.Match(r, 0)
+		if err != nil || m.Tokens != len(r.Hashes)*bs {
+			t.Fatalf("Match(%s) = %+v, %v; want %d tokens", r.ID, m, err, len(r.Hashes)*bs)
+		}
+		if err := d.s.Allocated(r, m.Tokens, into[r.ID]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp.arm()
+	loaded := map[connector.RequestID]bool{}
+	record := func(p *connector.Progress) {
+		if len(p.Failed) > 0 {
+			t.Fatalf("loads failed: %+v", p.Failed)
+		}
+		for _, id := range p.Loaded {
+			loaded[id] = true
+		}
+	}
+	record(d.step(connector.Ready)) // plans and starts both loads
+	select {
+	case <-cp.held:
+	case <-time.After(time.Minute):
+		t.Fatal("waited a minute for a transfer goroutine to wait for the held batch of device copies")
+	}
+	cp.mu.Lock()
+	heldReq, other := connector.RequestID("b"), connector.RequestID("c")
+	if dst := cp.batch.copies[0].Dst; dst >= d.dev.Addr+5*uintptr(d.kv.BlockSize()) {
+		heldReq, other = other, heldReq
+	}
+	cp.mu.Unlock()
+
+	d.until("the load of "+string(other)+" while the completion of "+string(heldReq)+"'s copies is held", func(p *connector.Progress) bool {
+		record(p)
+		return len(loaded) > 0
+	})
+	if loaded[heldReq] || !loaded[other] {
+		t.Fatalf("loaded %v while the completion of %s's copies was held; want %s only", loaded, heldReq, other)
+	}
+	close(cp.release)
+	d.until("the load of "+string(heldReq)+" once its completion was released", func(p *connector.Progress) bool {
+		record(p)
+		return len(loaded) == 2
+	})
+	for _, r := range reqs {
+		for k := range len(r.Hashes) {
+			src, dst := d.kv.Spans(nil, connector.BlockID(k)), d.kv.Spans(nil, into[r.ID][k])
+			for i := range src {
+				off := int(dst[i].Addr - d.dev.Addr)
+				if !slices.Equal(d.mem.Bytes()[off:off+dst[i].Len], wantAt(int(src[i].Addr-d.dev.Addr), src[i].Len)) {
+					t.Errorf("request %s, block %d: the bytes at %d are not those of saved block %d", r.ID, into[r.ID][k], off, k)
+				}
+			}
+		}
 	}
 }

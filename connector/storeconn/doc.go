@@ -83,13 +83,16 @@
 // # Device memory
 //
 // Staging buffers for device KV memory are pinned through Env.Copier when
-// it is a [connector.HostPinner] (a *cudart.Stream is), so copies run at
-// full bandwidth. A buffer is reused, unpinned or unmapped only after the
-// copier's Synchronize, called without cancellation, has returned, also
-// after a batch of copies that failed part-way and also in Close: a copy
-// still queued never lands in memory that was freed, nor in a block the
-// engine is recomputing. If Synchronize itself fails, the device's state
-// is unknown and the buffer is retired: kept, never reused or unmapped.
+// it is a [connector.HostPinner] (connector/cudacopy's Copier is), so
+// copies run at full bandwidth. Each transfer goroutine stages through a
+// buffer of its own and waits for the completion of its own batch of
+// copies only, so goroutines never wait for each other's copies. A
+// buffer is reused, unpinned or unmapped only after that wait, made
+// without cancellation, has returned nil, also after a batch of copies
+// that failed part-way and also in Close: a copy still queued never lands
+// in memory that was freed, nor in a block the engine is recomputing. If
+// the wait itself fails, the device's state is unknown and the buffer is
+// retired: kept, never reused or unmapped.
 //
 // # Configuration
 //

@@ -4,37 +4,60 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
 
-// streamCopier queues copies as a CUDA stream does: they run later, in
-// order, and Synchronize waits for them. Like cudart's Stream, a
-// Synchronize with a cancellable context gives up when the context is done
-// and returns while copies are still queued; it records when that
-// happens. It also pins host memory, and records copies that touch host
-// memory that is not pinned.
+// streamCopier issues each batch of copies as a CUDA stream of its own
+// would: the copies run later, when the batch's completion is waited for.
+// Like cudart's streams, a Wait with a cancellable context gives up when
+// the context is done and returns while the copies are still queued; it
+// records when that happens. It also pins host memory, records copies
+// that touch host memory that is not pinned, and refuses to unpin memory
+// that queued copies touch.
 type streamCopier struct {
 	mu        sync.Mutex
-	queued    []connector.DeviceCopy
-	gate      chan struct{} // when set, CopyToDevice waits for it to close
-	entered   chan struct{} // closed when a gated CopyToDevice arrives
-	failAfter int           // CopyToDevice queues this many copies, then fails; < 0 never
-	early     int           // Synchronize calls that returned with copies queued
+	queued    map[*streamBatch]bool // batches whose copies have not run
+	gate      chan struct{}         // when set, CopyToDevice waits for it to close
+	entered   chan struct{}         // closed when a gated CopyToDevice arrives
+	failAfter int                   // CopyToDevice issues this many copies, then fails; < 0 never
+	waitErr   error                 // when set, Wait fails with it and the copies stay queued
+	failed    []*streamBatch        // batches whose Wait failed
+	reused    int                   // copies issued to or from host memory that a failed batch touches
+	early     int                   // Waits that returned with their copies queued
 	pins      map[uintptr]int
 	pinErr    error // PinHost fails with it when set
 	unpinned  int   // copies whose host side was not pinned
 	everPins  int
 }
 
+// streamBatch is the completion of one batch of a streamCopier.
+type streamBatch struct {
+	c      *streamCopier
+	copies []connector.DeviceCopy // the copier's own copy of what was issued
+	host   []rdma.Region          // the host side of each copy
+}
+
+// touches reports whether a copy of b reads or writes host memory in r.
+func (b *streamBatch) touches(r rdma.Region) bool {
+	for _, h := range b.host {
+		if h.Addr < r.Addr+uintptr(r.Len) && r.Addr < h.Addr+uintptr(h.Len) {
+			return true
+		}
+	}
+	return false
+}
+
 func newStreamCopier() *streamCopier {
-	return &streamCopier{failAfter: -1, pins: map[uintptr]int{}}
+	return &streamCopier{failAfter: -1, pins: map[uintptr]int{}, queued: map[*streamBatch]bool{}}
 }
 
 func (c *streamCopier) pinned(addr uintptr, n int) bool {
@@ -46,7 +69,7 @@ func (c *streamCopier) pinned(addr uintptr, n int) bool {
 	return false
 }
 
-func (c *streamCopier) enqueue(copies []connector.DeviceCopy, toDevice bool) error {
+func (c *streamCopier) enqueue(copies []connector.DeviceCopy, toDevice bool) (connector.CopyCompletion, error) {
 	c.mu.Lock()
 	gate, entered := c.gate, c.entered
 	c.mu.Unlock()
@@ -56,9 +79,11 @@ func (c *streamCopier) enqueue(copies []connector.DeviceCopy, toDevice bool) err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	b := &streamBatch{c: c}
+	c.queued[b] = true
 	for i, cp := range copies {
 		if toDevice && c.failAfter >= 0 && i == c.failAfter {
-			return fmt.Errorf("copy %d: device error", i)
+			return b, fmt.Errorf("copy %d: device error", i)
 		}
 		host := cp.Dst
 		if toDevice {
@@ -67,40 +92,45 @@ func (c *streamCopier) enqueue(copies []connector.DeviceCopy, toDevice bool) err
 		if !c.pinned(host, cp.N) {
 			c.unpinned++
 		}
-		c.queued = append(c.queued, cp)
+		r := rdma.Region{Addr: host, Len: cp.N, Loc: rdma.Host}
+		for _, f := range c.failed {
+			if f.touches(r) {
+				c.reused++
+			}
+		}
+		b.copies = append(b.copies, cp)
+		b.host = append(b.host, r)
 	}
-	return nil
+	return b, nil
 }
 
-func (c *streamCopier) CopyToHost(copies []connector.DeviceCopy) error {
+func (c *streamCopier) CopyToHost(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
 	return c.enqueue(copies, false)
 }
 
-func (c *streamCopier) CopyToDevice(copies []connector.DeviceCopy) error {
+func (c *streamCopier) CopyToDevice(copies []connector.DeviceCopy) (connector.CopyCompletion, error) {
 	return c.enqueue(copies, true)
 }
 
-func (c *streamCopier) Synchronize(ctx context.Context) error {
-	if ctx.Done() != nil {
-		select {
-		case <-ctx.Done():
-			c.mu.Lock()
-			if len(c.queued) > 0 {
-				c.early++
-			}
-			c.mu.Unlock()
-			return ctx.Err()
-		default:
-		}
-	}
+func (b *streamBatch) Wait(ctx context.Context) error {
+	c := b.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, cp := range c.queued {
-		dst := rdma.Region{Addr: cp.Dst, Len: cp.N, Loc: rdma.Host}
-		src := rdma.Region{Addr: cp.Src, Len: cp.N, Loc: rdma.Host}
-		copy(dst.Bytes(), src.Bytes())
+	if !c.queued[b] {
+		return nil
 	}
-	c.queued = c.queued[:0]
+	if ctx.Err() != nil {
+		c.early++
+		return ctx.Err()
+	}
+	if c.waitErr != nil {
+		if !slices.Contains(c.failed, b) {
+			c.failed = append(c.failed, b)
+		}
+		return c.waitErr
+	}
+	runCopies(b.copies)
+	delete(c.queued, b)
 	return nil
 }
 
@@ -121,20 +151,28 @@ func (c *streamCopier) PinHost(addr uintptr, n int) error {
 func (c *streamCopier) UnpinHost(addr uintptr) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.queued) > 0 {
-		return fmt.Errorf("unpin with %d copies queued", len(c.queued))
-	}
-	if _, ok := c.pins[addr]; !ok {
+	n, ok := c.pins[addr]
+	if !ok {
 		return errors.New("not pinned")
+	}
+	for b := range c.queued {
+		if b.touches(rdma.Region{Addr: addr, Len: n, Loc: rdma.Host}) {
+			return fmt.Errorf("unpin of %#x with copies from or to it queued", addr)
+		}
 	}
 	delete(c.pins, addr)
 	return nil
 }
 
+// state returns the copies queued, the Waits that returned early and the
+// ranges pinned.
 func (c *streamCopier) state() (queued, early, pins int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.queued), c.early, len(c.pins)
+	for b := range c.queued {
+		queued += len(b.copies)
+	}
+	return queued, c.early, len(c.pins)
 }
 
 // ctxStore records the context of the latest Get.
@@ -161,8 +199,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// Close while a load's device copies are still queued: the worker waits
-// for them without cancellation before it unmaps the staging buffer.
+// Close while a load's device copies are still being issued: the worker
+// waits for their completion without cancellation before it unmaps the
+// staging buffer.
 func TestCloseWaitsForQueuedCopies(t *testing.T) {
 	st := &ctxStore{Store: newMem(t)}
 	cp := newStreamCopier()
@@ -195,8 +234,8 @@ func TestCloseWaitsForQueuedCopies(t *testing.T) {
 }
 
 // A batch of device copies that fails part-way leaves earlier copies
-// queued: the worker waits for them before it reports the blocks failed,
-// so none lands in a block being recomputed.
+// queued: the worker waits for the batch's completion before it reports
+// the blocks failed, so none lands in a block being recomputed.
 func TestPartialCopyFailureSynchronizes(t *testing.T) {
 	cp := newStreamCopier()
 	d := newDeviceRigOn(t, connector.BlockMajor, newMem(t), cp)
@@ -257,5 +296,65 @@ func TestStagingPinFails(t *testing.T) {
 	defer cp.mu.Unlock()
 	if cp.everPins != 0 || cp.unpinned == 0 {
 		t.Errorf("%d pins, %d unpinned copies; want staging through unpinned memory", cp.everPins, cp.unpinned)
+	}
+}
+
+// When the completion of a batch of device copies fails, the device's
+// state is unknown: the load fails, and its staging buffer is retired,
+// never reused by a later batch, nor unpinned or freed, also by Close.
+// One transfer goroutine, so that the save after the failure runs where
+// the failed load ran.
+func TestCopyWaitFailureRetiresStaging(t *testing.T) {
+	cp := newStreamCopier()
+	d := newDeviceRigWith(t, connector.BlockMajor, newMem(t), cp, map[string]any{"transfer_workers": 1})
+	d.saveFour()
+	cp.mu.Lock()
+	cp.waitErr = errors.New("cudaErrorIllegalAddress")
+	cp.mu.Unlock()
+	d.loadFour()
+	d.until("load failure", func(p *connector.Progress) bool {
+		if len(p.Loaded) > 0 {
+			t.Fatalf("load reported done although waiting for its device copies failed")
+		}
+		return len(p.Failed) > 0
+	})
+	cp.mu.Lock()
+	cp.waitErr = nil
+	cp.mu.Unlock()
+
+	// A save of another prompt stages through a buffer of its own.
+	toks := make([]hashing.Token, 2*bs+1)
+	for i := range toks {
+		toks[i] = hashing.Token(1000 + i)
+	}
+	hs, err := hashing.HashBlocks(bs, toks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &connector.Request{ID: "other", Prompt: len(toks), Hashes: hs}
+	if err := d.s.Scheduled(other, other.Prompt, []connector.BlockID{5, 6, 7}); err != nil {
+		t.Fatal(err)
+	}
+	d.step(connector.Ready)
+	if keep, err := d.s.Finish(other, nil); err != nil {
+		t.Fatal(err)
+	} else if keep {
+		d.until("release of the other prompt", func(p *connector.Progress) bool { return len(p.Released) == 1 })
+	}
+	if st := d.w.(connector.StatsReporter).Stats(); st.Saves != 4+2 {
+		t.Fatalf("Saves = %d, want 6: the four blocks first saved and the other prompt's two", st.Saves)
+	}
+	if err := d.w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	queued, _, pins := cp.state()
+	cp.mu.Lock()
+	reused := cp.reused
+	cp.mu.Unlock()
+	if reused > 0 {
+		t.Errorf("%d copies went to or from the staging memory of the batch whose wait failed", reused)
+	}
+	if queued == 0 || pins != 1 {
+		t.Errorf("after Close: %d copies queued, %d buffers pinned; want the failed batch's copies queued and its buffer still pinned", queued, pins)
 	}
 }

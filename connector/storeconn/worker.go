@@ -174,7 +174,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	loc := kv.Group(0).Regions[0].Loc
 	if !loc.IsHost() {
 		if w.copier == nil {
-			return fmt.Errorf("storeconn: KV memory in %v needs Env.Copier (a *cudart.Stream, say) to stage blocks through host memory", loc)
+			return fmt.Errorf("storeconn: KV memory in %v needs Env.Copier (a *cudacopy.Copier, say) to stage blocks through host memory", loc)
 		}
 		for g := range groups {
 			groups[g].mode = staging
@@ -462,7 +462,8 @@ type scratch struct {
 }
 
 // free releases the scratch memory. Every copy into or out of it has
-// completed by then: flush waits for device copies before it returns.
+// completed by then: flush waits for its batch of device copies before it
+// returns.
 func (sc *scratch) free() {
 	sc.freeStaging()
 	if sc.trailers != nil {
@@ -780,29 +781,37 @@ func (w *Worker) gather(sc *scratch, gm *groupMem, staged rdma.Region, b connect
 }
 
 // flush issues the device copies that scatter or gather queued, in one
-// batch, and waits until every copy of the stream is done, also when
-// issuing them failed part-way: copies already queued would otherwise land
-// in blocks being recomputed, or in staging memory being reused. The wait
-// takes no cancellation, so Close cannot unmap memory a copy still
-// targets. When the wait itself fails the device's state is unknown: the
-// staging buffer is retired, never reused or unmapped.
+// batch, and waits for that batch's completion, also when issuing it
+// failed part-way: copies already issued would otherwise land in blocks
+// being recomputed, or in staging memory being reused. It waits for this
+// goroutine's batch only, never for the copies of the worker's other
+// transfer goroutines. The wait takes no cancellation, so Close cannot
+// unmap memory a copy still targets. When the wait itself fails the
+// device's state is unknown: the staging buffer is retired, never reused
+// or unmapped.
 func (w *Worker) flush(sc *scratch, toDevice bool) error {
 	if len(sc.copies) == 0 {
 		return nil
 	}
-	var err error
+	var (
+		done connector.CopyCompletion
+		err  error
+	)
 	if toDevice {
-		err = w.copier.CopyToDevice(sc.copies)
+		done, err = w.copier.CopyToDevice(sc.copies)
 	} else {
-		err = w.copier.CopyToHost(sc.copies)
+		done, err = w.copier.CopyToHost(sc.copies)
 	}
 	sc.copies = sc.copies[:0]
-	if serr := w.copier.Synchronize(context.Background()); serr != nil {
+	if done == nil { // nothing was issued
+		return err
+	}
+	if werr := done.Wait(context.Background()); werr != nil {
 		if sc.staging != nil {
-			w.retire(sc.staging, "device synchronize", serr)
+			w.retire(sc.staging, "device copies", werr)
 			sc.staging, sc.pinned = nil, false
 		}
-		return errors.Join(err, serr)
+		return errors.Join(err, werr)
 	}
 	return err
 }
