@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
 )
 
 func TestNewBadConfig(t *testing.T) {
@@ -24,6 +25,36 @@ func TestNewBadConfig(t *testing.T) {
 		{"unknown lookup mode", func(c *Config) { c.ExternalLookup = 9 }, "ExternalLookup = Lookup(9)"},
 		{"no tenant", func(c *Config) { c.Identity.Tenant = "" }, "Tenant"},
 		{"block size 0", func(c *Config) { c.Identity.Layout.BlockSize = 0 }, "Layout.BlockSize = 0"},
+		// KV cache groups.
+		{"window 0", func(c *Config) { c.Identity = hybridIdentity(4, 0) }, "Layout.Groups[1].Window = 0"},
+		{"group block size", func(c *Config) {
+			c.Identity = hybridIdentity(4, 8)
+			c.Identity.Layout.Groups[2].BlockSize = 8
+		}, "Identity.Layout.Groups[2].BlockSize = 8: the scheduler needs every group's block size to equal Layout.BlockSize = 4"},
+		{"Blocks and GroupBlocks", func(c *Config) {
+			c.Identity = hybridIdentity(4, 8)
+			c.GroupBlocks = []int{8, 8, 8}
+		}, "Blocks = 8 and GroupBlocks = [8 8 8]: give one or the other"},
+		{"GroupBlocks short", func(c *Config) {
+			c.Identity, c.Blocks = hybridIdentity(4, 8), 0
+			c.GroupBlocks = []int{8, 8}
+		}, "GroupBlocks has 2 entries, want one per KV cache group of Identity.Layout: 3"},
+		{"GroupBlocks 0", func(c *Config) {
+			c.Identity, c.Blocks = hybridIdentity(4, 8), 0
+			c.GroupBlocks = []int{8, 0, 8}
+		}, "GroupBlocks[1] = 0, want 1 to"},
+		{"window pool too small", func(c *Config) {
+			c.Identity, c.Blocks = hybridIdentity(4, 8), 0
+			c.GroupBlocks = []int{8, 8, 8}
+		}, "GroupBlocks[1] = 8, want >= 9 for the sliding_window group Identity.Layout.Groups[1]"},
+		{"state pool too small", func(c *Config) {
+			c.Identity, c.Blocks = hybridIdentity(4, 8), 0
+			c.GroupBlocks = []int{8, 9, 2}
+		}, "GroupBlocks[2] = 2, want >= 3 for the state group"},
+		{"Blocks too few for a window", func(c *Config) { c.Identity = hybridIdentity(4, 8) }, "Blocks = 8, want >= 9 for the sliding_window group"},
+		{"budget under a block with a state", func(c *Config) {
+			c.Identity, c.Blocks, c.MaxBatchedTokens = hybridIdentity(4, 8, hashing.FullAttention, hashing.RecurrentState), 8, 3
+		}, "MaxBatchedTokens = 3, want >= the block size 4 with a state group"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -46,7 +46,7 @@ type stepBench struct {
 	maxGen  int
 }
 
-func newStepBench(tb testing.TB, running, waiting int, withConn bool) *stepBench {
+func newStepBench(tb testing.TB, running, waiting int, withConn, hybrid bool) *stepBench {
 	const bs, prompt, maxGen = 16, 64, 128
 	slots, maxRunning := running+waiting, running
 	var conn connector.Scheduler
@@ -60,6 +60,13 @@ func newStepBench(tb testing.TB, running, waiting int, withConn bool) *stepBench
 		MaxBatchedTokens: running + 4*prompt,
 		MaxRunning:       maxRunning,
 		PrefixCaching:    true,
+	}
+	if hybrid {
+		// Full attention, a window of two blocks, a state: the state
+		// pool holds a state per chunk and per block of output.
+		cfg.Identity = hybridIdentity(bs, 2*bs)
+		cfg.GroupBlocks = []int{cfg.Blocks, cfg.Blocks, slots * (3 + maxGen/bs)}
+		cfg.Blocks = 0
 	}
 	s, err := New(cfg, conn)
 	if err != nil {
@@ -156,12 +163,12 @@ func baselinePerRequest(ids []connector.RequestID) float64 {
 // tracker) with 256 running requests and 64 waiting ones.
 func BenchmarkStep(b *testing.B) {
 	for _, tc := range []struct {
-		name     string
-		withConn bool
-	}{{"no-connector", false}, {"pending-lookups", true}} {
+		name             string
+		withConn, hybrid bool
+	}{{"no-connector", false, false}, {"pending-lookups", true, false}, {"hybrid", true, true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			const running, waiting = 256, 64
-			sb := newStepBench(b, running, waiting, tc.withConn)
+			sb := newStepBench(b, running, waiting, tc.withConn, tc.hybrid)
 			ids := append([]connector.RequestID(nil), sb.ids...)
 			for i := len(ids); i < running+waiting; i++ {
 				ids = append(ids, connector.RequestID(fmt.Sprintf("wait-%d", i)))
@@ -268,10 +275,13 @@ func BenchmarkPool(b *testing.B) {
 // TestStepDoesNotAllocate checks the steady state of BenchmarkStep: no
 // allocation at all per step, whatever the number of requests.
 func TestStepDoesNotAllocate(t *testing.T) {
-	for _, withConn := range []bool{false, true} {
-		sb := newStepBench(t, 64, 16, withConn)
+	for _, tc := range []struct{ withConn, hybrid bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		sb := newStepBench(t, 64, 16, tc.withConn, tc.hybrid)
 		if n := testing.AllocsPerRun(100, func() { sb.step(t) }); n != 0 {
-			t.Errorf("connector %v: %v allocations per step, want 0", withConn, n)
+			t.Errorf("connector %v, hybrid %v: %v allocations per step, want 0", tc.withConn, tc.hybrid, n)
+		}
+		if st := sb.s.Stats(); tc.hybrid && (st.Running < 32 || st.Pool.Cached == 0) {
+			t.Errorf("hybrid: not in steady state: %+v", st)
 		}
 	}
 }

@@ -40,8 +40,20 @@ type Config struct {
 	// Layout.BlockSize is the block size in tokens. Required and valid.
 	Identity hashing.Identity
 
-	// Blocks is the number of KV blocks in the pool. Required, > 0.
+	// Blocks is the number of KV blocks in the pool: with several KV
+	// cache groups (Identity.Layout.Groups), of each group's pool, unless
+	// GroupBlocks says otherwise. Required, > 0, unless GroupBlocks is
+	// set; then 0.
 	Blocks int
+
+	// GroupBlocks, for a layout with KV cache groups, is the number of
+	// blocks of each group's pool, in the layout's order (one entry per
+	// group, each > 0). Each group's memory has its own blocks, addressed
+	// by the ids of that group's block table (see connector.KVCache), so
+	// each group has a pool of its own: a sliding-window or state group
+	// needs far fewer blocks than a full-attention one. Nil gives every
+	// group Blocks blocks.
+	GroupBlocks []int
 
 	// MaxBatchedTokens is the token budget of one step: prefill chunks and
 	// decodes together. Required, > 0.
@@ -61,22 +73,88 @@ type Config struct {
 }
 
 // Validate reports the first field that is missing or out of range, naming
-// the field and its value.
+// the field and its value. Besides the ranges above, the scheduler serves
+// only layouts whose every KV cache group has the block size of the hash
+// chain (Layout.BlockSize), and with a state group it needs MaxBatchedTokens
+// of at least one block, since its prefill chunks end at block boundaries
+// (see "KV cache groups" in the package doc).
 func (c Config) Validate() error {
 	if err := c.Identity.Validate(); err != nil {
 		return fmt.Errorf("%w: Identity: %w", ErrConfig, err)
 	}
+	l := c.Identity.Layout
+	state := false
+	for g, spec := range l.Groups {
+		if spec.BlockSize != l.BlockSize {
+			return fmt.Errorf("%w: Identity.Layout.Groups[%d].BlockSize = %d: the scheduler needs every group's block size to equal Layout.BlockSize = %d", ErrConfig, g, spec.BlockSize, l.BlockSize)
+		}
+		state = state || spec.Kind == hashing.RecurrentState
+	}
+	groups := max(len(l.Groups), 1)
 	switch {
-	case c.Blocks <= 0:
+	case len(c.GroupBlocks) > 0 && c.Blocks != 0:
+		return fmt.Errorf("%w: Blocks = %d and GroupBlocks = %v: give one or the other", ErrConfig, c.Blocks, c.GroupBlocks)
+	case len(c.GroupBlocks) > 0 && len(c.GroupBlocks) != groups:
+		return fmt.Errorf("%w: GroupBlocks has %d entries, want one per KV cache group of Identity.Layout: %d", ErrConfig, len(c.GroupBlocks), groups)
+	case len(c.GroupBlocks) == 0 && c.Blocks <= 0:
 		return fmt.Errorf("%w: Blocks = %d, want > 0", ErrConfig, c.Blocks)
 	case c.Blocks > maxBlocks:
 		return fmt.Errorf("%w: Blocks = %d, want <= %d", ErrConfig, c.Blocks, maxBlocks)
+	}
+	for g, n := range c.GroupBlocks {
+		if n <= 0 || n > maxBlocks {
+			return fmt.Errorf("%w: GroupBlocks[%d] = %d, want 1 to %d", ErrConfig, g, n, maxBlocks)
+		}
+	}
+	switch {
 	case c.MaxBatchedTokens <= 0:
 		return fmt.Errorf("%w: MaxBatchedTokens = %d, want > 0", ErrConfig, c.MaxBatchedTokens)
 	case c.MaxRunning < 0:
 		return fmt.Errorf("%w: MaxRunning = %d, want >= 0 (0: no cap)", ErrConfig, c.MaxRunning)
 	case c.ExternalLookup > LookupNever:
 		return fmt.Errorf("%w: ExternalLookup = %v, want LookupAuto, LookupAlways or LookupNever", ErrConfig, c.ExternalLookup)
+	case state && c.MaxBatchedTokens < l.BlockSize:
+		return fmt.Errorf("%w: MaxBatchedTokens = %d, want >= the block size %d with a state group: prefill chunks end at block boundaries", ErrConfig, c.MaxBatchedTokens, l.BlockSize)
+	}
+	for g, spec := range l.Groups {
+		field := fmt.Sprintf("GroupBlocks[%d]", g)
+		if len(c.GroupBlocks) == 0 {
+			field = "Blocks"
+		}
+		if n, least := c.poolSize(g), c.leastBlocks(spec); n < least {
+			return fmt.Errorf("%w: %s = %d, want >= %d for the %s group Identity.Layout.Groups[%d]: %s", ErrConfig, field, n, least, spec.Kind, g, leastWhy[spec.Kind])
+		}
 	}
 	return nil
+}
+
+// leastBlocks returns the fewest blocks a pool of group spec serves a
+// request with: the blocks of a whole prompt for full attention (none
+// fewer than 1 here: Add refuses longer prompts), the window before a
+// chunk and the chunk for a sliding window (twice the window: a load's
+// window beside the local hit's), for a state group the state a step
+// reads and the two it may write.
+func (c Config) leastBlocks(spec hashing.Group) int {
+	bs := c.Identity.Layout.BlockSize
+	switch spec.Kind {
+	case hashing.SlidingWindow:
+		return 2*((spec.Window+bs-1)/bs) + (c.MaxBatchedTokens+bs-1)/bs + 1
+	case hashing.RecurrentState:
+		return 3
+	}
+	return 1
+}
+
+var leastWhy = map[hashing.GroupKind]string{
+	hashing.FullAttention:  "a request needs a block",
+	hashing.SlidingWindow:  "a step of MaxBatchedTokens needs the window before it twice (a local hit's and a load's) and its own blocks",
+	hashing.RecurrentState: "a step reads one state and writes up to two",
+}
+
+// poolSize returns the number of blocks of group g's pool.
+func (c Config) poolSize(g int) int {
+	if len(c.GroupBlocks) > 0 {
+		return c.GroupBlocks[g]
+	}
+	return c.Blocks
 }

@@ -31,7 +31,7 @@
 //		plan, err := s.Step()
 //		ship(plan.Metadata)        // to every worker: w.Start(ctx, plan.Metadata)
 //		for _, it := range plan.Items {
-//			compute(it.Tokens[it.Start:it.End], it.Blocks)
+//			compute(it.Tokens[it.Start:it.End], it.Blocks) // hybrid: it.Tables, it.State
 //		}
 //		outs := poll()             // every worker: w.Save(ctx, ready); w.Poll()
 //		err = s.Done(results, outs) // one Result per item with Sample
@@ -63,6 +63,66 @@
 // When a request ends or is preempted, the connector's Finish says whether
 // transfers still touch its blocks; if so the blocks are held until a
 // Progress releases them, and a preempted request waits again only then.
+//
+// # KV cache groups
+//
+// A hybrid model's identity lists its KV cache groups
+// (hashing.Layout.Groups): full attention, sliding window, recurrent
+// state. The scheduler then keeps one block pool per group (each group's
+// memory has its own blocks, as connector.KVCache.Groups describes it; a
+// sliding-window or state group needs far fewer than full attention, so
+// Config.GroupBlocks sizes each pool) and one block table per group per
+// request, hands them to the connector in the layout's order, and gives
+// each [Item] all of them in Tables. Every group's BlockSize must be
+// Layout.BlockSize. Entry i of a table is block i of its group or
+// connector.NoBlock:
+//
+//   - full attention: every block the request reached.
+//   - sliding window of W tokens: the blocks holding tokens c-W+1 on,
+//     where c is the next position to compute (a token attends to itself
+//     and the W-1 before it); a block that falls out of that window leaves
+//     the table once the step that moved past it is done: its entry
+//     becomes NoBlock and the block goes back to the pool, cached if its
+//     content is indexed. With a connector, a block that falls out of the
+//     window within the step that computes it is hidden from Scheduled
+//     (the connector never saves it) and freed at once; one the connector
+//     was shown may be read by a save until the connector releases the
+//     request (the contract gives no earlier sign), so the request holds
+//     it, out of its table, until then.
+//   - state: entry i holds the state after blocks 0..i where it is kept,
+//     NoBlock elsewhere. The entry of the block the request is in holds
+//     its running state, which decodes update in place.
+//
+// The policy for states is vLLM's mamba "align" mode: with a state group,
+// a prefill chunk that does not reach the request's last token ends at a
+// block boundary (MaxBatchedTokens must be at least a block), and the
+// state is kept at the end of every chunk that ends at a boundary, at the
+// last boundary inside a chunk that does not (the one that reaches the
+// last prompt token), and at every boundary decoding reaches: kept states
+// stay in the table until the request ends. The reasons: a prefix cache
+// can only resume where a state was kept, and an engine's recurrent kernel
+// has the state at the end of a chunk for free, and one more inside it at
+// the cost of one copy ([StateEntries].Snapshot), not at every boundary;
+// the boundary just before the last prompt token and those of the output
+// are where the next turn of a conversation resumes; and aligned chunks
+// never leave a state inside a block that a later chunk would have to
+// move past, so no kept entry ever holds a state other than the one at
+// its block's end. A state pool holds about one state per prefill chunk
+// and per block of output of each running request.
+//
+// The local prefix cache follows the connector's resumability rules: a
+// local hit is the longest block boundary every group can resume from
+// with blocks the pools index (every full-attention block before it, the
+// blocks of each sliding window before it, the state after its last
+// block), and only those blocks are taken. A failed load of a hybrid
+// request rolls back to the longest boundary its tables can resume from,
+// its local hit's at least, and drops the state entries after it.
+//
+// Config.Validate refuses a pool too small to serve one step: a
+// sliding-window pool needs twice the window's blocks and a step's, a
+// state pool three states. A request that outgrows a pool (a long one's
+// kept states, or the window blocks it holds for the connector) fails
+// with [ErrTooLarge], as one longer than the full-attention pool does.
 //
 // # Concurrency
 //

@@ -47,10 +47,13 @@ func prefixDigests(dst []uint64, salt string, tokens []hashing.Token) []uint64 {
 	return dst
 }
 
-// verify checks that positions [0, upTo) in blocks hold want's values.
-func (m *kvMem) verify(blocks []BlockID, want []uint64, upTo int) error {
-	for p := 0; p < upTo; p++ {
+// verify checks that positions [from, upTo) in blocks hold want's values.
+func (m *kvMem) verify(blocks []BlockID, want []uint64, from, upTo int) error {
+	for p := from; p < upTo; p++ {
 		b := blocks[p/m.bs]
+		if b == connector.NoBlock {
+			return fmt.Errorf("position %d: its entry %d is NoBlock", p, p/m.bs)
+		}
 		if got := m.vals[b][p%m.bs]; got != want[p] {
 			return fmt.Errorf("position %d in block %d holds %#x, want %#x", p, b, got, want[p])
 		}
@@ -67,18 +70,29 @@ func (m *kvMem) write(blocks []BlockID, want []uint64, from, to int) {
 
 type storeKey struct {
 	gen uint64
+	g   int
 	h   hashing.BlockHash
+}
+
+// fakeGroup is what the fake connector knows of a KV cache group.
+type fakeGroup struct {
+	kind   hashing.GroupKind
+	window int
 }
 
 // fakeConn is a connector scheduler half over a simulated store. Its
 // answers (pending lookups, partial hits, transfers that finish late or
 // fail) come from hook functions, random in the state machine test and
 // scripted in table tests. It records every breach of the connector
-// contract in errs.
+// contract in errs. With KV cache groups it follows the contract's
+// resumability rules, as storeconn does: a match ends where every group
+// can resume, a load fills exactly what resuming needs, a save skips
+// NoBlock entries, and a failed load leaves the local blocks only.
 type fakeConn struct {
 	bs     int
-	mem    *kvMem
-	fail   bool // the load failure policy is "fail"
+	groups []fakeGroup
+	mems   []*kvMem // per group
+	fail   bool     // the load failure policy is "fail"
 	gen    uint64
 	store  map[storeKey][]uint64
 	reqs   map[connector.RequestID]*fakeReq
@@ -111,7 +125,8 @@ type fakeReq struct {
 	from     int
 	finished bool
 	inflight int
-	load     *fakeXfer
+	loads    int // load transfers running
+	valid    int // -1, or the tokens valid after the failed loads so far
 	saveNext int
 	noSave   int // blocks before this belong to an older generation
 }
@@ -120,6 +135,7 @@ type fakeXfer struct {
 	id      uint64
 	req     *fakeReq
 	load    bool
+	group   int
 	gen     uint64
 	first   int
 	blocks  []BlockID
@@ -128,13 +144,19 @@ type fakeXfer struct {
 	failAt  int
 }
 
-func newFakeConn(bs int, mem *kvMem) *fakeConn {
-	return &fakeConn{
-		bs:    bs,
-		mem:   mem,
+// newFakeConn returns a fake over the groups of layout l, whose memory is
+// mems.
+func newFakeConn(l hashing.Layout, mems []*kvMem) *fakeConn {
+	c := &fakeConn{
+		bs:    l.BlockSize,
+		mems:  mems,
 		store: make(map[storeKey][]uint64),
 		reqs:  make(map[connector.RequestID]*fakeReq),
 	}
+	for _, g := range l.EffectiveGroups() {
+		c.groups = append(c.groups, fakeGroup{kind: g.Kind, window: g.Window})
+	}
+	return c
 }
 
 var _ connector.Scheduler = (*fakeConn)(nil)
@@ -149,23 +171,59 @@ func (c *fakeConn) breach(format string, args ...any) error {
 func (c *fakeConn) req(id connector.RequestID) *fakeReq {
 	q := c.reqs[id]
 	if q == nil {
-		q = &fakeReq{id: id, lookup: -1}
+		q = &fakeReq{id: id, lookup: -1, valid: -1}
 		c.reqs[id] = q
 	}
 	return q
 }
 
-// present counts the blocks of hashes, from `from` to limit, that the
-// store holds in the current generation.
-func (c *fakeConn) present(hashes []hashing.BlockHash, from, limit int) int {
-	n := 0
-	for i := from; i < limit; i++ {
-		if _, ok := c.store[storeKey{c.gen, hashes[i]}]; !ok {
-			break
+func (c *fakeConn) plain() bool {
+	return len(c.groups) == 1 && c.groups[0].kind == hashing.FullAttention
+}
+
+// loadRange returns the first block of group g that a load resuming at
+// block p moves, for a request whose first from blocks are local.
+func (c *fakeConn) loadRange(g, from, p int) int {
+	switch gr := c.groups[g]; gr.kind {
+	case hashing.SlidingWindow:
+		first := p*c.bs - gr.window + 1
+		if first <= 0 {
+			return from
 		}
-		n++
+		return max(from, first/c.bs)
+	case hashing.RecurrentState:
+		return p - 1
 	}
-	return n
+	return from
+}
+
+func (c *fakeConn) has(g int, h hashing.BlockHash) bool {
+	_, ok := c.store[storeKey{c.gen, g, h}]
+	return ok
+}
+
+// resumable reports whether the store holds, in every group, what a
+// request with from local blocks needs to resume at block p > from.
+func (c *fakeConn) resumable(hashes []hashing.BlockHash, from, p int) bool {
+	for g := range c.groups {
+		for i := c.loadRange(g, from, p); i < p; i++ {
+			if !c.has(g, hashes[i]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// present returns how many blocks from `from` to limit the store can
+// resume a request at: the longest resumable point.
+func (c *fakeConn) present(hashes []hashing.BlockHash, from, limit int) int {
+	for p := limit; p > from; p-- {
+		if c.resumable(hashes, from, p) {
+			return p - from
+		}
+	}
+	return 0
 }
 
 func (c *fakeConn) Match(r *connector.Request, computed int) (connector.Match, error) {
@@ -206,14 +264,35 @@ func (c *fakeConn) Match(r *connector.Request, computed int) (connector.Match, e
 		n := c.present(r.Hashes, from, limit)
 		if c.hit != nil {
 			n = c.hit(r.ID, n)
+			// A shorter answer still ends where every group resumes.
+			for n > 0 && !c.resumable(r.Hashes, from, from+n) {
+				n--
+			}
 		}
 		q.lookup = n
 	}
 	return connector.Match{Tokens: q.lookup * c.bs}, nil
 }
 
+func (c *fakeConn) checkTables(op string, id connector.RequestID, tables [][]connector.BlockID, full int) error {
+	if len(tables) != len(c.groups) {
+		return c.breach("%s(%q): %d tables for %d groups", op, id, len(tables), len(c.groups))
+	}
+	for g, t := range tables {
+		if c.groups[g].kind != hashing.FullAttention {
+			continue
+		}
+		if len(t) < full {
+			return c.breach("%s(%q): %d blocks in group %d for %d blocks", op, id, len(t), g, full)
+		}
+		if i := slices.Index(t[:full], connector.NoBlock); i >= 0 {
+			return c.breach("%s(%q): full-attention group %d has NoBlock at %d", op, id, g, i)
+		}
+	}
+	return nil
+}
+
 func (c *fakeConn) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
-	blocks := connector.Table(tables, 0)
 	if err := c.inject["Allocated"]; err != nil {
 		return err
 	}
@@ -231,25 +310,45 @@ func (c *fakeConn) Allocated(r *connector.Request, external int, tables ...[]con
 		return nil
 	case q.lookup < 0 || external != external/c.bs*c.bs || external/c.bs > q.lookup:
 		return c.breach("Allocated(%q, external %d) beyond the match of %d blocks", r.ID, external, q.lookup)
-	case q.from+external/c.bs > len(blocks):
-		return c.breach("Allocated(%q): %d blocks for %d external tokens from block %d", r.ID, len(blocks), external, q.from)
-	case q.load != nil:
+	case q.loads > 0:
 		return c.breach("Allocated(%q) twice", r.ID)
 	}
 	n := external / c.bs
+	p := q.from + n
+	if err := c.checkTables("Allocated", r.ID, tables, p); err != nil {
+		return err
+	}
+	if !c.resumable(r.Hashes, q.from, p) && !c.plain() {
+		return c.breach("Allocated(%q, external %d): the store cannot resume at block %d", r.ID, external, p)
+	}
+	for g, t := range tables {
+		lo := c.loadRange(g, q.from, p)
+		if len(t) < p {
+			return c.breach("Allocated(%q): %d blocks in group %d for %d external tokens from block %d", r.ID, len(t), g, external, q.from)
+		}
+		if i := slices.Index(t[lo:p], connector.NoBlock); i >= 0 {
+			return c.breach("Allocated(%q): group %d entry %d, which the load fills, is NoBlock", r.ID, g, lo+i)
+		}
+	}
 	c.allocated++
-	c.nextID++
-	x := &fakeXfer{id: c.nextID, req: q, load: true, gen: c.gen, first: q.from,
-		blocks: slices.Clone(blocks[q.from : q.from+n]), hashes: slices.Clone(r.Hashes[q.from : q.from+n]), failAt: -1}
-	c.xfers = append(c.xfers, x)
-	q.load = x
-	q.inflight++
-	q.saveNext = max(q.saveNext, q.from+n)
+	for g, t := range tables {
+		lo := c.loadRange(g, q.from, p)
+		if lo >= p {
+			continue
+		}
+		c.nextID++
+		x := &fakeXfer{id: c.nextID, req: q, load: true, group: g, gen: c.gen, first: lo,
+			blocks: slices.Clone(t[lo:p]), hashes: slices.Clone(r.Hashes[lo:p]), failAt: -1}
+		c.xfers = append(c.xfers, x)
+		q.loads++
+		q.inflight++
+	}
+	q.valid = -1
+	q.saveNext = max(q.saveNext, p)
 	return nil
 }
 
 func (c *fakeConn) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
-	blocks := connector.Table(tables, 0)
 	if err := c.inject["Scheduled"]; err != nil {
 		return err
 	}
@@ -263,22 +362,37 @@ func (c *fakeConn) Scheduled(r *connector.Request, computed int, tables ...[]con
 	if q.finished {
 		return c.breach("Scheduled(%q) after Finish", r.ID)
 	}
-	if q.load != nil {
+	if q.loads > 0 {
 		return c.breach("Scheduled(%q) while its load runs", r.ID)
 	}
 	full := min(computed/c.bs, len(r.Hashes))
-	if c.bs*len(blocks) < computed {
-		return c.breach("Scheduled(%q): %d blocks for %d tokens", r.ID, len(blocks), computed)
+	if err := c.checkTables("Scheduled", r.ID, tables, full); err != nil {
+		return err
+	}
+	for g, t := range tables {
+		if c.bs*len(t) < computed {
+			return c.breach("Scheduled(%q): %d blocks in group %d for %d tokens", r.ID, len(t), g, computed)
+		}
 	}
 	start := max(q.saveNext, q.noSave)
-	if start < full {
-		c.nextID++
-		x := &fakeXfer{id: c.nextID, req: q, gen: c.gen, first: start,
-			blocks: slices.Clone(blocks[start:full]), hashes: slices.Clone(r.Hashes[start:full]), failAt: -1}
-		c.xfers = append(c.xfers, x)
-		q.inflight++
-		q.saveNext = full
+	for g, t := range tables {
+		var x *fakeXfer
+		for i := start; i < full; i++ {
+			if t[i] == connector.NoBlock {
+				x = nil
+				continue
+			}
+			if x == nil {
+				c.nextID++
+				x = &fakeXfer{id: c.nextID, req: q, group: g, gen: c.gen, first: i, failAt: -1}
+				c.xfers = append(c.xfers, x)
+				q.inflight++
+			}
+			x.blocks = append(x.blocks, t[i])
+			x.hashes = append(x.hashes, r.Hashes[i])
+		}
 	}
+	q.saveNext = max(q.saveNext, full)
 	return nil
 }
 
@@ -295,7 +409,7 @@ func (c *fakeConn) Plan() *connector.Metadata {
 			continue
 		}
 		x.shipped = true
-		t := connector.Transfer{ID: x.id, Req: x.req.id, First: x.first, Blocks: x.blocks, Hashes: x.hashes}
+		t := connector.Transfer{ID: x.id, Req: x.req.id, Group: x.group, First: x.first, Blocks: x.blocks, Hashes: x.hashes}
 		if x.load {
 			c.meta.Loads = append(c.meta.Loads, t)
 		} else {
@@ -328,34 +442,45 @@ func (c *fakeConn) Update(outs []*connector.Output) (*connector.Progress, error)
 			continue
 		}
 		q := x.req
+		mem := c.mems[x.group]
 		if x.load {
 			fail := -1
 			if c.failAt != nil {
 				fail = c.failAt(x)
 			}
 			for i, b := range x.blocks {
-				v, ok := c.store[storeKey{x.gen, x.hashes[i]}]
+				v, ok := c.store[storeKey{x.gen, x.group, x.hashes[i]}]
 				if i == fail || !ok {
 					if fail < 0 || i < fail {
 						fail = i
 					}
-					c.mem.vals[b][0] = poison
+					mem.vals[b][0] = poison
 					continue
 				}
-				copy(c.mem.vals[b], v)
+				copy(mem.vals[b], v)
 			}
-			q.load = nil
-			q.lookup = -1
 			if fail >= 0 {
-				c.prog.Failed = append(c.prog.Failed, connector.LoadFailure{Req: q.id, Valid: (x.first + fail) * c.bs, Fail: c.fail})
-			} else {
-				c.prog.Loaded = append(c.prog.Loaded, q.id)
+				valid := q.from * c.bs // a window or a state is no use without the rest
+				if c.plain() {
+					valid = (x.first + fail) * c.bs
+				}
+				if q.valid < 0 || valid < q.valid {
+					q.valid = valid
+				}
+			}
+			if q.loads--; q.loads == 0 {
+				q.lookup = -1
+				if q.valid >= 0 {
+					c.prog.Failed = append(c.prog.Failed, connector.LoadFailure{Req: q.id, Valid: q.valid, Fail: c.fail})
+				} else {
+					c.prog.Loaded = append(c.prog.Loaded, q.id)
+				}
 			}
 		} else {
 			for i, b := range x.blocks {
-				k := storeKey{x.gen, x.hashes[i]}
+				k := storeKey{x.gen, x.group, x.hashes[i]}
 				if _, ok := c.store[k]; !ok {
-					c.store[k] = slices.Clone(c.mem.vals[b])
+					c.store[k] = slices.Clone(mem.vals[b])
 				}
 			}
 		}
@@ -371,7 +496,6 @@ func (c *fakeConn) Update(outs []*connector.Output) (*connector.Progress, error)
 }
 
 func (c *fakeConn) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	blocks := connector.Table(tables, 0)
 	if err := c.inject["Finish"]; err != nil {
 		return false, err
 	}
@@ -384,11 +508,19 @@ func (c *fakeConn) Finish(r *connector.Request, tables ...[]connector.BlockID) (
 		return false, c.breach("Finish(%q) twice", r.ID)
 	}
 	for _, x := range c.xfers {
-		if x.req == q {
-			for i, b := range x.blocks {
-				if !slices.Contains(blocks, b) {
-					c.breach("Finish(%q) without block %d of transfer %d (index %d)", r.ID, b, x.id, i)
-				}
+		if x.req != q {
+			continue
+		}
+		for i, b := range x.blocks {
+			j := x.first + i
+			var got BlockID = connector.NoBlock
+			if x.group < len(tables) && j < len(tables[x.group]) {
+				got = tables[x.group][j]
+			}
+			// A sliding-window block may have left the table (the engine
+			// holds it until the release); any other block must be there.
+			if got != b && (got != connector.NoBlock || c.groups[x.group].kind == hashing.FullAttention) {
+				c.breach("Finish(%q): group %d entry %d is %d, but transfer %d (index %d) moves block %d", r.ID, x.group, j, got, x.id, i, b)
 			}
 		}
 	}
@@ -417,11 +549,11 @@ func (c *fakeConn) Rotate(gen uint64) error {
 
 func (c *fakeConn) Close() error { return nil }
 
-// inflight returns, for every transfer not yet finished, its request and
-// blocks.
-func (c *fakeConn) inflight(yield func(id connector.RequestID, blocks []BlockID) bool) {
+// inflight returns, for every transfer not yet finished, its request,
+// group and blocks.
+func (c *fakeConn) inflight(yield func(id connector.RequestID, g int, blocks []BlockID) bool) {
 	for _, x := range c.xfers {
-		if !yield(x.req.id, x.blocks) {
+		if !yield(x.req.id, x.group, x.blocks) {
 			return
 		}
 	}
@@ -437,25 +569,23 @@ func (p plainConn) Match(r *connector.Request, computed int) (connector.Match, e
 	return p.c.Match(r, computed)
 }
 func (p plainConn) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
-	blocks := connector.Table(tables, 0)
-	return p.c.Allocated(r, external, blocks)
+	return p.c.Allocated(r, external, tables...)
 }
 func (p plainConn) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
-	blocks := connector.Table(tables, 0)
-	return p.c.Scheduled(r, computed, blocks)
+	return p.c.Scheduled(r, computed, tables...)
 }
 func (p plainConn) Plan() *connector.Metadata { return p.c.Plan() }
 func (p plainConn) Update(outs []*connector.Output) (*connector.Progress, error) {
 	return p.c.Update(outs)
 }
 func (p plainConn) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	blocks := connector.Table(tables, 0)
-	return p.c.Finish(r, blocks)
+	return p.c.Finish(r, tables...)
 }
 func (p plainConn) Close() error { return p.c.Close() }
 
 // warm stores the blocks of tokens (with salt) as another engine would have
-// computed them, in generation gen.
+// computed them, in generation gen: in every group, every block (for a
+// state group, the state at its end).
 func (c *fakeConn) warm(gen uint64, salt string, tokens []hashing.Token) {
 	mr := modelReq{salt: salt}
 	hashes, err := hashing.HashBlocks(c.bs, tokens, mr.extras()...)
@@ -463,7 +593,13 @@ func (c *fakeConn) warm(gen uint64, salt string, tokens []hashing.Token) {
 		panic(err)
 	}
 	d := prefixDigests(nil, salt, tokens)
-	for i, h := range hashes {
-		c.store[storeKey{gen, h}] = d[i*c.bs : (i+1)*c.bs]
+	for g, gr := range c.groups {
+		for i, h := range hashes {
+			v := d[i*c.bs : (i+1)*c.bs]
+			if gr.kind == hashing.RecurrentState {
+				v = d[(i+1)*c.bs-1:][:1]
+			}
+			c.store[storeKey{gen, g, h}] = slices.Clone(v)
+		}
 	}
 }

@@ -17,10 +17,15 @@ const (
 	mutDoubleRelease          // releasing a request drops its first block twice
 	mutLastToken              // a local hit may cover the last token
 	mutPendingBlocks          // a lookup-pending request holds up those behind it
+	mutKeepWindow             // sliding-window blocks out of the window stay in the table
+	mutWindowShort            // the window is one token short: the block of its first token is freed while in it
+	mutStateOffByOne          // a state at a block boundary is kept in the entry of the next boundary
+	mutNoAlign                // prefill chunks end anywhere: a state left inside a block stays in the table as the state at its end
 	mutCount
 )
 
 func (m mutation) String() string {
 	return [...]string{"none", "ignore-keep", "over-reserve", "lookup-always", "keep-cache", "no-rotate",
-		"trust-failed", "requeue-early", "double-release", "last-token", "pending-blocks"}[m]
+		"trust-failed", "requeue-early", "double-release", "last-token", "pending-blocks",
+		"keep-window", "window-short", "state-off-by-one", "no-align"}[m]
 }

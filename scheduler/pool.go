@@ -84,6 +84,21 @@ type PoolStats struct {
 	Invalidations int64 // InvalidateAll calls
 }
 
+// add adds o's occupancy and counters to s.
+func (s *PoolStats) add(o PoolStats) {
+	s.Blocks += o.Blocks
+	s.Free += o.Free
+	s.Used += o.Used
+	s.Cached += o.Cached
+	s.Indexed += o.Indexed
+	s.Allocated += o.Allocated
+	s.Evicted += o.Evicted
+	s.LookupBlocks += o.LookupBlocks
+	s.HitBlocks += o.HitBlocks
+	s.Committed += o.Committed
+	s.Invalidations += o.Invalidations
+}
+
 // NewPool returns a pool of n free blocks, ids 0 to n-1. Allocate hands
 // them out lowest id first.
 func NewPool(n int) (*Pool, error) {
@@ -250,6 +265,20 @@ func (p *Pool) Lookup(ns hashing.Namespace, hashes []hashing.BlockHash, dst []Bl
 	}
 	p.stats.HitBlocks += int64(len(dst) - n)
 	return dst
+}
+
+// find returns the block indexed for h in namespace ns, without counting
+// a lookup.
+func (p *Pool) find(ns hashing.Namespace, h hashing.BlockHash) (BlockID, bool) {
+	id, ok := p.findNS(ns)
+	if !ok {
+		return connector.NoBlock, false
+	}
+	b, ok := p.cache[poolKey{id, h}]
+	if !ok {
+		return connector.NoBlock, false
+	}
+	return b, true
 }
 
 // Commit records that b, which must be referenced, holds the KV of the

@@ -29,7 +29,7 @@ type machine struct {
 	rollback map[connector.RequestID]int // a rolled-back request's next item starts here
 	// The blocks of a request as a load failure left them: the ones before
 	// Valid must not be recomputed, so they stay.
-	kept map[connector.RequestID][]BlockID
+	kept map[connector.RequestID][][]BlockID
 	// Blocks a rolled-back request still holds beyond its computed tokens
 	// (allocated for the load): the only blocks a request may hold beyond
 	// those of its current item.
@@ -47,8 +47,27 @@ func newMachine(t *rapid.T, mut mutation) *machine {
 		PrefixCaching:    rapid.Bool().Draw(t, "prefixCaching"),
 		ExternalLookup:   rapid.SampledFrom([]Lookup{LookupAuto, LookupAlways, LookupAlways, LookupNever}).Draw(t, "lookup"),
 	}
+	// Half the runs have KV cache groups: a hybrid model's full
+	// attention, sliding window and recurrent state, or some of them,
+	// each group with a pool of its own size.
+	full, swa, state := hashing.FullAttention, hashing.SlidingWindow, hashing.RecurrentState
+	if kinds := rapid.SampledFrom([][]hashing.GroupKind{nil, nil, nil, {full, swa, state}, {full, swa, state}, {full, swa}, {full, state}, {swa, state}}).Draw(t, "groups"); kinds != nil {
+		cfg.Identity = hybridIdentity(bs, rapid.IntRange(1, 3*bs+1).Draw(t, "window"), kinds...)
+		if slices.Contains(kinds, state) {
+			cfg.MaxBatchedTokens = max(cfg.MaxBatchedTokens, bs)
+		}
+		cfg.GroupBlocks = make([]int, len(kinds))
+		for g, k := range kinds {
+			cfg.GroupBlocks[g] = cfg.Blocks
+			if k != full {
+				least := cfg.leastBlocks(cfg.Identity.Layout.Groups[g])
+				cfg.GroupBlocks[g] = rapid.IntRange(least, least+30).Draw(t, "groupBlocks")
+			}
+		}
+		cfg.Blocks = 0
+	}
 	kind := rapid.SampledFrom([]int{noConn, withConn, withConn, withConn, withPlainConn}).Draw(t, "conn")
-	m := &machine{cfg: cfg, rollback: map[connector.RequestID]int{}, kept: map[connector.RequestID][]BlockID{}, excess: map[connector.RequestID]int{}}
+	m := &machine{cfg: cfg, rollback: map[connector.RequestID]int{}, kept: map[connector.RequestID][][]BlockID{}, excess: map[connector.RequestID]int{}}
 	m.h = newHarness(t, cfg, kind)
 	m.kind = kind
 	m.h.s.mut = mut
@@ -79,6 +98,11 @@ func newMachine(t *rapid.T, mut mutation) *machine {
 func (m *machine) check(t *rapid.T) {
 	if err := m.h.check(); err != nil {
 		t.Fatal(err)
+	}
+	if !m.inFlight {
+		if err := m.h.settled(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -123,7 +147,7 @@ func (m *machine) Add(t *rapid.T) {
 	}
 	salt := rapid.SampledFrom([]string{"", "", "", "", "", "s"}).Draw(t, "salt")
 	maxGen := rapid.IntRange(1, 6).Draw(t, "maxGen")
-	if m.h.s.blocksFor(len(prompt)) > m.cfg.Blocks {
+	if m.h.s.fitsPools(len(prompt)) != nil {
 		m.unchanged(t, ErrTooLarge, string(id), func() error { return m.h.add(string(id), salt, prompt, maxGen) })
 		return
 	}
@@ -161,8 +185,10 @@ func (m *machine) Step(t *rapid.T) {
 	for _, it := range p.Items {
 		// No over-reservation: a request holds the blocks of the
 		// positions it computed and computes now, no more.
-		if n := len(it.Blocks); n > max(m.h.s.blocksFor(it.End), m.excess[it.ID]) {
-			t.Fatalf("request %q computes [%d, %d) with %d blocks", it.ID, it.Start, it.End, n)
+		for g, tab := range it.Tables {
+			if n := len(tab); n > max(m.h.s.blocksFor(it.End), m.excess[it.ID]) {
+				t.Fatalf("request %q computes [%d, %d) with %d blocks in group %d", it.ID, it.Start, it.End, n, g)
+			}
 		}
 		if v, ok := m.rollback[it.ID]; ok {
 			// A rolled-back request recomputes exactly the failed
@@ -171,8 +197,10 @@ func (m *machine) Step(t *rapid.T) {
 			if it.Start != v {
 				t.Fatalf("request %q rolled back to %d tokens computes from %d", it.ID, v, it.Start)
 			}
-			if kb := m.kept[it.ID]; !slices.Equal(it.Blocks[:len(kb)], kb) {
-				t.Fatalf("request %q rolled back to %d tokens: blocks %v, were %v", it.ID, v, it.Blocks, kb)
+			for g, kb := range m.kept[it.ID] {
+				if !slices.Equal(it.Tables[g][:len(kb)], kb) {
+					t.Fatalf("request %q rolled back to %d tokens: blocks %v of group %d, were %v", it.ID, v, it.Tables[g], g, kb)
+				}
 			}
 			delete(m.rollback, it.ID)
 			delete(m.kept, it.ID)
@@ -286,8 +314,13 @@ func (m *machine) Done(t *rapid.T) {
 				t.Fatalf("request %q rolled back to %d tokens, want Valid = %d", f.Req, st.Computed, f.Valid)
 			}
 			m.rollback[f.Req] = f.Valid
-			m.excess[f.Req] = len(m.h.s.reqs[f.Req].blocks)
-			m.kept[f.Req] = slices.Clone(m.h.s.reqs[f.Req].blocks[:f.Valid/m.cfg.Identity.Layout.BlockSize])
+			r := m.h.s.reqs[f.Req]
+			var kept [][]BlockID
+			for _, t := range r.tabs {
+				m.excess[f.Req] = max(m.excess[f.Req], len(t))
+				kept = append(kept, slices.Clone(t[:min(len(t), f.Valid/m.cfg.Identity.Layout.BlockSize)]))
+			}
+			m.kept[f.Req] = kept
 		}
 	}
 }
@@ -362,8 +395,12 @@ func (m *machine) Invalidate(t *rapid.T) {
 	// No block of the old generation hits, in either namespace.
 	for _, r := range s.reqs {
 		for _, ns := range []hashing.Namespace{oldNS, s.Namespace()} {
-			if hits := s.pool.Lookup(ns, r.hashes(), nil); len(hits) > 0 {
-				t.Fatalf("request %q hits %d blocks after Invalidate", r.id, len(hits))
+			for g, pool := range s.pools {
+				for _, h := range r.hashes() {
+					if b, ok := pool.find(ns, h); ok {
+						t.Fatalf("request %q hits block %d of group %d after Invalidate", r.id, b, g)
+					}
+				}
 			}
 		}
 	}

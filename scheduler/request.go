@@ -133,11 +133,15 @@ type request struct {
 	chain  *hashing.Chain
 	plain  bool              // chain has no extras: reusable by any request without extras
 	creq   connector.Request // the connector's view; Hashes is chain.Hashes()
-	blocks []BlockID         // block table: blocks[i] holds tokens [i*B, (i+1)*B)
-	table  [1][]BlockID      // the connector's view of blocks: see tables
+	// tabs[g] is the block table of KV cache group g: tabs[g][i] holds
+	// block i of the group (tokens [i*B, (i+1)*B), or for a state group
+	// the state after them), or connector.NoBlock.
+	tabs [][]BlockID
+	gs   []reqGroup  // per group, what the table alone does not say
+	view [][]BlockID // the connector's view of tabs: see tables
 
-	computed  int  // tokens whose KV is in blocks
-	committed int  // leading blocks indexed in (or taken from) the prefix cache
+	computed  int  // tokens whose KV is in the tables
+	committed int  // leading blocks indexed in (or taken from) the prefix cache, in every group
 	local     int  // tokens of the local hit at the last admission
 	external  int  // tokens being loaded (Loading)
 	known     bool // the connector knows it (Match or Scheduled was called)
@@ -149,6 +153,19 @@ type request struct {
 	planned uint64 // the step whose plan holds it
 	item    int    // its index in that plan's Items
 	seen    uint64 // Done validation epoch in which a result named it
+}
+
+// reqGroup is a request's state in one KV cache group beyond its table.
+type reqGroup struct {
+	refs    int       // blocks it holds: table entries and retired
+	retired []BlockID // blocks out of the table, held until the request's blocks are released
+	// For a sliding-window group: shown is the table as the connector sees
+	// it (see Scheduler.hide), named the length of the table the
+	// connector was last handed, hidden the entries below which hide
+	// looked, low the entries below which the table is out of the window.
+	shown              []BlockID
+	named, hidden, low int
+	exclusive          int // of refs, the blocks only it holds, while held
 }
 
 func (r *request) hashes() []hashing.BlockHash { return r.creq.Hashes }
@@ -193,10 +210,26 @@ func (q *queue) remove(r *request) bool {
 	return true
 }
 
-// tables returns r's block tables as the connector takes them: one, its
-// blocks, in space r owns, so that passing them (tables()...) through the
-// connector's interface does not allocate.
+// tables returns r's block tables as the connector takes them, one per
+// group, in space r owns, so that passing them (tables()...) through the
+// connector's interface does not allocate. A sliding-window group's table
+// is its shown view; the others are the tables themselves.
 func (r *request) tables() [][]BlockID {
-	r.table[0] = r.blocks
-	return r.table[:]
+	for g := range r.view {
+		if r.gs[g].shown != nil {
+			r.view[g] = r.gs[g].shown
+		} else {
+			r.view[g] = r.tabs[g]
+		}
+	}
+	return r.view
+}
+
+// blocks returns how many blocks r holds, in every group.
+func (r *request) blocks() int {
+	n := 0
+	for g := range r.gs {
+		n += r.gs[g].refs
+	}
+	return n
 }

@@ -22,7 +22,10 @@ type Scheduler struct {
 	id       hashing.Identity
 	ns       hashing.Namespace
 	bs       int // tokens per block
-	pool     *Pool
+	groups   []group
+	pools    []*Pool             // pools[g] is group g's
+	plain    bool                // one full-attention group: the layout without groups
+	align    bool                // a state group: prefill chunks end at block boundaries
 	conn     connector.Scheduler // nil: local prefix cache only
 	detached bool                // Invalidate found no Rotator: no more lookups or saves
 
@@ -37,13 +40,16 @@ type Scheduler struct {
 	inFlight    bool
 	epoch       uint64
 	nextSeq     uint64
-	pendingFree int // blocks that held requests alone hold: free once released
+	pendingFree []int // per group: blocks that held requests alone hold, free once released
 
 	plan    Plan
 	items   []*request // items[i] is the request of plan.Items[i]
 	results []*request // results[i] is the request of Done's results[i]
 	ended   []Ended
 	hits    []BlockID
+	hitTabs [][]BlockID // per group: the blocks of a local hit (see localHit)
+	need    []int       // per group: blocks a growth needs
+	avail   []int       // per group: blocks an admission may take
 	scratch []hashing.BlockHash
 	stats   Stats
 	mut     mutation // a deliberate bug, in the package's tests only
@@ -74,11 +80,46 @@ type Item struct {
 	Tokens []hashing.Token
 	// Blocks is the request's block table: Blocks[i] holds the KV of
 	// positions [i*B, (i+1)*B) for block size B. It covers End positions.
+	// With KV cache groups it is Tables[0].
 	Blocks []BlockID
+	// Tables are the request's block tables, one per KV cache group of
+	// the layout, in its order (one, Blocks, without groups). Each covers
+	// End positions; entry i of group g is block i of g's memory, or
+	// connector.NoBlock: in a sliding-window group, a block out of the
+	// window of every position the step computes; in a state group, a
+	// block boundary whose state is not kept. See "KV cache groups" in the
+	// package doc.
+	Tables [][]BlockID
+	// State names the entries of every state group's table that the step
+	// reads and writes; all -1 for a layout without a state group.
+	State StateEntries
 	// Sample is true when End reaches the request's last known token: the
 	// engine samples the next token and reports it in Done.
 	Sample bool
 }
+
+// StateEntries are the entries of a state group's block table that one
+// step of one request uses (the same for every state group). The engine
+// reads the state at In, runs the item's positions through its recurrent
+// layers, and writes the state after the block boundary Snapshot ends
+// with, if any, and the state after End to Out.
+type StateEntries struct {
+	// In is the entry that holds the state after the first Start tokens,
+	// (Start-1)/B; -1 when Start is 0 (the initial state).
+	In int
+	// Snapshot, unless -1, is an entry that receives the state after the
+	// tokens of blocks 0..Snapshot, a block boundary inside (Start, End):
+	// the last one, kept for the prefix caches when End is not itself a
+	// boundary.
+	Snapshot int
+	// Out is the entry that receives the state after End tokens,
+	// (End-1)/B. It is In when the step stays inside one block (a decode):
+	// the engine updates that state in place.
+	Out int
+}
+
+// noState is the StateEntries of a layout without a state group.
+var noState = StateEntries{In: -1, Snapshot: -1, Out: -1}
 
 // Result is the engine's report of one sampled token.
 type Result struct {
@@ -105,7 +146,15 @@ type Stats struct {
 	ExternalTokens int64 // tokens loaded through the connector
 	ComputedTokens int64 // tokens computed
 	LoadFailures   int64 // failed loads
-	Pool           PoolStats
+	// Pool is the block pool's: with KV cache groups, the sum of every
+	// group's pool (see [Scheduler.PoolStats]).
+	Pool PoolStats
+}
+
+// group is what the scheduler needs of one KV cache group.
+type group struct {
+	kind   hashing.GroupKind
+	window int // tokens, for a sliding-window group
 }
 
 // New returns a scheduler for cfg driving conn, which may be nil: then the
@@ -119,20 +168,35 @@ func New(cfg Config, conn connector.Scheduler) (*Scheduler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: Identity: %w", ErrConfig, err)
 	}
-	pool, err := NewPool(cfg.Blocks)
-	if err != nil {
-		return nil, err
-	}
-	return &Scheduler{
+	s := &Scheduler{
 		cfg:  cfg,
 		id:   cfg.Identity,
 		ns:   ns,
 		bs:   cfg.Identity.Layout.BlockSize,
-		pool: pool,
 		conn: conn,
 		reqs: make(map[connector.RequestID]*request),
-	}, nil
+	}
+	for g, spec := range cfg.Identity.Layout.EffectiveGroups() {
+		pool, err := NewPool(cfg.poolSize(g))
+		if err != nil {
+			return nil, fmt.Errorf("%w: group %d: %w", ErrConfig, g, err)
+		}
+		s.groups = append(s.groups, group{kind: spec.Kind, window: spec.Window})
+		s.pools = append(s.pools, pool)
+		s.align = s.align || spec.Kind == hashing.RecurrentState
+	}
+	s.plain = len(s.groups) == 1 && s.groups[0].kind == hashing.FullAttention
+	n := len(s.groups)
+	s.pendingFree = make([]int, n)
+	s.hitTabs = make([][]BlockID, n)
+	s.need = make([]int, n)
+	s.avail = make([]int, n)
+	return s, nil
 }
+
+// PoolStats returns the occupancy and counters of group g's block pool
+// (group 0 without groups). It panics if g is not a group of the layout.
+func (s *Scheduler) PoolStats(g int) PoolStats { return s.pools[g].Stats() }
 
 // BlockSize returns the block size in tokens.
 func (s *Scheduler) BlockSize() int { return s.bs }
@@ -173,8 +237,9 @@ func (s *Scheduler) Add(req Request) error {
 		return fmt.Errorf("scheduler: Add(%q): Request.Prompt is empty", req.ID)
 	case req.MaxTokens < 0:
 		return fmt.Errorf("scheduler: Add(%q): Request.MaxTokens = %d, want >= 0", req.ID, req.MaxTokens)
-	case s.blocksFor(len(req.Prompt)) > s.pool.Len():
-		return fmt.Errorf("%w: Add(%q): a %d-token prompt needs %d blocks, the pool has %d", ErrTooLarge, req.ID, len(req.Prompt), s.blocksFor(len(req.Prompt)), s.pool.Len())
+	}
+	if err := s.fitsPools(len(req.Prompt)); err != nil {
+		return fmt.Errorf("%w: Add(%q): %w", ErrTooLarge, req.ID, err)
 	}
 	var chain *hashing.Chain
 	if len(req.Extras) > 0 {
@@ -205,10 +270,15 @@ func (s *Scheduler) Add(req Request) error {
 	// Room for the tokens it may generate, but never more than the pool
 	// holds: a request cannot grow past that (it fails when it outgrows
 	// the pool), so a huge MaxTokens reserves no more.
-	size := len(req.Prompt) + min(req.MaxTokens, s.pool.Len()*s.bs)
+	size := len(req.Prompt) + min(req.MaxTokens, s.pools[0].Len()*s.bs)
 	r.tokens = append(growCap(r.tokens[:0], size), req.Prompt...)
 	if req.MaxTokens > 0 {
-		r.blocks = growCap(r.blocks[:0], s.blocksFor(size))
+		for g := range r.tabs {
+			r.tabs[g] = growCap(r.tabs[g][:0], s.blocksFor(size))
+			if r.gs[g].shown != nil {
+				r.gs[g].shown = growCap(r.gs[g].shown[:0], s.blocksFor(size))
+			}
+		}
 	}
 	r.chain = chain
 	s.scratch = chain.Append(s.scratch[:0], req.Prompt...)
@@ -217,6 +287,25 @@ func (s *Scheduler) Add(req Request) error {
 	s.reqs[req.ID] = r
 	s.waiting = append(s.waiting, r) // the newest: last in arrival order
 	return nil
+}
+
+// fitsPools reports, as an error naming the group, when a prompt of
+// tokens tokens needs more blocks than a full-attention group's pool holds.
+func (s *Scheduler) fitsPools(tokens int) error {
+	for g, gr := range s.groups {
+		if gr.kind == hashing.FullAttention && s.blocksFor(tokens) > s.pools[g].Len() {
+			return fmt.Errorf("a %d-token prompt needs %d blocks, the pool%s has %d", tokens, s.blocksFor(tokens), s.groupName(g), s.pools[g].Len())
+		}
+	}
+	return nil
+}
+
+// groupName names group g in errors: "" without groups.
+func (s *Scheduler) groupName(g int) string {
+	if len(s.groups) == 1 {
+		return ""
+	}
+	return fmt.Sprintf(" of group %d (%s)", g, s.groups[g].kind)
 }
 
 func growCap[T any](s []T, n int) []T {
@@ -236,13 +325,30 @@ func (s *Scheduler) newRequest() *request {
 		s.spare = s.spare[:k-1]
 		return r
 	}
-	return new(request)
+	n := len(s.groups)
+	r := &request{tabs: make([][]BlockID, n), gs: make([]reqGroup, n), view: make([][]BlockID, n)}
+	for g, gr := range s.groups {
+		if gr.kind == hashing.SlidingWindow {
+			r.gs[g].shown = []BlockID{}
+		}
+	}
+	return r
 }
 
 // forget drops a request whose blocks are back in the pool.
 func (s *Scheduler) forget(r *request) {
 	delete(s.reqs, r.id)
-	keep := request{tokens: r.tokens[:0], blocks: r.blocks[:0]}
+	keep := request{tokens: r.tokens[:0], tabs: r.tabs, gs: r.gs, view: r.view}
+	for g := range keep.tabs {
+		keep.tabs[g] = keep.tabs[g][:0]
+		keep.view[g] = nil
+		gs := &keep.gs[g]
+		shown := gs.shown
+		if shown != nil {
+			shown = shown[:0]
+		}
+		*gs = reqGroup{retired: gs.retired[:0], shown: shown}
+	}
 	if r.plain {
 		keep.chain, keep.plain = r.chain, true
 	}
@@ -286,7 +392,10 @@ func (s *Scheduler) Step() (*Plan, error) {
 			if r.planned == s.step || (left == 1) != (pass == 0) {
 				continue
 			}
-			n := min(left, budget)
+			n := s.chunk(r.computed, min(left, budget), len(r.tokens))
+			if n == 0 {
+				continue // the budget left does not reach a block boundary
+			}
 			if !s.grow(r, r.computed+n) {
 				if r.state != Running {
 					i-- // r failed: it left the queue
@@ -316,7 +425,10 @@ func (s *Scheduler) Step() (*Plan, error) {
 		for i, it := range p.Items {
 			r := s.items[i]
 			r.known = true
-			if err := s.conn.Scheduled(&r.creq, it.End, r.tables()...); err != nil {
+			s.hide(r, it.End)
+			err := s.conn.Scheduled(&r.creq, it.End, r.tables()...)
+			s.named(r)
+			if err != nil {
 				r.planned = 0
 				s.end(r, Failed, fmt.Errorf("%w: Scheduled(%q): %w", ErrConnector, r.id, err))
 				continue
@@ -343,47 +455,259 @@ func (s *Scheduler) addItem(r *request, n int) {
 	r.planned = s.step
 	r.item = len(s.plan.Items)
 	end := r.computed + n
+	st := noState
+	if s.align {
+		st = s.stateEntries(r.computed, end)
+	}
 	s.plan.Items = append(s.plan.Items, Item{
 		ID:     r.id,
 		Start:  r.computed,
 		End:    end,
 		Tokens: r.tokens[:end],
-		Blocks: r.blocks,
+		Blocks: r.tabs[0],
+		Tables: r.tabs,
+		State:  st,
 		Sample: end == len(r.tokens),
 	})
 	s.items = append(s.items, r)
 }
 
-// grow gives running request r blocks for tokens positions. When the pool
-// lacks blocks it preempts the newest running requests that are newer than
-// r and not planned in this step, unless blocks that the connector keeps
-// will cover the need once released; then r waits. It reports whether r
-// has its blocks; r fails if it alone outgrew the pool.
+// chunk returns how many of the n tokens after computed, of a request of
+// total tokens, a prefill chunk computes. With a state group a chunk that
+// does not reach the last token ends at a block boundary, so that the
+// state it leaves is one a prefix cache can keep: n rounds down to one,
+// maybe to 0.
+func (s *Scheduler) chunk(computed, n, total int) int {
+	if !s.align || computed+n == total || s.mut == mutNoAlign {
+		return n
+	}
+	return max(0, (computed+n)/s.bs*s.bs-computed)
+}
+
+// stateEntries returns the state entries of an item computing [start, end)
+// (see StateEntries). The state is kept at the end of every block that the
+// item completes last, and stays where the item ends.
+func (s *Scheduler) stateEntries(start, end int) StateEntries {
+	e := StateEntries{In: -1, Snapshot: -1, Out: (end - 1) / s.bs}
+	if start > 0 {
+		e.In = (start - 1) / s.bs
+	}
+	if k := end / s.bs; k*s.bs > start && k-1 != e.Out {
+		e.Snapshot = k - 1
+	}
+	if s.mut == mutStateOffByOne && end%s.bs == 0 {
+		e.Out = end / s.bs // the state at a boundary, kept as the one after the next block
+	}
+	return e
+}
+
+// grow gives running request r blocks for tokens positions, in every
+// group. When a pool lacks blocks it preempts the newest running requests
+// that are newer than r and not planned in this step, unless blocks that
+// the connector keeps will cover the need once released; then r waits. It
+// reports whether r has its blocks; r fails if it alone outgrew a pool.
 func (s *Scheduler) grow(r *request, tokens int) bool {
-	need := s.blocksFor(tokens) - len(r.blocks)
-	if need <= 0 {
+	if !s.growNeed(r, tokens) {
 		return true
 	}
-	for s.pool.Available() < need {
-		if s.pool.Available()+s.pendingFree >= need {
+	for !s.fits() {
+		if s.pending() {
 			return false
 		}
 		v := s.victim(r)
 		if v == nil {
-			if s.blocksFor(tokens) > s.pool.Len() {
-				s.end(r, Failed, fmt.Errorf("%w: request %q needs %d blocks for %d tokens, the pool has %d", ErrTooLarge, r.id, s.blocksFor(tokens), tokens, s.pool.Len()))
+			for g := range s.groups {
+				if r.gs[g].refs+s.need[g] > s.pools[g].Len() {
+					s.end(r, Failed, fmt.Errorf("%w: request %q needs %d blocks%s for %d tokens, the pool has %d", ErrTooLarge, r.id, r.gs[g].refs+s.need[g], s.groupName(g), tokens, s.pools[g].Len()))
+					break
+				}
 			}
 			return false
 		}
 		s.preempt(v)
 		s.plan.Preempted = append(s.plan.Preempted, v.id)
 	}
-	var err error
-	r.blocks, err = s.pool.Allocate(r.blocks, need)
-	if err != nil {
-		panic("scheduler: " + err.Error()) // Available said there were enough
+	s.extend(r, tokens)
+	return true
+}
+
+// growNeed sets s.need[g] to the blocks group g's table of r lacks for r
+// to compute from r.computed up to end, and reports whether any lacks one.
+func (s *Scheduler) growNeed(r *request, end int) bool {
+	nb := s.blocksFor(end)
+	some := false
+	for g, gr := range s.groups {
+		t := r.tabs[g]
+		n := 0
+		if gr.kind == hashing.RecurrentState {
+			e := s.stateEntries(r.computed, end)
+			if lacks(t, e.Snapshot) {
+				n++
+			}
+			if lacks(t, e.Out) {
+				n++
+			}
+		} else {
+			for j := r.computed / s.bs; j < nb; j++ {
+				if lacks(t, j) {
+					n++
+				}
+			}
+		}
+		s.need[g] = n
+		some = some || n > 0
+	}
+	return some
+}
+
+// lacks reports whether entry j >= 0 of t has no block.
+func lacks(t []BlockID, j int) bool { return j >= 0 && (j >= len(t) || t[j] == connector.NoBlock) }
+
+// fits reports whether every pool has the blocks s.need asks of it.
+func (s *Scheduler) fits() bool {
+	for g, n := range s.need {
+		if n > s.pools[g].Available() {
+			return false
+		}
 	}
 	return true
+}
+
+// pending reports whether blocks that held requests alone hold will cover
+// s.need once the connector releases them.
+func (s *Scheduler) pending() bool {
+	for g, n := range s.need {
+		if n > s.pools[g].Available()+s.pendingFree[g] {
+			return false
+		}
+	}
+	return true
+}
+
+// extend gives r, in every group, the blocks it needs to compute from
+// r.computed up to end (see growNeed), which the pools must have.
+func (s *Scheduler) extend(r *request, end int) {
+	nb := s.blocksFor(end)
+	for g, gr := range s.groups {
+		if gr.kind == hashing.RecurrentState {
+			e := s.stateEntries(r.computed, end)
+			s.pad(r, g, max(nb, e.Out+1))
+			s.fill(r, g, e.Snapshot)
+			s.fill(r, g, e.Out)
+			continue
+		}
+		s.pad(r, g, nb)
+		for j := r.computed / s.bs; j < nb; j++ {
+			s.fill(r, g, j)
+		}
+	}
+}
+
+// extendLoad gives r, which holds a local hit of hit blocks, the blocks a
+// load of the blocks up to p needs: every one after the hit for full
+// attention, the window before p for a sliding window, the state at p for
+// a state group; the entries between stay NoBlock.
+func (s *Scheduler) extendLoad(r *request, hit, p int) {
+	for g, gr := range s.groups {
+		s.pad(r, g, p)
+		lo := hit
+		switch gr.kind {
+		case hashing.SlidingWindow:
+			lo = max(hit, s.windowFirst(g, p*s.bs))
+		case hashing.RecurrentState:
+			lo = p - 1
+		}
+		for j := lo; j < p; j++ {
+			s.fill(r, g, j)
+		}
+	}
+}
+
+// loadNeed returns the blocks extendLoad takes from group g's pool.
+func (s *Scheduler) loadNeed(g, hit, p int) int {
+	switch s.groups[g].kind {
+	case hashing.SlidingWindow:
+		return p - max(hit, s.windowFirst(g, p*s.bs))
+	case hashing.RecurrentState:
+		return 1
+	}
+	return p - hit
+}
+
+// windowFirst returns the first block that sliding-window group g needs
+// to compute position c: the block holding token c-W+1 (a token attends
+// to itself and the W-1 before it), or 0.
+func (s *Scheduler) windowFirst(g, c int) int {
+	first := c - s.groups[g].window + 1
+	if first <= 0 {
+		return 0
+	}
+	return first / s.bs
+}
+
+// pad extends group g's table of r with NoBlock entries to n entries.
+func (s *Scheduler) pad(r *request, g, n int) {
+	for len(r.tabs[g]) < n {
+		r.tabs[g] = append(r.tabs[g], connector.NoBlock)
+	}
+	if sh := &r.gs[g].shown; *sh != nil {
+		for len(*sh) < n {
+			*sh = append(*sh, connector.NoBlock)
+		}
+	}
+}
+
+// fill gives entry j >= 0 of group g's table of r a new block, unless it
+// has one. The pool must have one.
+func (s *Scheduler) fill(r *request, g, j int) {
+	if j < 0 || r.tabs[g][j] != connector.NoBlock {
+		return
+	}
+	var err error
+	s.hits, err = s.pools[g].Allocate(s.hits[:0], 1)
+	if err != nil {
+		panic("scheduler: " + err.Error()) // the caller checked the need
+	}
+	s.setEntry(r, g, j, s.hits[0])
+	r.gs[g].refs++
+}
+
+// setEntry sets entry j of group g's table of r, in the shown view too.
+func (s *Scheduler) setEntry(r *request, g, j int, b BlockID) {
+	r.tabs[g][j] = b
+	if sh := r.gs[g].shown; sh != nil {
+		sh[j] = b
+	}
+}
+
+// hide, before r is handed to Scheduled for a step that ends at end,
+// hides from the connector the sliding-window blocks that the step
+// computes and that fall out of the window by its end: the step needs
+// them, but no later one does, and a block the connector never saw is
+// freed as soon as it leaves the window, while one it saw is held until
+// the request's blocks are released (a save may read it until then).
+func (s *Scheduler) hide(r *request, end int) {
+	for g, gr := range s.groups {
+		if gr.kind != hashing.SlidingWindow {
+			continue
+		}
+		gs := &r.gs[g]
+		ws := s.windowFirst(g, end)
+		for j := max(gs.hidden, gs.named); j < ws && j < len(gs.shown); j++ {
+			gs.shown[j] = connector.NoBlock
+		}
+		gs.hidden = max(gs.hidden, ws)
+	}
+}
+
+// named records that the connector was handed r's tables in Scheduled,
+// which saves their full blocks.
+func (s *Scheduler) named(r *request) {
+	for g := range r.gs {
+		if r.gs[g].shown != nil {
+			r.gs[g].named = max(r.gs[g].named, len(r.gs[g].shown))
+		}
+	}
 }
 
 // victim returns the newest running request that is newer than r and not
@@ -401,6 +725,78 @@ func (s *Scheduler) victim(r *request) *request {
 	return nil
 }
 
+// localHit returns the longest local prefix-cache hit of r within limit
+// blocks: the longest block boundary p that every group can resume from
+// with blocks the pools index (full attention: every block before p; a
+// sliding window: those that hold the window before p; a state group: the
+// state after block p-1), the rule the connector follows for the store.
+// It leaves in s.hitTabs[g] the first p entries of group g's table, the
+// blocks to take and NoBlock for the ones resuming does not need.
+func (s *Scheduler) localHit(r *request, limit int) int {
+	hashes := r.hashes()[:limit]
+	if s.plain {
+		s.hitTabs[0] = s.pools[0].Lookup(s.ns, hashes, s.hitTabs[0][:0])
+		return len(s.hitTabs[0])
+	}
+	end := limit
+	for g, gr := range s.groups {
+		s.hitTabs[g] = s.hitTabs[g][:0]
+		if gr.kind == hashing.FullAttention {
+			s.hitTabs[g] = s.pools[g].Lookup(s.ns, hashes[:end], s.hitTabs[g])
+			end = len(s.hitTabs[g])
+		}
+	}
+	p := end
+	for ; p > 0 && !s.resumable(hashes, p); p-- {
+	}
+	for g, gr := range s.groups {
+		t := s.hitTabs[g]
+		switch gr.kind {
+		case hashing.FullAttention:
+			t = t[:p]
+		case hashing.SlidingWindow:
+			ws := s.windowFirst(g, p*s.bs)
+			for j := 0; j < p; j++ {
+				b := connector.NoBlock
+				if j >= ws {
+					b, _ = s.pools[g].find(s.ns, hashes[j])
+				}
+				t = append(t, b)
+			}
+		case hashing.RecurrentState:
+			for j := 0; j < p-1; j++ {
+				t = append(t, connector.NoBlock)
+			}
+			if p > 0 {
+				b, _ := s.pools[g].find(s.ns, hashes[p-1])
+				t = append(t, b)
+			}
+		}
+		s.hitTabs[g] = t
+	}
+	return p
+}
+
+// resumable reports whether the pools of the sliding-window and state
+// groups index what resuming at block boundary p needs.
+func (s *Scheduler) resumable(hashes []hashing.BlockHash, p int) bool {
+	for g, gr := range s.groups {
+		lo := p
+		switch gr.kind {
+		case hashing.SlidingWindow:
+			lo = s.windowFirst(g, p*s.bs)
+		case hashing.RecurrentState:
+			lo = p - 1
+		}
+		for j := lo; j < p; j++ {
+			if _, ok := s.pools[g].find(s.ns, hashes[j]); !ok {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // admit admits waiting requests in arrival order while budget and blocks
 // last. A lookup-pending request is skipped, never waited for.
 func (s *Scheduler) admit(budget *int) {
@@ -410,8 +806,8 @@ func (s *Scheduler) admit(budget *int) {
 			return
 		}
 		r := s.waiting[i]
-		if s.blocksFor(len(r.tokens)) > s.pool.Len() {
-			s.end(r, Failed, fmt.Errorf("%w: request %q needs %d blocks for %d tokens, the pool has %d", ErrTooLarge, r.id, s.blocksFor(len(r.tokens)), len(r.tokens), s.pool.Len()))
+		if err := s.fitsPools(len(r.tokens)); err != nil {
+			s.end(r, Failed, fmt.Errorf("%w: request %q: %w", ErrTooLarge, r.id, err))
 			i--
 			continue
 		}
@@ -420,11 +816,14 @@ func (s *Scheduler) admit(budget *int) {
 		if s.mut == mutLastToken {
 			limit = min(len(r.tokens)/s.bs, len(r.hashes()))
 		}
-		s.hits = s.hits[:0]
+		hit := 0
 		if s.cfg.PrefixCaching {
-			s.hits = s.pool.Lookup(s.ns, r.hashes()[:limit], s.hits)
+			hit = s.localHit(r, limit)
+		} else {
+			for g := range s.hitTabs {
+				s.hitTabs[g] = s.hitTabs[g][:0]
+			}
 		}
-		hit := len(s.hits)
 		ext := 0
 		if lookups {
 			r.known = true
@@ -453,41 +852,83 @@ func (s *Scheduler) admit(budget *int) {
 		total := hit*s.bs + ext
 		n := 0 // tokens computed this step
 		if ext == 0 {
-			n = min(len(r.tokens)-total, *budget)
+			n = s.chunk(total, min(len(r.tokens)-total, *budget), len(r.tokens))
+			if n == 0 {
+				return // the budget left reaches no block boundary; first come, first served
+			}
 			total += n
 		}
-		need := s.blocksFor(total) - hit
-		if s.mut == mutOverReserve && ext == 0 {
-			need = s.blocksFor(len(r.tokens)) - hit
-		}
-		free := s.pool.Available()
-		for _, b := range s.hits {
-			if s.pool.Refs(b) == 0 {
-				free-- // a cached hit leaves the LRU list when referenced
+		// The blocks each group needs beyond the hit, against what its
+		// pool has once the hit's cached blocks leave the LRU list.
+		for g := range s.groups {
+			switch {
+			case ext > 0:
+				s.need[g] = s.loadNeed(g, hit, hit+ext/s.bs)
+			case s.groups[g].kind == hashing.RecurrentState:
+				e := s.stateEntries(hit*s.bs, total)
+				s.need[g] = 1
+				if e.Snapshot >= 0 {
+					s.need[g]++
+				}
+			case s.mut == mutOverReserve:
+				s.need[g] = s.blocksFor(max(len(r.tokens), total)) - hit
+			default:
+				s.need[g] = s.blocksFor(total) - hit
+			}
+			s.avail[g] = s.pools[g].Available()
+			for _, b := range s.hitTabs[g] {
+				if b != connector.NoBlock && s.pools[g].Refs(b) == 0 {
+					s.avail[g]-- // a cached hit leaves the LRU list when referenced
+				}
 			}
 		}
-		if need > free {
-			return // first come, first served: later requests wait too
-		}
-		r.blocks = r.blocks[:0]
-		for _, b := range s.hits {
-			if err := s.pool.Ref(b); err != nil {
-				panic("scheduler: " + err.Error()) // Lookup returned it
+		for g, n := range s.need {
+			if n > s.avail[g] {
+				return // first come, first served: later requests wait too
 			}
-			r.blocks = append(r.blocks, b)
 		}
-		var err error
-		if r.blocks, err = s.pool.Allocate(r.blocks, need); err != nil {
-			panic("scheduler: " + err.Error()) // checked above
+		for g := range s.groups {
+			r.tabs[g] = r.tabs[g][:0]
+			if sh := &r.gs[g].shown; *sh != nil {
+				*sh = (*sh)[:0]
+			}
+			s.pad(r, g, hit)
+			for j, b := range s.hitTabs[g] {
+				if b == connector.NoBlock {
+					continue
+				}
+				if err := s.pools[g].Ref(b); err != nil {
+					panic("scheduler: " + err.Error()) // Lookup returned it
+				}
+				s.setEntry(r, g, j, b)
+				r.gs[g].refs++
+			}
+		}
+		r.local, r.computed, r.committed = hit*s.bs, hit*s.bs, hit
+		switch {
+		case ext > 0:
+			s.extendLoad(r, hit, hit+ext/s.bs)
+		case s.mut == mutOverReserve:
+			s.extend(r, total)
+			for g, gr := range s.groups {
+				if gr.kind != hashing.RecurrentState {
+					s.pad(r, g, s.blocksFor(len(r.tokens)))
+					for j := hit; j < s.blocksFor(len(r.tokens)); j++ {
+						s.fill(r, g, j)
+					}
+				}
+			}
+		default:
+			s.extend(r, total)
 		}
 		s.waiting.remove(r)
 		i--
-		r.local, r.computed, r.committed = hit*s.bs, hit*s.bs, hit
 		r.m.LocalTokens += hit * s.bs
 		s.stats.LocalTokens += int64(hit * s.bs)
 		s.stats.Admitted++
 		if lookups {
-			if err := s.conn.Allocated(&r.creq, ext, r.tables()...); err != nil {
+			err := s.conn.Allocated(&r.creq, ext, r.tables()...)
+			if err != nil {
 				s.end(r, Failed, fmt.Errorf("%w: Allocated(%q, %d external tokens): %w", ErrConnector, r.id, ext, err))
 				continue
 			}
@@ -555,24 +996,60 @@ func (s *Scheduler) hold(r *request) {
 	r.held = true
 	s.held++
 	r.exclusive = 0
-	for _, b := range r.blocks {
-		if s.pool.Refs(b) == 1 {
-			r.exclusive++
+	for g := range r.gs {
+		gs := &r.gs[g]
+		gs.exclusive = 0
+		for _, list := range [2][]BlockID{r.tabs[g], gs.retired} {
+			for _, b := range list {
+				if b != connector.NoBlock && s.pools[g].Refs(b) == 1 {
+					gs.exclusive++
+				}
+			}
 		}
+		s.pendingFree[g] += gs.exclusive
+		r.exclusive += gs.exclusive
 	}
-	s.pendingFree += r.exclusive
+}
+
+// unhold undoes hold's count, when the connector releases r's blocks.
+func (s *Scheduler) unhold(r *request) {
+	r.held = false
+	s.held--
+	for g := range r.gs {
+		s.pendingFree[g] -= r.gs[g].exclusive
+		r.gs[g].exclusive = 0
+	}
+	r.exclusive = 0
 }
 
 func (s *Scheduler) releaseBlocks(r *request) {
-	if err := s.pool.Release(r.blocks); err != nil {
-		panic("scheduler: " + err.Error()) // the request held each block once
-	}
-	if s.mut == mutDoubleRelease && len(r.blocks) > 0 && s.pool.Refs(r.blocks[0]) > 0 {
-		if err := s.pool.Release(r.blocks[:1]); err != nil { // the deliberate bug
-			panic("scheduler: " + err.Error())
+	for g := range r.gs {
+		gs := &r.gs[g]
+		t := r.tabs[g]
+		// Last first, one at a time past the NoBlock entries: the tail is
+		// evicted before the head, which more requests share.
+		for _, list := range [2][]BlockID{gs.retired, t} {
+			for j := len(list) - 1; j >= 0; j-- {
+				if list[j] == connector.NoBlock {
+					continue
+				}
+				if err := s.pools[g].Release(list[j : j+1]); err != nil {
+					panic("scheduler: " + err.Error()) // the request held each block once
+				}
+			}
 		}
+		if g == 0 && s.mut == mutDoubleRelease && len(t) > 0 && t[0] != connector.NoBlock && s.pools[0].Refs(t[0]) > 0 {
+			if err := s.pools[0].Release(t[:1]); err != nil { // the deliberate bug
+				panic("scheduler: " + err.Error())
+			}
+		}
+		r.tabs[g] = t[:0]
+		shown := gs.shown
+		if shown != nil {
+			shown = shown[:0]
+		}
+		*gs = reqGroup{retired: gs.retired[:0], shown: shown}
 	}
-	r.blocks = r.blocks[:0]
 	r.computed, r.committed, r.local, r.external = 0, 0, 0, 0
 }
 
@@ -733,17 +1210,68 @@ func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 	return bad
 }
 
-// commit indexes r's full computed blocks in the prefix cache.
+// commit indexes r's full computed blocks in the prefix cache, in every
+// group: the entries that hold a block (a state group's only where its
+// state was kept, at the end of the block), then frees the sliding-window
+// blocks that fell out of the window.
 func (s *Scheduler) commit(r *request) {
-	full := min(r.computed/s.bs, len(r.hashes()), len(r.blocks))
+	full := min(r.computed/s.bs, len(r.hashes()))
 	if !s.cfg.PrefixCaching {
 		r.committed = max(r.committed, full)
-		return
 	}
 	for ; r.committed < full; r.committed++ {
-		if _, err := s.pool.Commit(r.blocks[r.committed], s.ns, r.hashes()[r.committed]); err != nil {
-			panic("scheduler: " + err.Error()) // r holds the block
+		j := r.committed
+		for g := range s.groups {
+			b := connector.NoBlock
+			if j < len(r.tabs[g]) {
+				b = r.tabs[g][j]
+			}
+			if b == connector.NoBlock {
+				continue
+			}
+			if _, err := s.pools[g].Commit(b, s.ns, r.hashes()[j]); err != nil {
+				panic("scheduler: " + err.Error()) // r holds the block
+			}
 		}
+	}
+	s.retire(r)
+}
+
+// retire drops from r's sliding-window tables the blocks that no position
+// from r.computed on attends to: the entry becomes NoBlock, and the block
+// goes back to the pool (cached, if committed), or, if the connector was
+// shown it, waits in r's retired list until r's blocks are released.
+func (s *Scheduler) retire(r *request) {
+	if s.mut == mutKeepWindow {
+		return
+	}
+	for g, gr := range s.groups {
+		if gr.kind != hashing.SlidingWindow {
+			continue
+		}
+		gs := &r.gs[g]
+		t := r.tabs[g]
+		ws := s.windowFirst(g, r.computed)
+		if s.mut == mutWindowShort {
+			ws = s.windowFirst(g, r.computed+1) // a token short: the window's first block may go
+		}
+		ws = min(ws, len(t))
+		for j := gs.low; j < ws; j++ {
+			b := t[j]
+			if b == connector.NoBlock {
+				continue
+			}
+			if j < gs.named && gs.shown[j] != connector.NoBlock {
+				gs.retired = append(gs.retired, b)
+			} else {
+				if err := s.pools[g].Release(t[j : j+1]); err != nil {
+					panic("scheduler: " + err.Error()) // r holds the block
+				}
+				gs.refs--
+			}
+			s.setEntry(r, g, j, connector.NoBlock)
+		}
+		gs.low = max(gs.low, ws)
 	}
 }
 
@@ -799,10 +1327,7 @@ func (s *Scheduler) progress(p *connector.Progress) error {
 			bad = append(bad, fmt.Errorf("Progress.Released names request %q, whose blocks were not kept (%v)", id, r.state))
 			continue
 		}
-		r.held = false
-		s.held--
-		s.pendingFree -= r.exclusive
-		r.exclusive = 0
+		s.unhold(r)
 		s.releaseBlocks(r)
 		if r.state == Preempted {
 			s.requeue(r)
@@ -817,9 +1342,35 @@ func (s *Scheduler) progress(p *connector.Progress) error {
 }
 
 // loaded makes a loading request runnable with valid tokens of KV: the
-// rest of its blocks (failed ones and those after) are recomputed.
+// rest of its blocks (failed ones and those after) are recomputed. With
+// KV cache groups it resumes at the longest block boundary up to valid
+// where its tables hold what every group needs (the local hit's at
+// least), and drops the state entries after it, which hold no kept state.
 func (s *Scheduler) loaded(r *request, valid int) {
 	s.loading.remove(r)
+	if !s.plain {
+		p := valid / s.bs
+		for ; p > r.local/s.bs && !s.resumableAt(r, p); p-- {
+		}
+		valid = p * s.bs
+		for g, gr := range s.groups {
+			if gr.kind != hashing.RecurrentState {
+				continue
+			}
+			t := r.tabs[g]
+			for j := len(t) - 1; j >= p && j >= 0; j-- {
+				if t[j] == connector.NoBlock {
+					continue
+				}
+				if err := s.pools[g].Release(t[j : j+1]); err != nil {
+					panic("scheduler: " + err.Error()) // r holds the block
+				}
+				r.gs[g].refs--
+				t[j] = connector.NoBlock
+			}
+			r.tabs[g] = t[:min(len(t), p)]
+		}
+	}
 	r.m.ExternalTokens += valid - r.local
 	s.stats.ExternalTokens += int64(valid - r.local)
 	r.computed = valid
@@ -827,6 +1378,27 @@ func (s *Scheduler) loaded(r *request, valid int) {
 	s.commit(r)
 	r.state = Running
 	s.running.insert(r)
+}
+
+// resumableAt reports whether r's tables hold what resuming at block
+// boundary p needs: every full-attention block before p, the window
+// before p of every sliding-window group, the state after block p-1.
+func (s *Scheduler) resumableAt(r *request, p int) bool {
+	for g, gr := range s.groups {
+		lo := 0
+		switch gr.kind {
+		case hashing.SlidingWindow:
+			lo = s.windowFirst(g, p*s.bs)
+		case hashing.RecurrentState:
+			lo = p - 1
+		}
+		for j := max(lo, 0); j < p; j++ {
+			if lacks(r.tabs[g], j) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Abort ends a request that has not ended: it leaves the queues, the
@@ -887,7 +1459,9 @@ func (s *Scheduler) Invalidate(gen uint64) error {
 	if s.mut == mutKeepCache {
 		s.ns = oldNS
 	} else {
-		s.pool.InvalidateAll()
+		for _, pool := range s.pools {
+			pool.InvalidateAll()
+		}
 	}
 	for len(s.running) > 0 {
 		s.preempt(s.running[len(s.running)-1])
@@ -918,7 +1492,7 @@ func (s *Scheduler) Status(id connector.RequestID) (Status, error) {
 		State:    r.state,
 		Tokens:   len(r.tokens),
 		Computed: r.computed,
-		Blocks:   len(r.blocks),
+		Blocks:   r.blocks(),
 		Held:     r.held,
 		Metrics:  r.m,
 	}, nil
@@ -937,6 +1511,9 @@ func (s *Scheduler) Stats() Stats {
 	st.Loading = len(s.loading)
 	st.Running = len(s.running)
 	st.Held = s.held
-	st.Pool = s.pool.Stats()
+	st.Pool = PoolStats{}
+	for _, pool := range s.pools {
+		st.Pool.add(pool.Stats())
+	}
 	return st
 }
