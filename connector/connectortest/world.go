@@ -37,15 +37,15 @@ type world struct {
 // counts add up a state machine's cases, for the verbose log: how much
 // each check had to look at.
 type counts struct {
-	cases, steps, requests, preemptions, rotations int
-	loads, loadedBlocks, failedLoads, failedBlocks int
-	saves, waitedSaves                             int64
-	faults                                         storetest.FaultCounts
+	cases, hybrid, steps, requests, preemptions, rotations int
+	loads, loadedBlocks, failedLoads, failedBlocks         int
+	saves, waitedSaves                                     int64
+	faults                                                 storetest.FaultCounts
 }
 
 func (c *counts) log(t *testing.T) {
-	t.Logf("%d cases, %d engine steps, %d requests (%d preempted), %d rotations: %d loads (%d blocks) and %d failed loads (%d blocks discarded); %d keys saved; %d steps held their ready events until a save waited; faults injected: %d calls, %d keys, %d vanished",
-		c.cases, c.steps, c.requests, c.preemptions, c.rotations, c.loads, c.loadedBlocks, c.failedLoads, c.failedBlocks,
+	t.Logf("%d cases (%d hybrid), %d engine steps, %d requests (%d preempted), %d rotations: %d loads (%d blocks) and %d failed loads (%d blocks discarded); %d keys saved; %d steps held their ready events until a save waited; faults injected: %d calls, %d keys, %d vanished",
+		c.cases, c.hybrid, c.steps, c.requests, c.preemptions, c.rotations, c.loads, c.loadedBlocks, c.failedLoads, c.failedBlocks,
 		c.saves, c.waitedSaves, c.faults.Calls, c.faults.Keys, c.faults.Vanished)
 }
 
@@ -95,11 +95,20 @@ type spec struct {
 	blocks   int
 	policy   connector.Policy // "" for recompute
 	waiter   bool             // ready events implement connector.Waiter
+
+	// hybrid selects the hybrid layout: layer 0 full attention, layer 1 a
+	// sliding window of window tokens (2×bs+1 when 0), layer 2 a recurrent
+	// state, all at the block size bs. The engine keeps the state at the
+	// end of each step that ends at a block boundary and, when stateEvery
+	// is not 0, at every stateEvery-th boundary.
+	hybrid     bool
+	window     int
+	stateEvery int
 }
 
 // identity returns the spec's identity.
 func (s spec) identity() hashing.Identity {
-	return hashing.Identity{
+	id := hashing.Identity{
 		Tenant:         s.tenant,
 		Model:          "connectortest/model",
 		WeightsVersion: "v1",
@@ -110,6 +119,15 @@ func (s spec) identity() hashing.Identity {
 			TPSize: s.tp, Replication: s.repl,
 		},
 	}
+	if s.hybrid {
+		id.Layout.Layers = 3
+		id.Layout.Groups = []hashing.Group{
+			{Kind: hashing.FullAttention, Layers: []int{0}, BlockSize: s.bs},
+			{Kind: hashing.SlidingWindow, Layers: []int{1}, BlockSize: s.bs, Window: cmp.Or(s.window, 2*s.bs+1)},
+			{Kind: hashing.RecurrentState, Layers: []int{2}, BlockSize: s.bs, StateBytes: stateBytes},
+		}
+	}
+	return id
 }
 
 // open opens a pair for s over the case's store and builds its engine.
@@ -140,7 +158,7 @@ func (w *world) open(s spec) *engine {
 			w.pkgs = append(w.pkgs, p)
 		}
 	}
-	e, err := newEngine(w, s.label, id, pair, s.policy, s.order, s.blocks, s.waiter)
+	e, err := newEngine(w, s, id, pair)
 	w.engines = append(w.engines, e) // closed with the case, even half built
 	if err != nil {
 		w.t.Fatalf("%s: %v", s.label, err)
@@ -279,31 +297,46 @@ func (w *world) expectHits(e *engine, got, want int, what, why string) {
 	w.t.Fatalf("%s matched %d blocks from the store, want %d (%s)", what, got, want, why)
 }
 
-// checkMatch fails the test unless the store held blocks [from, from+n)
-// of r in every shard.
-func (w *world) checkMatch(e *engine, r *freq, from, n int) {
+// checkMatch fails the test unless a match of n blocks after a local hit
+// of local blocks ends where every group can resume with what the store
+// holds in every shard: for full attention every block from local on, for
+// a sliding window the blocks of the window before the match's end, for a
+// state group the state at it.
+func (w *world) checkMatch(e *engine, r *freq, local, n int) {
 	w.t.Helper()
 	if w.pd {
 		return
 	}
-	for i := from; i < from+n; i++ {
-		for sh := range e.ns.Shards() {
-			key := e.ns.Key(sh, r.conn.Hashes[i])
-			if !w.rec.stored(key) {
-				w.t.Fatalf("%s: Match(%s, %d) = %d tokens, but no put ever stored block %d for shard %d (key %s)%s: a match covers only blocks present in every shard",
-					e.label, r.conn.ID, from*e.id.Layout.BlockSize, n*e.id.Layout.BlockSize, i, sh, key, w.elsewhere(e, sh, r.conn.Hashes[i]))
+	p := local + n
+	bs := e.id.Layout.BlockSize
+	for g := range e.groups {
+		if n == 0 {
+			break
+		}
+		for i := e.needFrom(g, local, p); i < p; i++ {
+			for sh := range e.ns.GroupShards(g) {
+				key := e.ns.GroupKey(g, sh, r.conn.Hashes[i])
+				if w.rec.stored(key) {
+					continue
+				}
+				if !e.hybrid() {
+					w.t.Fatalf("%s: Match(%s, %d) = %d tokens, but no put ever stored block %d for shard %d (key %s)%s: a match covers only blocks present in every shard",
+						e.label, r.conn.ID, local*bs, n*bs, i, sh, key, w.elsewhere(e, g, sh, r.conn.Hashes[i]))
+				}
+				w.t.Fatalf("%s: Match(%s, %d) = %d tokens, ending at block %d, but no put ever stored %s for shard %d (key %s)%s: %s",
+					e.label, r.conn.ID, local*bs, n*bs, p, e.entryName(g, i), sh, key, w.elsewhere(e, g, sh, r.conn.Hashes[i]), e.needWhy(g, p))
 			}
 		}
 	}
 }
 
 // elsewhere says under which other namespace the store holds block h of
-// shard shard, if any.
-func (w *world) elsewhere(e *engine, shard int, h hashing.BlockHash) string {
+// group g, shard shard, if any.
+func (w *world) elsewhere(e *engine, g, shard int, h hashing.BlockHash) string {
 	for _, o := range w.engines {
 		for _, gen := range slices.Sorted(maps.Keys(o.gens)) {
 			ns := o.gens[gen]
-			if ns == e.ns || shard >= ns.Shards() || !w.rec.stored(ns.Key(shard, h)) {
+			if ns == e.ns || g >= len(ns.Groups()) || shard >= ns.GroupShards(g) || !w.rec.stored(ns.GroupKey(g, shard, h)) {
 				continue
 			}
 			if o == e {
@@ -316,7 +349,8 @@ func (w *world) elsewhere(e *engine, shard int, h hashing.BlockHash) string {
 }
 
 // checkEvents fails the test unless every block a BlockStored event names
-// is in the store for every shard, under the event's generation.
+// is in the store for every shard of the event's group, under the event's
+// generation.
 func (w *world) checkEvents(e *engine, evs []connector.KVEvent) {
 	w.t.Helper()
 	if w.pd {
@@ -330,11 +364,18 @@ func (w *world) checkEvents(e *engine, evs []connector.KVEvent) {
 		if !ok {
 			w.t.Fatalf("%s: a BlockStored event names generation %d, which the engine never ran", e.label, ev.Generation)
 		}
+		if ev.Group < 0 || ev.Group >= len(e.groups) {
+			w.t.Fatalf("%s: a BlockStored event names KV cache group %d, but the layout has %d", e.label, ev.Group, len(e.groups))
+		}
 		for _, h := range ev.Hashes {
-			for sh := range ns.Shards() {
-				if key := ns.Key(sh, h); !w.rec.stored(key) {
-					w.t.Fatalf("%s: a BlockStored event (generation %d) names block %v, but no put ever stored it for shard %d (key %s)%s: only saves that succeeded in every shard are announced",
-						e.label, ev.Generation, h, sh, key, w.elsewhere(e, sh, h))
+			for sh := range ns.GroupShards(ev.Group) {
+				if key := ns.GroupKey(ev.Group, sh, h); !w.rec.stored(key) {
+					what := "block"
+					if e.hybrid() {
+						what = fmt.Sprintf("group %d's block", ev.Group)
+					}
+					w.t.Fatalf("%s: a BlockStored event (generation %d) names %s %v, but no put ever stored it for shard %d (key %s)%s: only saves that succeeded in every shard are announced",
+						e.label, ev.Generation, what, h, sh, key, w.elsewhere(e, ev.Group, sh, h))
 				}
 			}
 		}
