@@ -59,6 +59,8 @@ func open(broken string) connectortest.OpenFunc {
 			s = &passScheduler{inner}
 		case "last-token":
 			s = lastToken{inner, env.Identity.Layout.BlockSize}
+		case "short-match":
+			s = shortMatch{inner, env.Identity.Layout.BlockSize}
 		case "ignores-rotation":
 			s = ignoresRotation{s}
 		case "inverted-policy":
@@ -173,6 +175,20 @@ func (s lastToken) Match(r *connector.Request, computed int) (connector.Match, e
 	return m, err
 }
 
+// shortMatch matches one block less than the store holds.
+type shortMatch struct {
+	*storeconn.Scheduler
+	bs int
+}
+
+func (s shortMatch) Match(r *connector.Request, computed int) (connector.Match, error) {
+	m, err := s.Scheduler.Match(r, computed)
+	if err == nil && m.Tokens > 0 {
+		m.Tokens -= s.bs
+	}
+	return m, err
+}
+
 // ignoresRotation accepts Rotate and does nothing.
 type ignoresRotation struct{ connector.Scheduler }
 
@@ -279,8 +295,7 @@ func (s validOffByOne) Update(outs []*connector.Output) (*connector.Progress, er
 type freesEarly struct{ *storeconn.Scheduler }
 
 func (s freesEarly) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	blocks := connector.Table(tables, 0)
-	_, err := s.Scheduler.Finish(r, blocks)
+	_, err := s.Scheduler.Finish(r, tables...)
 	return false, err
 }
 
@@ -289,8 +304,7 @@ func (s freesEarly) Finish(r *connector.Request, tables ...[]connector.BlockID) 
 type neverReleases struct{ *storeconn.Scheduler }
 
 func (s neverReleases) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	blocks := connector.Table(tables, 0)
-	keep, err := s.Scheduler.Finish(r, blocks)
+	keep, err := s.Scheduler.Finish(r, tables...)
 	return keep || err == nil, err
 }
 
@@ -525,6 +539,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 	cases := []struct{ broken, want string }{
 		{"early-load", "never written (still poisoned)"},
 		{"last-token", "covers the last prompt token"},
+		{"short-match", "a match is the longest prefix the store holds"},
 		{"ignores-rotation", "Plan().Generation"},
 		{"drops-failed", "bytes differ from the KV saved for its key"},
 		{"inverted-policy", `Fail = true under kv_load_failure_policy "recompute"`},

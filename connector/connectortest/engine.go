@@ -79,6 +79,7 @@ type freq struct {
 	gen      uint64 // the generation its KV is computed in
 	matched  bool   // the connector has seen it
 	failed   bool   // its load failed under policy fail
+	snap     uint64 // the store recorder's sequence number at its first Match
 
 	// Its load: the match covers the chain's blocks [loadFrom,
 	// loadFrom+loadN); in group g it fills the entries [loadLo[g],
@@ -752,6 +753,9 @@ func (e *engine) admit(r *freq) bool {
 	bs := e.id.Layout.BlockSize
 	hashes := r.conn.Hashes
 	local := e.localHit(r)
+	if !r.matched {
+		r.snap = e.w.rec.seqNow()
+	}
 	r.matched = true
 	m, err := e.pair.Scheduler.Match(&r.conn, local*bs)
 	if err != nil {
@@ -1299,6 +1303,7 @@ func (e *engine) poll(rank int) bool {
 		if !x.load {
 			continue
 		}
+		e.w.loadFailed = true
 		if f.Reason != connector.ReasonStale {
 			e.want.workerLoadFailures[rank]++
 		}

@@ -46,7 +46,9 @@ type Options struct {
 	// NewStore returns a new, empty store for one test case. It is
 	// required. The harness wraps it and closes it. The wrapper records
 	// what the store really holds: a match may claim only blocks that a
-	// put stored in every shard, a KV event (connector.EventSource) may
+	// put stored in every shard, and must claim every block puts had
+	// stored before the request's first Match (Run skips that check once
+	// the store evicted keys), a KV event (connector.EventSource) may
 	// announce only those, and the worker halves' Stats.Saves must add up
 	// to the keys their puts stored. So a connector must key block h of
 	// shard s as Namespace.Key(s, h) of package hashing (the keys that
@@ -118,8 +120,11 @@ type Options struct {
 // reads a block only after the step's ready event fired (the engine writes
 // the step's KV in two halves and fires the events only once every worker
 // with such a save waits on its event or has finished it); matches never
-// cover the last prompt token and claim only blocks the store holds in
-// every shard; KV events announce only blocks the store holds; Loaded and
+// cover the last prompt token, claim only blocks the store holds in
+// every shard, and are the longest the store held before the request's
+// first Match (unless a store fault, a failed load, a failed lookup or an
+// eviction excuses a shorter one); KV events announce only blocks the
+// store holds; Loaded and
 // Failed come only once every worker reported the load, Failed with Valid
 // up to the first block any worker failed, Fail as the policy says. At
 // the end of each case: every kept block is released, Stats (where a half

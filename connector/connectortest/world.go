@@ -31,7 +31,11 @@ type world struct {
 	gid     uint64          // the goroutine running the case
 	before  map[uint64]bool // the goroutines alive when it began
 	count   *counts
-	closed  bool
+	// loadFailed is set once a worker reported a block of a load failed:
+	// a connector may then skip blocks whose loads failed lately, and a
+	// match need no longer be the longest (see checkLongest).
+	loadFailed bool
+	closed     bool
 }
 
 // counts add up a state machine's cases, for the verbose log: how much
@@ -301,7 +305,8 @@ func (w *world) expectHits(e *engine, got, want int, what, why string) {
 // of local blocks ends where every group can resume with what the store
 // holds in every shard: for full attention every block from local on, for
 // a sliding window the blocks of the window before the match's end, for a
-// state group the state at it.
+// state group the state at it. It also checks that the match is the
+// longest the store could serve (checkLongest).
 func (w *world) checkMatch(e *engine, r *freq, local, n int) {
 	w.t.Helper()
 	if w.pd {
@@ -328,6 +333,47 @@ func (w *world) checkMatch(e *engine, r *freq, local, n int) {
 			}
 		}
 	}
+	w.checkLongest(e, r, local, p)
+}
+
+// checkLongest fails the test unless a match that ends at block p after a
+// local hit of local blocks is the longest the store could serve: no
+// block boundary after p at which every group could resume with what puts
+// had stored, in every shard, before the request's first Match. A
+// connector may answer a shorter match after a store fault, a failed load
+// (it may skip blocks whose loads failed) or a failed lookup (Health), or
+// when the store evicted keys: then nothing is checked. Keys a remove call
+// named no longer count.
+func (w *world) checkLongest(e *engine, r *freq, local, p int) {
+	w.t.Helper()
+	bs := e.id.Layout.BlockSize
+	limit := min((r.conn.Prompt-1)/bs, len(r.conn.Hashes))
+	if w.faulty != nil || w.loadFailed || p >= limit || e.storeFailure() != "" {
+		return
+	}
+	sure := make([][]bool, len(e.groups))
+	for g := range e.groups {
+		sure[g] = make([]bool, limit)
+		for i := local; i < limit; i++ {
+			sure[g][i] = true
+			for sh := range e.ns.GroupShards(g) {
+				if !w.rec.storedBy(e.ns.GroupKey(g, sh, r.conn.Hashes[i]), r.snap) {
+					sure[g][i] = false
+					break
+				}
+			}
+		}
+	}
+	best := e.resumeEnd(local, limit, func(g, i int) bool { return i < local || sure[g][i] })
+	if best <= p || w.base.Stats().Evictions > 0 {
+		return
+	}
+	if !e.hybrid() {
+		w.t.Fatalf("%s: Match(%s, %d) = %d tokens, but before the request's first Match puts had stored blocks [%d, %d) in every shard: a match is the longest prefix the store holds",
+			e.label, r.conn.ID, local*bs, (p-local)*bs, p, best)
+	}
+	w.t.Fatalf("%s: Match(%s, %d) = %d tokens, ending at block %d, but before the request's first Match puts had stored, in every shard, what every KV cache group needs to resume at block %d: a match is the longest prefix every group can resume from",
+		e.label, r.conn.ID, local*bs, (p-local)*bs, p, best)
 }
 
 // elsewhere says under which other namespace the store holds block h of
