@@ -303,6 +303,11 @@ func TestGroupsFailedLoadKeepsLocalOnly(t *testing.T) {
 	if len(fails) != 1 || fails[0].Valid != bs {
 		t.Errorf("failures %+v, want one with Valid = %d, the local block only", fails, bs)
 	}
+	// The match covered blocks 1 to 7, and all of them are discarded, not
+	// only the failed transfer's blocks from block 6 on.
+	if got := h.s.(connector.StatsReporter).Stats().LoadFailures; got != 7 {
+		t.Errorf("Stats().LoadFailures = %d, want 7: every matched block from the valid point (block 1) to the match's end (block 8)", got)
+	}
 }
 
 // TestGroupsBadInput: tables that do not fit the layout are refused,

@@ -89,6 +89,7 @@ type request struct {
 	retries  int     // out-of-space retries waiting to be planned
 	finished bool    // Finish was called while transfers ran
 	loads    int     // load transfers planned or running, one per group that loads
+	loadEnd  int     // the block boundary those loads resume at
 	loadFail int     // blocks valid after the failures of those loads so far; -1 while none failed
 }
 
@@ -650,6 +651,7 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 		q.loads++
 	}
 	q.loadFail = -1
+	q.loadEnd = p
 	// Loaded blocks are in the store, and the engine computes none of the
 	// tokens before p: never save them again.
 	for g := range q.saveNext {
@@ -869,7 +871,6 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 			x.failAt = 0
 		}
 		if x.failAt >= 0 {
-			s.stats.LoadFailures += int64(len(x.blocks) - x.failAt)
 			// What survives: with full attention only, every block before
 			// the first that failed; otherwise only the local blocks, as a
 			// window or a state is of no use without the rest.
@@ -883,6 +884,9 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 		}
 		if q.loads == 0 {
 			if q.loadFail >= 0 {
+				// Every matched block from the valid point on is
+				// discarded, in whichever group the failure was.
+				s.stats.LoadFailures += int64(q.loadEnd - q.loadFail)
 				s.progress.Failed = append(s.progress.Failed, connector.LoadFailure{
 					Req:   q.id,
 					Valid: q.loadFail * s.bs,
