@@ -446,7 +446,7 @@ func (e *engine) checkBlock(what string, r *freq, g, i int, b connector.BlockID)
 		want := make([]byte, e.blockSize(rank, g))
 		content(want, e.ns, g, e.shard(g, rank), h)
 		if got := e.blockBytes(rank, g, b); !bytes.Equal(got, want) {
-			e.t.Fatalf("%s, request %s: %s %s (%s), rank %d: bytes differ from the %s saved for its key (generation %d)%s",
+			e.t.Fatalf("%s, request %s: %s %s, in %s, rank %d: bytes differ from the %s saved for its key (generation %d)%s",
 				e.label, r.conn.ID, what, e.entryName(g, i), e.engineBlock(g, b), rank, e.what(g), e.id.Generation, e.explain(got, g, rank, &h, r))
 		}
 	}
@@ -892,41 +892,45 @@ func (e *engine) grow(r *freq) bool {
 	}
 }
 
-// sweep frees, as vLLM does, the sliding-window blocks of running requests
-// that fell out of the window of every token still to come, once no
-// unfinished transfer names them: their entries become NoBlock.
-func (e *engine) sweep() {
+// sweep frees, as vLLM does for the requests it schedules, the
+// sliding-window blocks of r that fell out of the window of every token
+// still to come, once no unfinished transfer names them: their entries
+// become NoBlock, which the step's Scheduled call passes on. (A block
+// freed without a call that says so could be reused while a connector
+// still means to save it, which no connector can tell.)
+func (e *engine) sweep(r *freq) {
 	e.t.Helper()
 	if !e.hybrid() {
 		return
 	}
-	busy := make(map[gblock]bool)
-	for _, x := range e.xfers {
-		for _, b := range x.blocks {
-			busy[gblock{x.group, b}] = true
-		}
-	}
+	var busy map[gblock]bool // the blocks unfinished transfers name
 	bs := e.id.Layout.BlockSize
-	for _, r := range e.reqs {
-		if r.phase != running {
+	for g, spec := range e.groups {
+		if spec.Kind != hashing.SlidingWindow {
 			continue
 		}
-		for g, spec := range e.groups {
-			if spec.Kind != hashing.SlidingWindow {
+		// The token at r.computed, the next one, attends to tokens from
+		// r.computed-Window+1 on.
+		for i, b := range r.tables[g] {
+			if (i+1)*bs > r.computed-spec.Window+1 {
+				break
+			}
+			if b == connector.NoBlock {
 				continue
 			}
-			// The token at r.computed, the next one, attends to tokens
-			// from r.computed-Window+1 on.
-			for i, b := range r.tables[g] {
-				if (i+1)*bs > r.computed-spec.Window+1 {
-					break
+			if busy == nil {
+				busy = make(map[gblock]bool)
+				for _, x := range e.xfers {
+					for _, xb := range x.blocks {
+						busy[gblock{x.group, xb}] = true
+					}
 				}
-				if b == connector.NoBlock || busy[gblock{g, b}] {
-					continue
-				}
-				e.retire(g, b, r.conn.Hashes[i], r.gen == e.id.Generation)
-				r.tables[g][i] = connector.NoBlock
 			}
+			if busy[gblock{g, b}] {
+				continue
+			}
+			e.retire(g, b, r.conn.Hashes[i], r.gen == e.id.Generation)
+			r.tables[g][i] = connector.NoBlock
 		}
 	}
 }
@@ -980,7 +984,6 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 	e.w.count.steps++
 	bs := e.id.Layout.BlockSize
 	progress := false
-	e.sweep()
 	// Decode first, oldest admitted first, as engines schedule running
 	// requests before they admit waiting ones: one generated token, a
 	// function of the last.
@@ -1021,6 +1024,7 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		if chunk > 0 && to-r.computed > chunk {
 			to = r.computed + chunk
 		}
+		e.sweep(r)
 		computed = append(computed, e.prepare(r, r.computed, to)...)
 		if err := e.pair.Scheduler.Scheduled(&r.conn, to, r.tables...); err != nil {
 			e.t.Fatalf("Scheduled(%s, %d): %v", r.conn.ID, to, err)
@@ -1251,7 +1255,7 @@ func (e *engine) checkPlan(m *connector.Metadata, computed map[gblock]bool) {
 							if !e.hybrid() {
 								e.t.Fatalf("%s: Plan loads blocks [%d, %d) of request %s, which asked for [%d, %d)", e.label, t.First, t.First+len(t.Blocks), t.Req, r.loadFrom, r.loadEnd())
 							}
-							e.t.Fatalf("%s: Plan's load transfer %d loads %s of request %s (%s), which resuming at block %d does not need: %s",
+							e.t.Fatalf("%s: Plan's load transfer %d loads %s of request %s, into %s, which resuming at block %d does not need: %s",
 								e.label, t.ID, e.entryName(g, j), t.Req, e.engineBlock(g, b), r.loadEnd(), e.loadWhy(r, g, j))
 						}
 						r.named[entry{g, j}] = true
@@ -1263,7 +1267,7 @@ func (e *engine) checkPlan(m *connector.Metadata, computed map[gblock]bool) {
 					}
 					for i, b := range t.Blocks {
 						if e.blk(g, b).clean && !computed[gblock{g, b}] {
-							e.t.Fatalf("%s: Plan saves %s of request %s (%s), which holds no %s: the engine neither computed nor loaded it", e.label, e.entryName(g, t.First+i), t.Req, e.engineBlock(g, b), e.what(g))
+							e.t.Fatalf("%s: Plan saves %s of request %s, from %s, which holds no %s: the engine neither computed nor loaded it", e.label, e.entryName(g, t.First+i), t.Req, e.engineBlock(g, b), e.what(g))
 						}
 					}
 				}

@@ -141,17 +141,7 @@ func (w *world) open(s spec) *engine {
 	id := s.identity()
 	pair, err := s.open(connector.Config{LoadFailurePolicy: s.policy}, connector.Env{Identity: id, Store: w.st, Blocks: s.blocks})
 	if err != nil {
-		for _, wk := range pair.Workers {
-			if wk != nil {
-				_ = wk.Close() // the open failed already
-			}
-		}
-		if pair.Scheduler != nil {
-			_ = pair.Scheduler.Close()
-		}
-		if pair.Close != nil {
-			_ = pair.Close()
-		}
+		closeHalves(pair)
 		w.t.Fatalf("open %s: %v", s.label, err)
 	}
 	if pair.Scheduler == nil || len(pair.Workers) != s.tp || slices.Contains(pair.Workers, nil) {
@@ -170,6 +160,22 @@ func (w *world) open(s spec) *engine {
 	return e
 }
 
+// closeHalves closes what a pair that is not run holds, ignoring errors:
+// its open failed, or should have.
+func closeHalves(pair Pair) {
+	for _, wk := range pair.Workers {
+		if wk != nil {
+			_ = wk.Close() // the open failed already
+		}
+	}
+	if pair.Scheduler != nil {
+		_ = pair.Scheduler.Close()
+	}
+	if pair.Close != nil {
+		_ = pair.Close()
+	}
+}
+
 func anys[T any](s []T) []any {
 	out := make([]any, len(s))
 	for i, v := range s {
@@ -180,7 +186,11 @@ func anys[T any](s []T) []any {
 
 // drain steps the engines until every request ended, every kept block was
 // released and every transfer reported.
-func (w *world) drain(es ...*engine) { w.drainWith(es, nil) }
+func (w *world) drain(es ...*engine) { w.drainWith(es, nil, 0) }
+
+// drainChunked drains e with steps that compute at most chunk prompt
+// tokens of each request.
+func (w *world) drainChunked(e *engine, chunk int) { w.drainWith([]*engine{e}, nil, chunk) }
 
 // drainPD drains a producer and a consumer, handing every offer of the
 // producer on to the consumer as a request that decodes decode tokens.
@@ -192,14 +202,15 @@ func (w *world) drainPD(prod, cons *engine, decode int) {
 		handed := len(prod.offers) > 0
 		prod.offers = prod.offers[:0]
 		return handed
-	})
+	}, 0)
 }
 
-// drainWith steps es, calling handoff (if not nil) before each round. A
+// drainWith steps es, calling handoff (if not nil) before each round,
+// chunk limiting the prompt tokens a request computes in a step. A
 // round that changes nothing waits for the connectors' background work,
 // for up to waitBound per item; when there is none, the connectors have
 // idleSteps rounds to release what they keep, and then the test fails.
-func (w *world) drainWith(es []*engine, handoff func() bool) {
+func (w *world) drainWith(es []*engine, handoff func() bool, chunk int) {
 	w.t.Helper()
 	start := time.Now()
 	idle := 0
@@ -220,7 +231,7 @@ func (w *world) drainWith(es []*engine, handoff func() bool) {
 			return
 		}
 		for _, e := range es {
-			if e.step(context.Background(), 0) {
+			if e.step(context.Background(), chunk) {
 				changed = true
 			}
 		}
