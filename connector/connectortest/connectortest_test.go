@@ -87,6 +87,12 @@ func open(broken string) connectortest.OpenFunc {
 			s = newLoadRewriter(inner, loadsBeforeWindow(groupOf(env.Identity, hashing.SlidingWindow)))
 		case "swa-drops-window-block":
 			s = newLoadRewriter(inner, dropsWindowBlock(groupOf(env.Identity, hashing.SlidingWindow)))
+		case "swa-as-full":
+			ns, err := env.Identity.Namespace()
+			if err != nil {
+				return p, err
+			}
+			s = swaAsFull{inner, env.Store, ns, groupOf(env.Identity, hashing.SlidingWindow)}
 		case "writes-noblock-neighbour":
 			s = newLoadRewriter(inner, loadsNoBlockNeighbour(groupOf(env.Identity, hashing.RecurrentState)))
 		}
@@ -483,6 +489,35 @@ func (s presentGroup) Exists(ctx context.Context, keys []string, res []store.Res
 	return nil
 }
 
+// swaAsFull needs every sliding-window block from the local hit on, as full
+// attention does: its match stops at the first one the store lacks.
+type swaAsFull struct {
+	*storeconn.Scheduler
+	st  store.Store
+	ns  hashing.Namespace
+	swa int
+}
+
+func (s swaAsFull) Match(r *connector.Request, computed int) (connector.Match, error) {
+	m, err := s.Scheduler.Match(r, computed)
+	if err != nil || m.Tokens == 0 || s.swa < 0 {
+		return m, err
+	}
+	bs := s.ns.BlockSize()
+	for i := computed / bs; i < (computed+m.Tokens)/bs; i++ {
+		var keys []string
+		for sh := range s.ns.GroupShards(s.swa) {
+			keys = append(keys, s.ns.GroupKey(s.swa, sh, r.Hashes[i]))
+		}
+		res := make([]store.Result, len(keys))
+		if err := s.st.Exists(context.Background(), keys, res); err != nil || slices.ContainsFunc(res, func(r store.Result) bool { return r.Err != nil }) {
+			m.Tokens = i*bs - computed
+			break
+		}
+	}
+	return m, nil
+}
+
 // loadRewriter rewrites the loads of each Plan with edit, which sees the
 // block tables and hashes that each request's Allocated passed.
 type loadRewriter struct {
@@ -722,6 +757,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"swa-outside-window", "it is outside the window"},
 		{"swa-drops-window-block", "no load transfer named block 3 of group 1 (sliding_window"},
 		{"swa-unchecked", "needs the blocks holding them"},
+		{"swa-as-full", "a match is the longest prefix every group can resume from"},
 		{"state-wrong-position", "a state of another position"},
 		{"state-unchecked", "a match ends only at a boundary whose state some engine saved"},
 		{"writes-noblock-neighbour", "it is the engine's own"},

@@ -750,6 +750,19 @@ func groupsWindow(t *testing.T, open OpenFunc, opts Options) {
 	e.add(prompt, 0)
 	w.drain(e)
 	w.expectHits(e, e.stats.externalHits-before, 8, "a third request of the prompt", "all but the block with the last prompt token")
+	// A block the store lacks before the window of the match's end
+	// shortens nothing.
+	other := testPrompt(8*bs+1, 1600)
+	w.rec.failPuts(e.ns.GroupKey(1, 0, hashesOf(t, other, bs)[1]))
+	e.add(other, 0)
+	w.drain(e)
+	w.rec.failPuts()
+	e.dropCache()
+	before = e.stats.externalHits
+	e.add(other, 0)
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before, 8, "a request for an 8-block prompt (and a token) whose sliding-window block 1 the store holds for shard 1 only",
+		"all but the block with the last prompt token: the window of the token at 32 (tokens 24 to 32) does not reach block 1")
 	w.finish()
 }
 
