@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -46,8 +47,13 @@ func open(broken string) connectortest.OpenFunc {
 			cfg.Extra = map[string]any{"verify": "none"}
 		}
 		senv := env
-		if broken == "one-shard-lookup" {
+		switch broken {
+		case "one-shard-lookup":
 			senv.Store = oneShard{env.Store}
+		case "swa-unchecked":
+			senv.Store = presentGroup{env.Store, groupOf(env.Identity, hashing.SlidingWindow)}
+		case "state-unchecked":
+			senv.Store = presentGroup{env.Store, groupOf(env.Identity, hashing.RecurrentState)}
 		}
 		s, err := connector.OpenScheduler(cfg, senv)
 		if err != nil {
@@ -59,6 +65,8 @@ func open(broken string) connectortest.OpenFunc {
 			s = &passScheduler{inner}
 		case "last-token":
 			s = lastToken{inner, env.Identity.Layout.BlockSize}
+		case "short-match":
+			s = shortMatch{inner, env.Identity.Layout.BlockSize}
 		case "ignores-rotation":
 			s = ignoresRotation{s}
 		case "inverted-policy":
@@ -75,6 +83,18 @@ func open(broken string) connectortest.OpenFunc {
 			s = neverReleases{inner}
 		case "never-reports-load":
 			s = neverReportsLoad{inner}
+		case "swa-outside-window":
+			s = newLoadRewriter(inner, loadsBeforeWindow(groupOf(env.Identity, hashing.SlidingWindow)))
+		case "swa-drops-window-block":
+			s = newLoadRewriter(inner, dropsWindowBlock(groupOf(env.Identity, hashing.SlidingWindow)))
+		case "swa-as-full":
+			ns, err := env.Identity.Namespace()
+			if err != nil {
+				return p, err
+			}
+			s = swaAsFull{inner, env.Store, ns, groupOf(env.Identity, hashing.SlidingWindow)}
+		case "writes-noblock-neighbour":
+			s = newLoadRewriter(inner, loadsNoBlockNeighbour(groupOf(env.Identity, hashing.RecurrentState)))
 		}
 		p.Scheduler = s
 		for rank := range env.Identity.Layout.TPSize {
@@ -105,6 +125,8 @@ func open(broken string) connectortest.OpenFunc {
 				w = earlyRead{inner}
 			case "late-write":
 				w = &lateWrite{Worker: inner, loads: make(map[uint64][]connector.BlockID)}
+			case "state-wrong-position":
+				w = stateOfBlockBefore{inner, groupOf(env.Identity, hashing.RecurrentState)}
 			}
 			p.Workers = append(p.Workers, w)
 		}
@@ -169,6 +191,20 @@ func (s lastToken) Match(r *connector.Request, computed int) (connector.Match, e
 	m, err := s.Scheduler.Match(r, computed)
 	if err == nil && m.Tokens > 0 && r.Prompt%s.bs == 0 && computed+m.Tokens == r.Prompt-s.bs {
 		m.Tokens += s.bs
+	}
+	return m, err
+}
+
+// shortMatch matches one block less than the store holds.
+type shortMatch struct {
+	*storeconn.Scheduler
+	bs int
+}
+
+func (s shortMatch) Match(r *connector.Request, computed int) (connector.Match, error) {
+	m, err := s.Scheduler.Match(r, computed)
+	if err == nil && m.Tokens > 0 {
+		m.Tokens -= s.bs
 	}
 	return m, err
 }
@@ -279,8 +315,7 @@ func (s validOffByOne) Update(outs []*connector.Output) (*connector.Progress, er
 type freesEarly struct{ *storeconn.Scheduler }
 
 func (s freesEarly) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	blocks := connector.Table(tables, 0)
-	_, err := s.Scheduler.Finish(r, blocks)
+	_, err := s.Scheduler.Finish(r, tables...)
 	return false, err
 }
 
@@ -289,8 +324,7 @@ func (s freesEarly) Finish(r *connector.Request, tables ...[]connector.BlockID) 
 type neverReleases struct{ *storeconn.Scheduler }
 
 func (s neverReleases) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	blocks := connector.Table(tables, 0)
-	keep, err := s.Scheduler.Finish(r, blocks)
+	keep, err := s.Scheduler.Finish(r, tables...)
 	return keep || err == nil, err
 }
 
@@ -425,6 +459,180 @@ func (w *lateWrite) Poll() *connector.Output {
 	return o
 }
 
+// groupOf returns the index of id's first KV cache group of kind k, or -1
+// (a layout without groups).
+func groupOf(id hashing.Identity, k hashing.GroupKind) int {
+	for g, spec := range id.Layout.Groups {
+		if spec.Kind == k {
+			return g
+		}
+	}
+	return -1
+}
+
+// presentGroup answers every lookup of a key of group group as present:
+// the scheduler half never checks what that group needs.
+type presentGroup struct {
+	store.Store
+	group int
+}
+
+func (s presentGroup) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	if err := s.Store.Exists(ctx, keys, res); err != nil {
+		return err
+	}
+	for i, k := range keys {
+		if key, err := hashing.ParseKey(k); err == nil && s.group > 0 && key.Group == s.group {
+			res[i] = store.Result{}
+		}
+	}
+	return nil
+}
+
+// swaAsFull needs every sliding-window block from the local hit on, as full
+// attention does: its match stops at the first one the store lacks.
+type swaAsFull struct {
+	*storeconn.Scheduler
+	st  store.Store
+	ns  hashing.Namespace
+	swa int
+}
+
+func (s swaAsFull) Match(r *connector.Request, computed int) (connector.Match, error) {
+	m, err := s.Scheduler.Match(r, computed)
+	if err != nil || m.Tokens == 0 || s.swa < 0 {
+		return m, err
+	}
+	bs := s.ns.BlockSize()
+	for i := computed / bs; i < (computed+m.Tokens)/bs; i++ {
+		var keys []string
+		for sh := range s.ns.GroupShards(s.swa) {
+			keys = append(keys, s.ns.GroupKey(s.swa, sh, r.Hashes[i]))
+		}
+		res := make([]store.Result, len(keys))
+		if err := s.st.Exists(context.Background(), keys, res); err != nil || slices.ContainsFunc(res, func(r store.Result) bool { return r.Err != nil }) {
+			m.Tokens = i*bs - computed
+			break
+		}
+	}
+	return m, nil
+}
+
+// loadRewriter rewrites the loads of each Plan with edit, which sees the
+// block tables and hashes that each request's Allocated passed.
+type loadRewriter struct {
+	*storeconn.Scheduler
+	reqs map[connector.RequestID]allocated
+	edit func(m *connector.Metadata, reqs map[connector.RequestID]allocated)
+}
+
+type allocated struct {
+	tables [][]connector.BlockID
+	hashes []hashing.BlockHash
+}
+
+func newLoadRewriter(s *storeconn.Scheduler, edit func(*connector.Metadata, map[connector.RequestID]allocated)) *loadRewriter {
+	return &loadRewriter{Scheduler: s, reqs: make(map[connector.RequestID]allocated), edit: edit}
+}
+
+func (s *loadRewriter) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
+	err := s.Scheduler.Allocated(r, external, tables...)
+	if err == nil {
+		a := allocated{hashes: slices.Clone(r.Hashes)}
+		for _, t := range tables {
+			a.tables = append(a.tables, slices.Clone(t))
+		}
+		s.reqs[r.ID] = a
+	}
+	return err
+}
+
+func (s *loadRewriter) Plan() *connector.Metadata {
+	m := s.Scheduler.Plan()
+	s.edit(m, s.reqs)
+	return m
+}
+
+// loadsBeforeWindow loads one sliding-window block more, the one before
+// the window, where the engine holds a block there: a window counted one
+// token too long, or from the wrong end.
+func loadsBeforeWindow(swa int) func(*connector.Metadata, map[connector.RequestID]allocated) {
+	return func(m *connector.Metadata, reqs map[connector.RequestID]allocated) {
+		for i := range m.Loads {
+			t := &m.Loads[i]
+			a, ok := reqs[t.Req]
+			if t.Group != swa || !ok || t.First == 0 || a.tables[swa][t.First-1] == connector.NoBlock {
+				continue
+			}
+			t.First--
+			t.Blocks = append([]connector.BlockID{a.tables[swa][t.First]}, t.Blocks...)
+			t.Hashes = append([]hashing.BlockHash{a.hashes[t.First]}, t.Hashes...)
+		}
+	}
+}
+
+// dropsWindowBlock leaves the first block of the window out of every
+// sliding-window load of two blocks or more: a window one block short.
+func dropsWindowBlock(swa int) func(*connector.Metadata, map[connector.RequestID]allocated) {
+	return func(m *connector.Metadata, _ map[connector.RequestID]allocated) {
+		for i := range m.Loads {
+			if t := &m.Loads[i]; t.Group == swa && len(t.Blocks) >= 2 {
+				t.First, t.Blocks, t.Hashes = t.First+1, t.Blocks[1:], t.Hashes[1:]
+			}
+		}
+	}
+}
+
+// loadsNoBlockNeighbour also loads, for every state load, the nearest
+// state the engine holds before it across NoBlock entries: a connector
+// that loads every state entry holding a block from the local hit on.
+func loadsNoBlockNeighbour(state int) func(*connector.Metadata, map[connector.RequestID]allocated) {
+	var id uint64 = 1 << 40 // above the connector's own ids
+	return func(m *connector.Metadata, reqs map[connector.RequestID]allocated) {
+		for _, t := range m.Loads {
+			a, ok := reqs[t.Req]
+			if t.Group != state || !ok {
+				continue
+			}
+			j := t.First - 1
+			for j >= 0 && a.tables[state][j] == connector.NoBlock {
+				j--
+			}
+			if j < 0 || j == t.First-1 {
+				continue
+			}
+			id++
+			m.Loads = append(m.Loads, connector.Transfer{ID: id, Req: t.Req, Group: state, First: j,
+				Blocks: []connector.BlockID{a.tables[state][j]}, Hashes: []hashing.BlockHash{a.hashes[j]}})
+		}
+	}
+}
+
+// stateOfBlockBefore loads, into each state entry, the state after the
+// block before it: the hash comes from the same request's full-attention
+// load in the Metadata.
+type stateOfBlockBefore struct {
+	*storeconn.Worker
+	state int
+}
+
+func (w stateOfBlockBefore) Start(ctx context.Context, m *connector.Metadata) error {
+	cp := *m
+	cp.Loads = slices.Clone(m.Loads)
+	for i := range cp.Loads {
+		t := &cp.Loads[i]
+		if t.Group != w.state || len(t.Hashes) != 1 || t.First == 0 {
+			continue
+		}
+		for _, f := range m.Loads {
+			if k := t.First - 1 - f.First; f.Req == t.Req && f.Group == 0 && k >= 0 && k < len(f.Hashes) {
+				t.Hashes = []hashing.BlockHash{f.Hashes[k]}
+			}
+		}
+	}
+	return w.Worker.Start(ctx, &cp)
+}
+
 // openP2P opens the producer and consumer halves of the p2p connector on one
 // loopback fabric, with the named breakage wrapped around the consumer.
 func openP2P(broken string) (prod, cons connectortest.OpenFunc) {
@@ -490,14 +698,14 @@ func (s lastTokenP2P) Match(r *connector.Request, computed int) (connector.Match
 // TestStoreConnector runs the harness on the reference connector: it must
 // pass.
 func TestStoreConnector(t *testing.T) {
-	connectortest.Run(t, open(""), connectortest.Options{NewStore: newStore})
+	connectortest.Run(t, open(""), connectortest.Options{NewStore: newStore, Groups: true})
 }
 
 // TestWrappedConnector runs the harness on the reference connector inside
 // wrappers that pass everything on, as the broken connectors' wrappers do
 // with all but one behaviour: it must pass.
 func TestWrappedConnector(t *testing.T) {
-	connectortest.Run(t, open("wrapped"), connectortest.Options{NewStore: newStore})
+	connectortest.Run(t, open("wrapped"), connectortest.Options{NewStore: newStore, Groups: true})
 }
 
 // TestBrokenTarget runs the harness on one broken connector; it is run in a
@@ -512,7 +720,7 @@ func TestBrokenTarget(t *testing.T) {
 		connectortest.Run(t, prod, connectortest.Options{NewStore: newStore, OpenConsumer: cons})
 		return
 	}
-	connectortest.Run(t, open(broken), connectortest.Options{NewStore: newStore})
+	connectortest.Run(t, open(broken), connectortest.Options{NewStore: newStore, Groups: true})
 }
 
 // TestHarnessCatchesBrokenConnectors proves that the harness can fail: each
@@ -525,6 +733,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 	cases := []struct{ broken, want string }{
 		{"early-load", "never written (still poisoned)"},
 		{"last-token", "covers the last prompt token"},
+		{"short-match", "a match is the longest prefix the store holds"},
 		{"ignores-rotation", "Plan().Generation"},
 		{"drops-failed", "bytes differ from the KV saved for its key"},
 		{"inverted-policy", `Fail = true under kv_load_failure_policy "recompute"`},
@@ -545,6 +754,13 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
 		{"early-read-raw", "a save read a block the step was still computing"},
 		{"late-write", "after its load was reported failed"},
+		{"swa-outside-window", "it is outside the window"},
+		{"swa-drops-window-block", "no load transfer named block 3 of group 1 (sliding_window"},
+		{"swa-unchecked", "needs the blocks holding them"},
+		{"swa-as-full", "a match is the longest prefix every group can resume from"},
+		{"state-wrong-position", "a state of another position"},
+		{"state-unchecked", "a match ends only at a boundary whose state some engine saved"},
+		{"writes-noblock-neighbour", "it is the engine's own"},
 		{"p2p-early-load", "never written (still poisoned)"},
 		{"p2p-last-token", "covers the last prompt token"},
 	}

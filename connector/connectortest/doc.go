@@ -47,16 +47,38 @@
 // fires the events; a save that reads its blocks early stores garbage, and
 // the next load of them finds it.
 //
+// A connector that supports KV cache groups sets Options.Groups; Run then
+// also drives engines of a hybrid layout: one full-attention, one
+// sliding-window and one state group, at the layout's block size. Such an
+// engine keeps a block table per group, as vLLM's hybrid allocator does:
+// every block of full attention; the window of the sliding-window group,
+// freeing (NoBlock) the blocks that fall out of it as it schedules the
+// request, once no unfinished transfer names them; states only at the
+// ends of its steps and at some boundaries, NoBlock elsewhere. At
+// admission some requests hold NoBlock in the sliding-window entries
+// between the local hit and the window, others a poisoned block. The
+// bytes of a block name its group, and its position: a state loaded into
+// the wrong entry is told as a state of another position. After every
+// load the harness checks that the Metadata named exactly the entries
+// resuming at the match's end needs beyond the local hit, that each holds
+// what was saved, and that no other block of the request changed. A
+// connector without Options.Groups must refuse the hybrid layout at open
+// with connector.ErrConfig.
+//
 // The harness wraps the store it gets from Options.NewStore, below any
 // fault injection, and records what the store really holds: matches and
-// KV events are checked against it, and Stats.Saves. It also notes a put
+// KV events are checked against it, and Stats.Saves. A match must also be
+// the longest one the store could serve with what puts had stored before
+// the request's first Match, unless a store fault, a failed load, a failed
+// lookup or an eviction excuses a shorter one. It also notes a put
 // whose source is a block the step is still computing.
 //
 // # What a connector must do
 //
 // Beyond the contract of package connector, Run relies on what connectors
 // sharing a store must do anyway: block h of shard s is stored under
-// hashing.Namespace.Key(s, h), once per shard (one replica saves it); a
+// hashing.Namespace.Key(s, h) (of group g, under GroupKey(g, s, h)), once
+// per shard (one replica saves it); a
 // worker learns that a step is ready by looking at the event (Query, or
 // Wait when the event is a connector.Waiter) from its own goroutines or
 // from Poll; and a half that reports Stats counts in the fields the

@@ -55,30 +55,58 @@ func (p phase) String() string {
 	return [...]string{"waiting", "loading", "running", "done"}[p]
 }
 
+// entry names entry i of the block table of KV cache group g.
+type entry struct{ g, i int }
+
+// gblock names engine block b of KV cache group g: each group has its own
+// memory and block ids.
+type gblock struct {
+	g int
+	b connector.BlockID
+}
+
 // freq is one request of the model engine.
 type freq struct {
+	num      int // its number in the engine (see admit: odd and even requests hold different blocks outside a sliding window)
 	conn     connector.Request
 	tokens   []hashing.Token
 	chain    *hashing.Chain
-	blocks   []connector.BlockID
-	computed int // tokens whose KV is in blocks
-	decode   int // tokens still to generate
+	tables   [][]connector.BlockID // per KV cache group: its block table, connector.NoBlock where it holds no block
+	computed int                   // tokens whose KV is in its blocks
+	decode   int                   // tokens still to generate
 	phase    phase
 	admitted uint64 // admission order: the youngest is preempted first
 	gen      uint64 // the generation its KV is computed in
 	matched  bool   // the connector has seen it
 	failed   bool   // its load failed under policy fail
+	snap     uint64 // the store recorder's sequence number at its first Match
 
-	// Its load: blocks [loadFrom, loadFrom+loadN) of the chain.
+	// Its load: the match covers the chain's blocks [loadFrom,
+	// loadFrom+loadN); in group g it fills the entries [loadLo[g],
+	// loadFrom+loadN).
 	inLoad   bool
 	loadFrom int
 	loadN    int
-	loads    []uint64 // its load transfers some worker has not reported done
-	failAt   int      // lowest chain index of a block some worker failed to load; -1 if none
-	rotated  bool     // the generation changed while its load ran
+	loadLo   []int
+	named    map[entry]bool // entries a load transfer of a Plan named
+	failures map[entry]bool // entries some worker reported failed
+	loads    []uint64       // its load transfers some worker has not reported done
+	failAt   int            // lowest entry, in any group, some worker failed to load; -1 if none
+	rotated  bool           // the generation changed while its load ran
 
 	pendingSince time.Time // when Match began to answer Pending; zero if it does not
 }
+
+// tables0 returns its block table of group 0, nil before it was admitted.
+func (r *freq) tables0() []connector.BlockID {
+	if len(r.tables) == 0 {
+		return nil
+	}
+	return r.tables[0]
+}
+
+// loadEnd returns the block boundary its load resumes at.
+func (r *freq) loadEnd() int { return r.loadFrom + r.loadN }
 
 // block is the engine's record of one KV block.
 type block struct {
@@ -88,6 +116,14 @@ type block struct {
 	lru    uint64            // last use, for cached blocks
 	clean  bool              // holds poison, and nothing may write it
 	failed bool              // clean because its load was reported failed
+}
+
+// pool is the paged memory of one KV cache group: its blocks, the free
+// ones, and its part of the local prefix cache.
+type pool struct {
+	blocks []block
+	free   []connector.BlockID
+	cache  map[hashing.BlockHash]connector.BlockID
 }
 
 // event is the ready event of one worker for one step. It records that the
@@ -127,51 +163,61 @@ func (e waitEvent) Wait(ctx context.Context) error {
 // xfer is a transfer some Plan named that some worker has not yet reported
 // done.
 type xfer struct {
-	id    uint64
-	load  bool
-	req   connector.RequestID
-	first int
-	n     int
-	left  []bool   // per rank: not yet reported done
-	nleft int      // ranks not yet reported done
-	fails [][]bool // per rank, per block: reported failed
-	since time.Time
+	id     uint64
+	load   bool
+	req    connector.RequestID
+	group  int
+	first  int
+	n      int
+	blocks []connector.BlockID // the engine blocks of its group it names
+	left   []bool              // per rank: not yet reported done
+	nleft  int                 // ranks not yet reported done
+	fails  [][]bool            // per rank, per block: reported failed
+	since  time.Time
 }
 
 // engine is a model of an inference engine with paged KV memory: a local
 // prefix cache, requests that share prefixes, chunked prefill, decode,
 // preemption, and KV bytes that are a known function of the namespace
-// (tenant, model, generation, layout...), the shard and the block hash, so
-// that any block the connector loads can be checked byte for byte.
+// (tenant, model, generation, layout...), the KV cache group, the shard
+// and the block hash, so that any block the connector loads can be
+// checked byte for byte.
+//
+// With a hybrid layout it keeps a block table per group, as vLLM's hybrid
+// allocator does: every block in the full-attention group; in the
+// sliding-window group the blocks of the window, freeing (NoBlock) those
+// that fall out of it; in the state group the states at some block
+// boundaries only (the ends of its steps, and every stateEvery-th
+// boundary), NoBlock elsewhere.
 type engine struct {
-	w        *world
-	t        tb
-	label    string // names its requests
-	id       hashing.Identity
-	ns       hashing.Namespace
-	gens     map[uint64]hashing.Namespace // every generation it ran
-	pair     Pair
-	policy   connector.Policy
-	waiter   bool // its ready events implement connector.Waiter
-	kv       []connector.KVCache
-	mem      []*rdma.HostMemory
-	blocks   []block
-	free     []connector.BlockID
-	reqs     []*freq // admitted or waiting, in arrival order
-	kept     map[connector.RequestID]*freq
-	cache    map[hashing.BlockHash]connector.BlockID
-	clock    uint64
-	admits   uint64
-	nextReq  int
-	lastStep uint64
-	outs     []*connector.Output // Outputs polled since the last Update, copied
-	xfers    map[uint64]*xfer
-	events   []connector.KVEvent
-	stats    engineStats
-	want     wantStats
-	offers   []offer           // see below
-	history  [][]hashing.Token // prompts of requests that ended, in this generation
-	closed   bool
+	w          *world
+	t          tb
+	label      string // names its requests
+	id         hashing.Identity
+	ns         hashing.Namespace
+	gens       map[uint64]hashing.Namespace // every generation it ran
+	groups     []hashing.Group              // the layout's KV cache groups; group 0 is full attention
+	stateEvery int                          // keeps the state at every stateEvery-th block boundary (0: at the ends of steps only)
+	pair       Pair
+	policy     connector.Policy
+	waiter     bool                // its ready events implement connector.Waiter
+	kv         []connector.KVCache // per rank, as registered
+	mem        []*rdma.HostMemory
+	pools      []pool  // per group
+	reqs       []*freq // admitted or waiting, in arrival order
+	kept       map[connector.RequestID]*freq
+	clock      uint64
+	admits     uint64
+	nextReq    int
+	lastStep   uint64
+	outs       []*connector.Output // Outputs polled since the last Update, copied
+	xfers      map[uint64]*xfer
+	events     []connector.KVEvent
+	stats      engineStats
+	want       wantStats
+	offers     []offer           // see below
+	history    [][]hashing.Token // prompts of requests that ended, in this generation
+	closed     bool
 }
 
 // offer is a prompt this engine finished whose blocks its connector keeps
@@ -200,49 +246,73 @@ type tb interface {
 	Logf(format string, args ...any)
 }
 
-func newEngine(w *world, label string, id hashing.Identity, pair Pair, policy connector.Policy, order connector.Order, nblocks int, waiter bool) (*engine, error) {
+// stateBytes is the size of one state of one layer of the hybrid layout's
+// state group, in one shard.
+const stateBytes = 48
+
+func newEngine(w *world, s spec, id hashing.Identity, pair Pair) (*engine, error) {
 	ns, err := id.Namespace()
 	if err != nil {
 		return nil, err
 	}
 	tp := id.Layout.TPSize
 	e := &engine{
-		w:      w,
-		t:      w.t,
-		label:  label,
-		id:     id,
-		ns:     ns,
-		gens:   map[uint64]hashing.Namespace{id.Generation: ns},
-		pair:   pair,
-		policy: policy,
-		waiter: waiter,
-		blocks: make([]block, nblocks),
-		kept:   make(map[connector.RequestID]*freq),
-		cache:  make(map[hashing.BlockHash]connector.BlockID),
-		xfers:  make(map[uint64]*xfer),
+		w:          w,
+		t:          w.t,
+		label:      s.label,
+		id:         id,
+		ns:         ns,
+		gens:       map[uint64]hashing.Namespace{id.Generation: ns},
+		groups:     ns.Groups(),
+		stateEvery: s.stateEvery,
+		pair:       pair,
+		policy:     s.policy,
+		waiter:     s.waiter,
+		kept:       make(map[connector.RequestID]*freq),
+		xfers:      make(map[uint64]*xfer),
 		want: wantStats{
 			loads:              make([]int64, tp),
 			workerLoadFailures: make([]int64, tp),
 			corrupt:            make([]int64, tp),
 		},
 	}
+	if e.groups[0].Kind != hashing.FullAttention {
+		return e, fmt.Errorf("the harness's layouts start with a full-attention group, not %s", e.groups[0].Kind)
+	}
 	for rank := range pair.Workers {
-		kv := connector.KVCache{Layers: id.Layout.Layers, Blocks: nblocks, KV: 2, BlockBytes: 64, Order: order}
-		m, err := rdma.AllocHost(kv.Layers * kv.KV * kv.Blocks * kv.BlockBytes)
-		if err != nil {
-			return e, err
+		var kv connector.KVCache
+		for _, g := range e.groups {
+			gc := connector.KVCache{Layers: len(g.Layers), Blocks: s.blocks, KV: 2, BlockBytes: 64, Order: s.order}
+			if g.Kind == hashing.RecurrentState {
+				gc.KV, gc.BlockBytes = 1, g.StateBytes
+			}
+			m, err := rdma.AllocHost(gc.Layers * gc.KV * gc.Blocks * gc.BlockBytes)
+			if err != nil {
+				return e, err
+			}
+			e.mem = append(e.mem, m)
+			fill(m.Bytes(), poison)
+			gc.Regions = []rdma.Region{m.Region()}
+			if len(e.groups) == 1 {
+				kv = gc
+			} else {
+				kv.Groups = append(kv.Groups, gc)
+			}
 		}
-		e.mem = append(e.mem, m)
-		fill(m.Bytes(), poison)
-		kv.Regions = []rdma.Region{m.Region()}
 		if err := pair.Workers[rank].Register(kv); err != nil {
 			return e, fmt.Errorf("worker %d: Register: %w", rank, err)
 		}
 		e.kv = append(e.kv, kv)
 	}
-	for b := nblocks - 1; b >= 0; b-- {
-		e.free = append(e.free, connector.BlockID(b))
-		e.blocks[b].clean = true
+	e.pools = make([]pool, len(e.groups))
+	for g := range e.pools {
+		p := &e.pools[g]
+		p.blocks = make([]block, s.blocks)
+		p.cache = make(map[hashing.BlockHash]connector.BlockID)
+		for b := s.blocks - 1; b >= 0; b-- {
+			p.free = append(p.free, connector.BlockID(b))
+			p.blocks[b].clean = true
+		}
 	}
 	return e, nil
 }
@@ -262,13 +332,15 @@ func all(b []byte, v byte) bool {
 	return true
 }
 
-// content writes into dst the KV bytes of block h in shard shard of
-// namespace ns: what a model would compute. Every field of the identity
-// (through the namespace digest), the shard and the hash change them.
-func content(dst []byte, ns hashing.Namespace, shard int, h hashing.BlockHash) {
+// content writes into dst the bytes of block h of KV cache group g in
+// shard shard of namespace ns: what a model would compute, the KV of the
+// block's tokens or, in a state group, the state after them. Every field
+// of the identity (through the namespace digest), the group, the shard and
+// the hash change them.
+func content(dst []byte, ns hashing.Namespace, g, shard int, h hashing.BlockHash) {
 	d := ns.Digest()
 	seed := binary.LittleEndian.Uint64(h[:8]) ^ binary.LittleEndian.Uint64(h[8:16])*0x94d049bb133111eb ^
-		binary.LittleEndian.Uint64(d[:8]) ^ uint64(shard+1)*0xbf58476d1ce4e5b9
+		binary.LittleEndian.Uint64(d[:8]) ^ uint64(shard+1)*0xbf58476d1ce4e5b9 ^ uint64(g)*0xd6e8feb86659fd93
 	for i := 0; i+8 <= len(dst); i += 8 {
 		seed += 0x9e3779b97f4a7c15
 		z := seed
@@ -278,69 +350,112 @@ func content(dst []byte, ns hashing.Namespace, shard int, h hashing.BlockHash) {
 	}
 }
 
-// blockBytes gathers block b of worker rank, in store order.
-func (e *engine) blockBytes(rank int, b connector.BlockID) []byte {
+// hybrid reports whether the engine's layout has several KV cache groups.
+func (e *engine) hybrid() bool { return len(e.groups) > 1 }
+
+// blk returns the record of block b of group g.
+func (e *engine) blk(g int, b connector.BlockID) *block { return &e.pools[g].blocks[b] }
+
+// shard returns the shard of group g that rank holds.
+func (e *engine) shard(g, rank int) int { return e.ns.GroupShard(g, rank) }
+
+// entryName names entry i of group g's table, for messages: "block i"
+// with one group.
+func (e *engine) entryName(g, i int) string {
+	if !e.hybrid() {
+		return fmt.Sprintf("block %d", i)
+	}
+	switch spec := e.groups[g]; spec.Kind {
+	case hashing.SlidingWindow:
+		return fmt.Sprintf("block %d of group %d (sliding_window of %d tokens)", i, g, spec.Window)
+	case hashing.RecurrentState:
+		return fmt.Sprintf("entry %d of group %d (state: the state after block %d)", i, g, i)
+	}
+	return fmt.Sprintf("block %d of group %d (%s)", i, g, e.groups[g].Kind)
+}
+
+// engineBlock names engine block b of group g, for messages.
+func (e *engine) engineBlock(g int, b connector.BlockID) string {
+	if !e.hybrid() {
+		return fmt.Sprintf("engine block %d", b)
+	}
+	return fmt.Sprintf("engine block %d of group %d", b, g)
+}
+
+// what returns what a block of group g holds: KV, or a state.
+func (e *engine) what(g int) string {
+	if e.groups[g].Kind == hashing.RecurrentState {
+		return "state"
+	}
+	return "KV"
+}
+
+// blockBytes gathers block b of group g of worker rank, in store order.
+func (e *engine) blockBytes(rank, g int, b connector.BlockID) []byte {
 	var dst []byte
-	for _, sp := range e.kv[rank].Spans(nil, b) {
+	for _, sp := range e.kv[rank].Group(g).Spans(nil, b) {
 		dst = append(dst, sp.Bytes()...)
 	}
 	return dst
 }
 
-// put scatters src (store order) into block b of worker rank.
-func (e *engine) put(rank int, b connector.BlockID, src []byte) {
-	for _, sp := range e.kv[rank].Spans(nil, b) {
+// blockSize returns the bytes of one block of group g in worker rank.
+func (e *engine) blockSize(rank, g int) int { return e.kv[rank].Group(g).BlockSize() }
+
+// put scatters src (store order) into block b of group g of worker rank.
+func (e *engine) put(rank, g int, b connector.BlockID, src []byte) {
+	for _, sp := range e.kv[rank].Group(g).Spans(nil, b) {
 		n := copy(sp.Bytes(), src)
 		src = src[n:]
 	}
 }
 
-// poisonBlock fills block b with poison in every worker.
-func (e *engine) poisonBlock(b connector.BlockID) {
-	for rank := range e.mem {
-		for _, sp := range e.kv[rank].Spans(nil, b) {
+// poisonBlock fills block b of group g with poison in every worker.
+func (e *engine) poisonBlock(g int, b connector.BlockID) {
+	for rank := range e.kv {
+		for _, sp := range e.kv[rank].Group(g).Spans(nil, b) {
 			fill(sp.Bytes(), poison)
 		}
 	}
 }
 
-// expectPoison fails the test unless block b holds poison in every
-// worker; what says which block it is, for the message.
-func (e *engine) expectPoison(b connector.BlockID, what string) {
+// expectPoison fails the test unless block b of group g holds poison in
+// every worker; what says which block it is, for the message.
+func (e *engine) expectPoison(g int, b connector.BlockID, what string) {
 	e.t.Helper()
-	for rank := range e.mem {
-		if got := e.blockBytes(rank, b); !all(got, poison) {
+	for rank := range e.kv {
+		if got := e.blockBytes(rank, g, b); !all(got, poison) {
 			why := "which nothing may write"
 			switch {
-			case e.blocks[b].failed:
+			case e.blk(g, b).failed:
 				why = "after its load was reported failed"
-			case e.blocks[b].owner == nil:
+			case e.blk(g, b).owner == nil:
 				why = "after the engine freed it"
 			}
-			e.t.Fatalf("%s: engine block %d (%s), rank %d, was written %s%s", e.label, b, what, rank, why, e.explain(got, rank, nil))
+			e.t.Fatalf("%s: %s (%s), rank %d, was written %s%s", e.label, e.engineBlock(g, b), what, rank, why, e.explain(got, g, rank, nil, nil))
 		}
 	}
 }
 
 // checkBlock fails the test unless block b holds, in every worker, the KV
-// of chain block i of r in the current generation.
-func (e *engine) checkBlock(what string, r *freq, i int, b connector.BlockID) {
+// (or state) of entry i of group g of r in the current generation.
+func (e *engine) checkBlock(what string, r *freq, g, i int, b connector.BlockID) {
 	e.t.Helper()
 	h := r.conn.Hashes[i]
 	for rank := range e.kv {
-		want := make([]byte, e.kv[rank].BlockSize())
-		content(want, e.ns, e.ns.Shard(rank), h)
-		if got := e.blockBytes(rank, b); !bytes.Equal(got, want) {
-			e.t.Fatalf("%s, request %s: %s block %d (engine block %d), rank %d: bytes differ from the KV saved for its key (generation %d)%s",
-				e.label, r.conn.ID, what, i, b, rank, e.id.Generation, e.explain(got, rank, &h))
+		want := make([]byte, e.blockSize(rank, g))
+		content(want, e.ns, g, e.shard(g, rank), h)
+		if got := e.blockBytes(rank, g, b); !bytes.Equal(got, want) {
+			e.t.Fatalf("%s, request %s: %s %s, in %s, rank %d: bytes differ from the %s saved for its key (generation %d)%s",
+				e.label, r.conn.ID, what, e.entryName(g, i), e.engineBlock(g, b), rank, e.what(g), e.id.Generation, e.explain(got, g, rank, &h, r))
 		}
 	}
 }
 
-// explain says what the bytes of a block are, when they are not what they
-// should be: poison, another namespace's or shard's KV, an unfinished
-// write.
-func (e *engine) explain(got []byte, rank int, h *hashing.BlockHash) string {
+// explain says what the bytes of a block of group g are, when they are
+// not what they should be: poison, an unfinished write, the KV or state
+// of another position of r, another group's, namespace's or shard's.
+func (e *engine) explain(got []byte, g, rank int, h *hashing.BlockHash, r *freq) string {
 	if all(got, poison) {
 		return ": the block was never written (still poisoned)"
 	}
@@ -352,20 +467,40 @@ func (e *engine) explain(got []byte, rank int, h *hashing.BlockHash) string {
 		return ""
 	}
 	want := make([]byte, len(got))
+	if r != nil {
+		i := slices.Index(r.conn.Hashes, *h)
+		for k, hk := range r.conn.Hashes {
+			if k == i {
+				continue
+			}
+			content(want, e.ns, g, e.shard(g, rank), hk)
+			if !bytes.Equal(got, want) {
+				continue
+			}
+			if e.groups[g].Kind == hashing.RecurrentState {
+				return fmt.Sprintf(": it holds the state after block %d, not after block %d: a state of another position", k, i)
+			}
+			return fmt.Sprintf(": it holds the KV of the request's block %d, not of block %d: a block loaded into another entry", k, i)
+		}
+	}
 	for _, o := range e.w.engines {
 		for gen, ns := range o.gens {
-			for shard := range ns.Shards() {
-				content(want, ns, shard, *h)
-				if !bytes.Equal(got, want) {
-					continue
-				}
-				switch {
-				case o == e && gen != e.id.Generation:
-					return fmt.Sprintf(": it holds the block's KV of generation %d of this identity, shard %d: a stale generation", gen, shard)
-				case ns == e.ns:
-					return fmt.Sprintf(": it holds the block's KV of shard %d, not of rank %d's shard %d", shard, rank, e.ns.Shard(rank))
-				default:
-					return fmt.Sprintf(": it holds the block's KV of %s's identity (%s, generation %d), shard %d: KV crossed identities", o.label, ns, gen, shard)
+			for og := range ns.Groups() {
+				for shard := range ns.GroupShards(og) {
+					content(want, ns, og, shard, *h)
+					if !bytes.Equal(got, want) {
+						continue
+					}
+					switch {
+					case o == e && gen != e.id.Generation:
+						return fmt.Sprintf(": it holds the block's %s of generation %d of this identity, shard %d: a stale generation", e.what(g), gen, shard)
+					case ns == e.ns && og != g:
+						return fmt.Sprintf(": it holds the block's bytes of group %d (%s), not of group %d (%s): KV cache groups crossed", og, e.groups[og].Kind, g, e.groups[g].Kind)
+					case ns == e.ns:
+						return fmt.Sprintf(": it holds the block's %s of shard %d, not of rank %d's shard %d", e.what(g), shard, rank, e.shard(g, rank))
+					default:
+						return fmt.Sprintf(": it holds the block's KV of %s's identity (%s, generation %d), shard %d: KV crossed identities", o.label, ns, gen, shard)
+					}
 				}
 			}
 		}
@@ -373,60 +508,199 @@ func (e *engine) explain(got []byte, rank int, h *hashing.BlockHash) string {
 	return ": the bytes are no KV the harness knows (a torn, scribbled or misplaced read)"
 }
 
-// alloc takes a free block, evicting the least recently used cached block
-// when none is free. It checks that nothing wrote the block since it was
-// freed.
-func (e *engine) alloc(r *freq) (connector.BlockID, bool) {
+// windowStart returns the first block a sliding window of w tokens needs
+// to resume at block boundary p (blocks of bs tokens): the token at p×bs
+// attends to itself and the w−1 tokens before it, so the block holding
+// token p×bs−w+1, or 0.
+func windowStart(p, bs, w int) int {
+	first := p*bs - w + 1
+	if first <= 0 {
+		return 0
+	}
+	return first / bs
+}
+
+// needFrom returns the first entry of group g's table, at or after from,
+// that resuming at block boundary p needs: from for full attention (every
+// block before p), the window before p for a sliding window, the state
+// after block p−1 for a state group. It is p when the group needs nothing
+// there.
+func (e *engine) needFrom(g, from, p int) int {
+	lo := from
+	switch spec := e.groups[g]; spec.Kind {
+	case hashing.SlidingWindow:
+		lo = max(from, windowStart(p, e.id.Layout.BlockSize, spec.Window))
+	case hashing.RecurrentState:
+		lo = max(from, p-1)
+	}
+	return min(lo, p)
+}
+
+// resumable reports whether every group has what resuming at block
+// boundary p needs, ok saying which entries hold it.
+func (e *engine) resumable(p int, ok func(g, i int) bool) bool {
+	for g := range e.groups {
+		for i := e.needFrom(g, 0, p); i < p; i++ {
+			if !ok(g, i) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// resumeEnd returns the largest block boundary in (lo, hi] that is
+// resumable with the entries ok says hold what they should, or lo.
+func (e *engine) resumeEnd(lo, hi int, ok func(g, i int) bool) int {
+	for p := hi; p > lo; p-- {
+		if e.resumable(p, ok) {
+			return p
+		}
+	}
+	return lo
+}
+
+// needWhy says what resuming at block boundary p needs of group g, for
+// messages.
+func (e *engine) needWhy(g, p int) string {
+	bs := e.id.Layout.BlockSize
+	switch spec := e.groups[g]; spec.Kind {
+	case hashing.SlidingWindow:
+		return fmt.Sprintf("the token at %d attends to tokens %d to %d (a window of %d): resuming at block %d needs the blocks holding them, [%d, %d)",
+			p*bs, max(0, p*bs-spec.Window+1), p*bs, spec.Window, p, e.needFrom(g, 0, p), p)
+	case hashing.RecurrentState:
+		return fmt.Sprintf("resuming at block %d needs the state after block %d: a match ends only at a boundary whose state some engine saved", p, p-1)
+	}
+	return fmt.Sprintf("resuming at block %d needs every block before it", p)
+}
+
+// alloc takes a free block of group g, evicting the least recently used
+// cached block of the group when none is free. It checks that nothing
+// wrote the block since it was freed.
+func (e *engine) alloc(r *freq, g int) (connector.BlockID, bool) {
 	e.t.Helper()
-	if len(e.free) == 0 && !e.evictOne() {
+	p := &e.pools[g]
+	if len(p.free) == 0 && !e.evictFrom(g) {
 		return 0, false
 	}
-	b := e.free[len(e.free)-1]
-	e.free = e.free[:len(e.free)-1]
-	e.expectPoison(b, "free")
-	e.blocks[b] = block{owner: r, clean: true}
+	b := p.free[len(p.free)-1]
+	p.free = p.free[:len(p.free)-1]
+	e.expectPoison(g, b, "free")
+	p.blocks[b] = block{owner: r, clean: true}
 	return b, true
+}
+
+// ensure gives entry i of r's table of group g a block, if it holds none.
+// It cannot fail: a request holds blocks of a group other than group 0
+// only at entries where it holds one of group 0, so a group never holds
+// more blocks than group 0, and every group has as many.
+func (e *engine) ensure(r *freq, g, i int) {
+	e.t.Helper()
+	if r.tables[g][i] != connector.NoBlock {
+		return
+	}
+	b, ok := e.alloc(r, g)
+	if !ok {
+		e.t.Fatalf("%s: the harness found no free block of group %d for %s of request %s", e.label, g, e.entryName(g, i), r.conn.ID)
+	}
+	r.tables[g][i] = b
 }
 
 // release returns a block to the free list, poisoned. A block that was to
 // hold poison is checked first.
-func (e *engine) release(b connector.BlockID) {
+func (e *engine) release(g int, b connector.BlockID) {
 	e.t.Helper()
-	if e.blocks[b].clean {
+	if e.blk(g, b).clean {
 		what := "never computed"
-		if o := e.blocks[b].owner; o != nil {
+		if o := e.blk(g, b).owner; o != nil {
 			what = fmt.Sprintf("of request %s, never computed", o.conn.ID)
 		}
-		e.expectPoison(b, what)
+		e.expectPoison(g, b, what)
 	}
-	e.poisonBlock(b)
-	e.blocks[b] = block{clean: true}
-	e.free = append(e.free, b)
+	e.poisonBlock(g, b)
+	*e.blk(g, b) = block{clean: true}
+	e.pools[g].free = append(e.pools[g].free, b)
 }
 
-func (e *engine) evictOne() bool {
+// retire frees block b of group g, which held block h of a request: to
+// the local prefix cache when valid says it holds what it should, else to
+// the free list.
+func (e *engine) retire(g int, b connector.BlockID, h hashing.BlockHash, valid bool) {
 	e.t.Helper()
+	if valid && !e.blk(g, b).clean {
+		if _, dup := e.pools[g].cache[h]; !dup {
+			e.clock++
+			*e.blk(g, b) = block{cached: true, hash: h, lru: e.clock}
+			e.pools[g].cache[h] = b
+			return
+		}
+	}
+	e.release(g, b)
+}
+
+// lruOf returns the least recently used cached block of group g, or -1.
+func (e *engine) lruOf(g int) connector.BlockID {
 	var victim connector.BlockID = -1
-	for _, b := range e.cache {
-		if victim < 0 || e.blocks[b].lru < e.blocks[victim].lru || e.blocks[b].lru == e.blocks[victim].lru && b < victim {
+	for _, b := range e.pools[g].cache {
+		if victim < 0 || e.blk(g, b).lru < e.blk(g, victim).lru || e.blk(g, b).lru == e.blk(g, victim).lru && b < victim {
 			victim = b
 		}
 	}
+	return victim
+}
+
+// evictFrom evicts the least recently used cached block of group g.
+func (e *engine) evictFrom(g int) bool {
+	e.t.Helper()
+	victim := e.lruOf(g)
 	if victim < 0 {
 		return false
 	}
-	delete(e.cache, e.blocks[victim].hash)
-	e.release(victim)
+	delete(e.pools[g].cache, e.blk(g, victim).hash)
+	e.release(g, victim)
 	return true
+}
+
+// evictOne evicts the least recently used cached block of any group.
+func (e *engine) evictOne() bool {
+	e.t.Helper()
+	best, lru := -1, uint64(0)
+	for g := range e.pools {
+		if v := e.lruOf(g); v >= 0 && (best < 0 || e.blk(g, v).lru < lru) {
+			best, lru = g, e.blk(g, v).lru
+		}
+	}
+	return best >= 0 && e.evictFrom(best)
+}
+
+// evict drops block h of group g from the local prefix cache, if cached.
+func (e *engine) evict(g int, h hashing.BlockHash) {
+	e.t.Helper()
+	if b, ok := e.pools[g].cache[h]; ok {
+		delete(e.pools[g].cache, h)
+		e.release(g, b)
+	}
 }
 
 // dropCache empties the local prefix cache.
 func (e *engine) dropCache() {
 	e.t.Helper()
-	for _, b := range slices.Sorted(maps.Values(e.cache)) {
-		delete(e.cache, e.blocks[b].hash)
-		e.release(b)
+	for g := range e.pools {
+		c := e.pools[g].cache
+		for _, b := range slices.Sorted(maps.Values(c)) {
+			delete(c, e.blk(g, b).hash)
+			e.release(g, b)
+		}
 	}
+}
+
+// cached counts the blocks of the local prefix cache.
+func (e *engine) cached() int {
+	n := 0
+	for g := range e.pools {
+		n += len(e.pools[g].cache)
+	}
+	return n
 }
 
 // add queues a new request with the given prompt that generates decode
@@ -442,7 +716,7 @@ func (e *engine) addWith(prompt []hashing.Token, decode int, params []byte) {
 	if err != nil {
 		e.t.Fatalf("NewChain: %v", err)
 	}
-	r := &freq{tokens: slices.Clone(prompt), chain: chain, decode: decode, gen: e.id.Generation, failAt: -1}
+	r := &freq{num: e.nextReq, tokens: slices.Clone(prompt), chain: chain, decode: decode, gen: e.id.Generation, failAt: -1}
 	r.conn.ID = connector.RequestID(fmt.Sprintf("%s-r%d", e.label, e.nextReq))
 	r.conn.Prompt = len(prompt)
 	r.conn.TransferParams = params
@@ -451,21 +725,36 @@ func (e *engine) addWith(prompt []hashing.Token, decode int, params []byte) {
 	e.reqs = append(e.reqs, r)
 }
 
+// localHit returns the longest local prefix hit of r, never the last
+// prompt token: the largest block boundary at which every group can
+// resume from the local prefix cache.
+func (e *engine) localHit(r *freq) int {
+	limit := (len(r.tokens) - 1) / e.id.Layout.BlockSize
+	return e.resumeEnd(0, limit, func(g, i int) bool {
+		_, ok := e.pools[g].cache[r.conn.Hashes[i]]
+		return ok
+	})
+}
+
 // admit tries to start a waiting request: local prefix hit, external match
-// beyond it, allocation of its prompt's blocks, Allocated. It reports
-// whether the request was admitted.
+// beyond it, allocation of its blocks, Allocated. It reports whether the
+// request was admitted.
+//
+// In group 0 (full attention) the request gets a block for every entry.
+// In a sliding-window group it takes from the cache the blocks of the
+// window before its local hit, and gets blocks for the window before the
+// match's end and for everything after it; the entries between the local
+// hit and that window are NoBlock for odd requests, as vLLM's allocator
+// leaves them, and blocks for even ones, which the engine frees once the
+// load is done. In a state group it takes the state at its local hit, gets
+// a block for the state at the match's end, and holds no other.
 func (e *engine) admit(r *freq) bool {
 	e.t.Helper()
 	bs := e.id.Layout.BlockSize
 	hashes := r.conn.Hashes
-	// Local prefix hit, never the last prompt token.
-	limit := (len(r.tokens) - 1) / bs
-	local := 0
-	for local < limit {
-		if _, ok := e.cache[hashes[local]]; !ok {
-			break
-		}
-		local++
+	local := e.localHit(r)
+	if !r.matched {
+		r.snap = e.w.rec.seqNow()
 	}
 	r.matched = true
 	m, err := e.pair.Scheduler.Match(&r.conn, local*bs)
@@ -489,28 +778,51 @@ func (e *engine) admit(r *freq) bool {
 		e.t.Fatalf("Match(%s) = %d tokens beyond %d: covers the last prompt token of a %d-token prompt", r.conn.ID, m.Tokens, local*bs, len(r.tokens))
 	}
 	n := m.Tokens / bs
+	p := local + n
 	e.w.checkMatch(e, r, local, n)
 	nb := (len(r.tokens) + bs - 1) / bs
-	if len(e.free)+len(e.cache)-local < nb-local {
+	if len(e.pools[0].free)+len(e.pools[0].cache)-local < nb-local {
 		return false // no room yet
 	}
-	r.blocks = r.blocks[:0]
-	for i := range local {
-		b := e.cache[hashes[i]]
-		delete(e.cache, hashes[i])
-		e.checkBlock("locally cached", r, i, b)
-		e.blocks[b] = block{owner: r}
-		r.blocks = append(r.blocks, b)
-	}
-	for len(r.blocks) < nb {
-		b, ok := e.alloc(r)
-		if !ok {
-			e.t.Fatalf("%s: out of blocks after checking room", e.label)
+	r.tables = make([][]connector.BlockID, len(e.groups))
+	for g := range e.groups {
+		r.tables[g] = slices.Repeat([]connector.BlockID{connector.NoBlock}, nb)
+		for i := e.needFrom(g, 0, local); i < local; i++ {
+			c := e.pools[g].cache
+			b := c[hashes[i]]
+			delete(c, hashes[i])
+			e.checkBlock("locally cached", r, g, i, b)
+			*e.blk(g, b) = block{owner: r}
+			r.tables[g][i] = b
 		}
-		r.blocks = append(r.blocks, b)
 	}
-	if err := e.pair.Scheduler.Allocated(&r.conn, m.Tokens, r.blocks); err != nil {
-		e.t.Fatalf("Allocated(%s, %d blocks, %d): %v", r.conn.ID, len(r.blocks), m.Tokens, err)
+	r.loadLo = make([]int, len(e.groups))
+	for g, spec := range e.groups {
+		lo := e.needFrom(g, local, p)
+		r.loadLo[g] = lo
+		from, to := local, nb
+		switch spec.Kind {
+		case hashing.SlidingWindow:
+			if r.num%2 == 1 {
+				from = lo
+			}
+		case hashing.RecurrentState:
+			from, to = lo, p
+		}
+		for i := from; i < to; i++ {
+			if g > 0 {
+				e.ensure(r, g, i)
+				continue
+			}
+			b, ok := e.alloc(r, g)
+			if !ok {
+				e.t.Fatalf("%s: out of blocks after checking room", e.label)
+			}
+			r.tables[g][i] = b
+		}
+	}
+	if err := e.pair.Scheduler.Allocated(&r.conn, m.Tokens, r.tables...); err != nil {
+		e.t.Fatalf("Allocated(%s, %d blocks, %d): %v", r.conn.ID, len(r.tables[0]), m.Tokens, err)
 	}
 	e.admits++
 	r.admitted = e.admits
@@ -520,9 +832,12 @@ func (e *engine) admit(r *freq) bool {
 		r.phase = loading
 		r.inLoad = true
 		r.loadFrom, r.loadN = local, n
+		r.named, r.failures = make(map[entry]bool), make(map[entry]bool)
 		r.failAt = -1
-		for i := local; i < local+n; i++ {
-			e.blocks[r.blocks[i]].clean = false // the load writes it
+		for g := range e.groups {
+			for i := r.loadLo[g]; i < p; i++ {
+				e.blk(g, r.tables[g][i]).clean = false // the load writes it
+			}
 		}
 		e.stats.externalHits += n
 		e.want.hitBlocks += int64(n)
@@ -544,14 +859,19 @@ func (e *engine) youngest() *freq {
 	return y
 }
 
-// grow gives r one more block. When none is free it preempts the youngest
-// admitted request, r itself when r is the youngest, so that the oldest
-// always progresses; it reports whether r got the block.
+// grow gives r one more entry: a block of group 0, NoBlock in the other
+// groups until the engine computes into it. When group 0 has no free
+// block it preempts the youngest admitted request, r itself when r is the
+// youngest, so that the oldest always progresses; it reports whether r
+// got the block.
 func (e *engine) grow(r *freq) bool {
 	e.t.Helper()
 	for {
-		if b, ok := e.alloc(r); ok {
-			r.blocks = append(r.blocks, b)
+		if b, ok := e.alloc(r, 0); ok {
+			r.tables[0] = append(r.tables[0], b)
+			for g := 1; g < len(r.tables); g++ {
+				r.tables[g] = append(r.tables[g], connector.NoBlock)
+			}
 			return true
 		}
 		if v := e.youngest(); v != r {
@@ -572,6 +892,90 @@ func (e *engine) grow(r *freq) bool {
 	}
 }
 
+// sweep frees, as vLLM does for the requests it schedules, the
+// sliding-window blocks of r that fell out of the window of every token
+// still to come, once no unfinished transfer names them: their entries
+// become NoBlock, which the step's Scheduled call passes on. (A block
+// freed without a call that says so could be reused while a connector
+// still means to save it, which no connector can tell.)
+func (e *engine) sweep(r *freq) {
+	e.t.Helper()
+	if !e.hybrid() {
+		return
+	}
+	var busy map[gblock]bool // the blocks unfinished transfers name
+	bs := e.id.Layout.BlockSize
+	for g, spec := range e.groups {
+		if spec.Kind != hashing.SlidingWindow {
+			continue
+		}
+		// The token at r.computed, the next one, attends to tokens from
+		// r.computed-Window+1 on.
+		for i, b := range r.tables[g] {
+			if (i+1)*bs > r.computed-spec.Window+1 {
+				break
+			}
+			if b == connector.NoBlock {
+				continue
+			}
+			if busy == nil {
+				busy = make(map[gblock]bool)
+				for _, x := range e.xfers {
+					for _, xb := range x.blocks {
+						busy[gblock{x.group, xb}] = true
+					}
+				}
+			}
+			if busy[gblock{g, b}] {
+				continue
+			}
+			e.retire(g, b, r.conn.Hashes[i], r.gen == e.id.Generation)
+			r.tables[g][i] = connector.NoBlock
+		}
+	}
+}
+
+// fresh is an entry a step computes.
+type fresh struct {
+	r    *freq
+	g, i int
+}
+
+// prepare gives r the blocks a step that computes its tokens [c, to)
+// writes, and returns the entries it completes: in full attention and a
+// sliding window every block it completes (a sliding window gets a block
+// for each block it touches), in a state group the states it keeps, at
+// the step's end when that is a block boundary and at every
+// stateEvery-th boundary.
+func (e *engine) prepare(r *freq, c, to int) []fresh {
+	e.t.Helper()
+	bs := e.id.Layout.BlockSize
+	var out []fresh
+	for g, spec := range e.groups {
+		switch spec.Kind {
+		case hashing.FullAttention:
+			for i := c / bs; i < to/bs; i++ {
+				out = append(out, fresh{r, g, i})
+			}
+		case hashing.SlidingWindow:
+			for i := c / bs; i < (to+bs-1)/bs; i++ {
+				e.ensure(r, g, i)
+				if i < to/bs {
+					out = append(out, fresh{r, g, i})
+				}
+			}
+		case hashing.RecurrentState:
+			for i := c / bs; i < to/bs; i++ {
+				if (i+1)*bs == to || e.stateEvery > 0 && (i+1)%e.stateEvery == 0 {
+					e.ensure(r, g, i)
+					out = append(out, fresh{r, g, i})
+				}
+			}
+		}
+	}
+	return out
+}
+
 // step runs one engine step, chunk limiting the prompt tokens a request
 // computes in it (0: no limit), and reports whether anything changed: a
 // request admitted, computed, ended or preempted, a transfer reported.
@@ -589,7 +993,7 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		if r.phase != running || r.computed < len(r.tokens) || r.decode == 0 || !slices.Contains(e.reqs, r) {
 			continue
 		}
-		if need := (len(r.tokens) + bs) / bs; need > len(r.blocks) {
+		if need := (len(r.tokens) + bs) / bs; need > len(r.tables[0]) {
 			preempted := e.stats.preempted
 			got := e.grow(r)
 			if e.stats.preempted != preempted {
@@ -610,11 +1014,7 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 			progress = true
 		}
 	}
-	// The step's compute: the blocks each request completes.
-	type fresh struct {
-		r *freq
-		i int
-	}
+	// The step's compute: the entries each request completes.
 	var computed []fresh
 	for _, r := range e.reqs {
 		if r.phase != running || r.computed == len(r.tokens) {
@@ -624,25 +1024,28 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		if chunk > 0 && to-r.computed > chunk {
 			to = r.computed + chunk
 		}
-		if err := e.pair.Scheduler.Scheduled(&r.conn, to, r.blocks); err != nil {
+		e.sweep(r)
+		computed = append(computed, e.prepare(r, r.computed, to)...)
+		if err := e.pair.Scheduler.Scheduled(&r.conn, to, r.tables...); err != nil {
 			e.t.Fatalf("Scheduled(%s, %d): %v", r.conn.ID, to, err)
-		}
-		for i := r.computed / bs; i < to/bs; i++ {
-			computed = append(computed, fresh{r, i})
 		}
 		r.computed = to
 		progress = true
 	}
+	blocks := make(map[gblock]bool, len(computed))
+	for _, c := range computed {
+		blocks[gblock{c.g, c.r.tables[c.g][c.i]}] = true
+	}
 	meta := e.pair.Scheduler.Plan()
-	e.checkPlan(meta)
+	e.checkPlan(meta, blocks)
 	// While the step computes, its blocks are unready: a save must not
 	// read them until the worker's ready event fires.
 	var unready []span
 	for _, c := range computed {
-		b := c.r.blocks[c.i]
+		b := c.r.tables[c.g][c.i]
 		for rank := range e.kv {
-			for _, sp := range e.kv[rank].Spans(nil, b) {
-				unready = append(unready, span{sp.Addr, sp.End(), fmt.Sprintf("%s's engine block %d (block %d of request %s, rank %d)", e.label, b, c.i, c.r.conn.ID, rank)})
+			for _, sp := range e.kv[rank].Group(c.g).Spans(nil, b) {
+				unready = append(unready, span{sp.Addr, sp.End(), fmt.Sprintf("%s's %s (%s of request %s, rank %d)", e.label, e.engineBlock(c.g, b), e.entryName(c.g, c.i), c.r.conn.ID, rank)})
 			}
 		}
 	}
@@ -656,16 +1059,16 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 	}
 	// The first half of each block, and garbage in the rest.
 	for _, c := range computed {
-		b := c.r.blocks[c.i]
-		if e.blocks[b].clean {
-			e.expectPoison(b, fmt.Sprintf("block %d of request %s, about to be computed", c.i, c.r.conn.ID))
+		b := c.r.tables[c.g][c.i]
+		if e.blk(c.g, b).clean {
+			e.expectPoison(c.g, b, fmt.Sprintf("%s of request %s, about to be computed", e.entryName(c.g, c.i), c.r.conn.ID))
 		}
-		e.blocks[b].clean, e.blocks[b].failed = false, false
+		e.blk(c.g, b).clean, e.blk(c.g, b).failed = false, false
 		for rank := range e.kv {
-			buf := make([]byte, e.kv[rank].BlockSize())
-			content(buf, e.ns, e.ns.Shard(rank), c.r.conn.Hashes[c.i])
+			buf := make([]byte, e.blockSize(rank, c.g))
+			content(buf, e.ns, c.g, e.shard(c.g, rank), c.r.conn.Hashes[c.i])
 			fill(buf[len(buf)/2:], unfinished)
-			e.put(rank, b, buf)
+			e.put(rank, c.g, b, buf)
 		}
 	}
 	for rank, w := range e.pair.Workers {
@@ -678,17 +1081,13 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		}
 	}
 	if len(computed) > 0 {
-		blocks := make(map[connector.BlockID]bool)
-		for _, c := range computed {
-			blocks[c.r.blocks[c.i]] = true
-		}
 		e.awaitSaves(meta, blocks, events)
 	}
 	for _, c := range computed {
 		for rank := range e.kv {
-			buf := make([]byte, e.kv[rank].BlockSize())
-			content(buf, e.ns, e.ns.Shard(rank), c.r.conn.Hashes[c.i])
-			e.put(rank, c.r.blocks[c.i], buf)
+			buf := make([]byte, e.blockSize(rank, c.g))
+			content(buf, e.ns, c.g, e.shard(c.g, rank), c.r.conn.Hashes[c.i])
+			e.put(rank, c.g, c.r.tables[c.g][c.i], buf)
 		}
 	}
 	e.w.rec.setUnready(nil)
@@ -716,11 +1115,11 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 // a save of a block the step computes either looked at its ready event
 // (Query or Wait) or reported those saves done: a worker that saves
 // without waiting for the event has then read the unfinished blocks.
-func (e *engine) awaitSaves(meta *connector.Metadata, computed map[connector.BlockID]bool, events []*event) {
+func (e *engine) awaitSaves(meta *connector.Metadata, computed map[gblock]bool, events []*event) {
 	e.t.Helper()
 	var ids []uint64
 	for _, t := range meta.Saves {
-		if slices.ContainsFunc(t.Blocks, func(b connector.BlockID) bool { return computed[b] }) {
+		if slices.ContainsFunc(t.Blocks, func(b connector.BlockID) bool { return computed[gblock{t.Group, b}] }) {
 			ids = append(ids, t.ID)
 		}
 	}
@@ -755,10 +1154,46 @@ func (e *engine) reported(rank int, ids []uint64) bool {
 	return true
 }
 
+// holds describes what a table entry holds, for messages.
+func holds(b connector.BlockID) string {
+	if b == connector.NoBlock {
+		return "no block (NoBlock)"
+	}
+	return fmt.Sprintf("engine block %d", b)
+}
+
+// loadWhy says why a load must not fill entry j of group g of r.
+func (e *engine) loadWhy(r *freq, g, j int) string {
+	bs := e.id.Layout.BlockSize
+	p := r.loadEnd()
+	switch spec := e.groups[g]; {
+	case j >= p:
+		return fmt.Sprintf("it is past the match, which ends at block %d", p)
+	case j < r.loadFrom:
+		return fmt.Sprintf("it is the engine's own (its local hit covers blocks [0, %d)): a load writes only what the match needs beyond it", r.loadFrom)
+	case spec.Kind == hashing.SlidingWindow:
+		return fmt.Sprintf("it is outside the window: the token at %d attends to tokens %d to %d (a window of %d), so resuming there needs blocks [%d, %d) of the group",
+			p*bs, max(0, p*bs-spec.Window+1), p*bs, spec.Window, r.loadLo[g], p)
+	case spec.Kind == hashing.RecurrentState:
+		return fmt.Sprintf("it is the state after block %d, and resuming at block %d needs only the state after block %d", j, p, p-1)
+	}
+	return fmt.Sprintf("the load is of blocks [%d, %d)", r.loadFrom, p)
+}
+
+// hashName says which block of r a hash names, for messages.
+func hashName(r *freq, h hashing.BlockHash) string {
+	if k := slices.Index(r.conn.Hashes, h); k >= 0 {
+		return fmt.Sprintf("the hash of block %d", k)
+	}
+	return "a hash that names no block of the request"
+}
+
 // checkPlan checks a step's Metadata and tracks its transfers: each names
-// its request's own blocks and hashes; a load only blocks that Allocated
-// asked for, a save only computed ones.
-func (e *engine) checkPlan(m *connector.Metadata) {
+// its request's own blocks, in their entries of their group, and hashes;
+// a load only entries that resuming at its match's end needs beyond the
+// local hit; a save only entries the engine computed or loaded, or
+// computes in this step (computed).
+func (e *engine) checkPlan(m *connector.Metadata, computed map[gblock]bool) {
 	e.t.Helper()
 	if m.Generation != e.id.Generation {
 		e.t.Fatalf("%s: Plan().Generation = %d, want %d", e.label, m.Generation, e.id.Generation)
@@ -783,8 +1218,13 @@ func (e *engine) checkPlan(m *connector.Metadata) {
 			if len(t.Blocks) != len(t.Hashes) {
 				e.t.Fatalf("%s: Plan's %s transfer %d has %d blocks and %d hashes", e.label, kind, t.ID, len(t.Blocks), len(t.Hashes))
 			}
+			g := t.Group
+			if g < 0 || g >= len(e.groups) {
+				e.t.Fatalf("%s: Plan's %s transfer %d names KV cache group %d, but the layout has %d", e.label, kind, t.ID, g, len(e.groups))
+			}
 			tp := len(e.pair.Workers)
-			x := &xfer{id: t.ID, load: list.load, req: t.Req, first: t.First, n: len(t.Blocks), left: make([]bool, tp), nleft: tp, fails: make([][]bool, tp), since: time.Now()}
+			x := &xfer{id: t.ID, load: list.load, req: t.Req, group: g, first: t.First, n: len(t.Blocks), blocks: slices.Clone(t.Blocks),
+				left: make([]bool, tp), nleft: tp, fails: make([][]bool, tp), since: time.Now()}
 			for rank := range tp {
 				x.left[rank] = true
 				x.fails[rank] = make([]bool, len(t.Blocks))
@@ -796,17 +1236,40 @@ func (e *engine) checkPlan(m *connector.Metadata) {
 				}
 				for i, b := range t.Blocks {
 					j := t.First + i
-					if j < 0 || j >= len(r.blocks) || j >= len(r.conn.Hashes) || r.blocks[j] != b || r.conn.Hashes[j] != t.Hashes[i] {
-						e.t.Fatalf("%s: Plan's %s transfer %d names engine block %d as block %d of request %s, which is not that block or not its hash", e.label, kind, t.ID, b, j, t.Req)
+					switch {
+					case j < 0 || j >= len(r.tables[g]) || j >= len(r.conn.Hashes):
+						e.t.Fatalf("%s: Plan's %s transfer %d names %s of request %s, which has %d entries and %d full blocks", e.label, kind, t.ID, e.entryName(g, j), t.Req, len(r.tables[g]), len(r.conn.Hashes))
+					case b == connector.NoBlock || r.tables[g][j] != b:
+						e.t.Fatalf("%s: Plan's %s transfer %d names %s as %s of request %s, which holds %s there", e.label, kind, t.ID, holds(b), e.entryName(g, j), t.Req, holds(r.tables[g][j]))
+					case r.conn.Hashes[j] != t.Hashes[i]:
+						e.t.Fatalf("%s: Plan's %s transfer %d names %s of request %s with %s", e.label, kind, t.ID, e.entryName(g, j), t.Req, hashName(r, t.Hashes[i]))
 					}
 				}
 				if list.load {
-					if !r.inLoad || t.First < r.loadFrom || t.First+len(t.Blocks) > r.loadFrom+r.loadN {
-						e.t.Fatalf("%s: Plan loads blocks [%d, %d) of request %s, which asked for [%d, %d) (in load: %v)", e.label, t.First, t.First+len(t.Blocks), t.Req, r.loadFrom, r.loadFrom+r.loadN, r.inLoad)
+					if !r.inLoad {
+						e.t.Fatalf("%s: Plan loads blocks [%d, %d) of request %s, which is not loading", e.label, t.First, t.First+len(t.Blocks), t.Req)
+					}
+					for i, b := range t.Blocks {
+						j := t.First + i
+						if j < r.loadLo[g] || j >= r.loadEnd() {
+							if !e.hybrid() {
+								e.t.Fatalf("%s: Plan loads blocks [%d, %d) of request %s, which asked for [%d, %d)", e.label, t.First, t.First+len(t.Blocks), t.Req, r.loadFrom, r.loadEnd())
+							}
+							e.t.Fatalf("%s: Plan's load transfer %d loads %s of request %s, into %s, which resuming at block %d does not need: %s",
+								e.label, t.ID, e.entryName(g, j), t.Req, e.engineBlock(g, b), r.loadEnd(), e.loadWhy(r, g, j))
+						}
+						r.named[entry{g, j}] = true
 					}
 					r.loads = append(r.loads, t.ID)
-				} else if t.First+len(t.Blocks) > r.computed/bs {
-					e.t.Fatalf("%s: Plan saves blocks [%d, %d) of request %s, which has computed %d tokens (%d full blocks)", e.label, t.First, t.First+len(t.Blocks), t.Req, r.computed, r.computed/bs)
+				} else {
+					if t.First+len(t.Blocks) > r.computed/bs {
+						e.t.Fatalf("%s: Plan saves blocks [%d, %d) of request %s, which has computed %d tokens (%d full blocks)", e.label, t.First, t.First+len(t.Blocks), t.Req, r.computed, r.computed/bs)
+					}
+					for i, b := range t.Blocks {
+						if e.blk(g, b).clean && !computed[gblock{g, b}] {
+							e.t.Fatalf("%s: Plan saves %s of request %s, from %s, which holds no %s: the engine neither computed nor loaded it", e.label, e.entryName(g, t.First+i), t.Req, e.engineBlock(g, b), e.what(g))
+						}
+					}
 				}
 			}
 			e.xfers[t.ID] = x
@@ -844,14 +1307,19 @@ func (e *engine) poll(rank int) bool {
 		if !x.load {
 			continue
 		}
+		e.w.loadFailed = true
 		if f.Reason != connector.ReasonStale {
 			e.want.workerLoadFailures[rank]++
 		}
 		if f.Reason == connector.ReasonCorrupt {
 			e.want.corrupt[rank]++
 		}
-		if r := e.find(x.req); r != nil && (r.failAt < 0 || x.first+f.Index < r.failAt) {
-			r.failAt = x.first + f.Index
+		if r := e.find(x.req); r != nil && r.failures != nil {
+			j := x.first + f.Index
+			r.failures[entry{x.group, j}] = true
+			if r.failAt < 0 || j < r.failAt {
+				r.failAt = j
+			}
 		}
 	}
 	for _, id := range cp.Done {
@@ -883,6 +1351,46 @@ func (e *engine) poll(rank int) bool {
 	return len(cp.Done)+len(cp.Failed) > 0
 }
 
+// checkLoaded checks a request whose load Progress listed as loaded: a
+// load transfer named every entry that resuming at the match's end needs
+// beyond the local hit, each holds the bytes saved for its key, and every
+// other block the request holds is what it was: the engine's own bytes,
+// or poison.
+func (e *engine) checkLoaded(r *freq) {
+	e.t.Helper()
+	p := r.loadEnd()
+	for g := range e.groups {
+		for i := r.loadLo[g]; i < p; i++ {
+			if !r.named[entry{g, i}] {
+				e.t.Fatalf("%s: Progress.Loaded names %s, but no load transfer named %s, which resuming at block %d needs: %s", e.label, r.conn.ID, e.entryName(g, i), p, e.needWhy(g, p))
+			}
+		}
+	}
+	for g := range e.groups {
+		for i, b := range r.tables[g] {
+			switch {
+			case b == connector.NoBlock:
+			case e.blk(g, b).clean:
+				e.expectPoison(g, b, fmt.Sprintf("%s of request %s, which resuming at block %d does not need", e.entryName(g, i), r.conn.ID, p))
+			case i >= r.loadLo[g] && i < p:
+				e.checkBlock("loaded", r, g, i, b)
+			default:
+				e.checkBlock("the engine's own", r, g, i, b)
+			}
+		}
+	}
+}
+
+// validEnd returns the longest prefix r can resume from after its load
+// failed: the largest block boundary in [loadFrom, loadEnd] at which every
+// group has what it needs in the request's local blocks and the entries
+// its load transfers named and no worker failed.
+func (e *engine) validEnd(r *freq) int {
+	return e.resumeEnd(r.loadFrom, r.loadEnd(), func(g, i int) bool {
+		return i < r.loadFrom || i >= r.loadLo[g] && r.named[entry{g, i}] && !r.failures[entry{g, i}]
+	})
+}
+
 // update polls every worker, hands the Outputs to the scheduler half and
 // acts on its Progress. It reports whether anything changed.
 func (e *engine) update() bool {
@@ -908,7 +1416,7 @@ func (e *engine) update() bool {
 			e.t.Fatalf("%s: Progress.Loaded names %s, but some worker has not reported its load transfer %d done", e.label, id, r.loads[0])
 		}
 		if r.failAt >= 0 && !r.rotated {
-			e.t.Fatalf("%s: Progress.Loaded names %s, but a worker reported block %d of its load failed", e.label, id, r.failAt)
+			e.t.Fatalf("%s: Progress.Loaded names %s, but a worker reported %s of its load failed", e.label, id, e.failedName(r))
 		}
 		r.inLoad = false
 		progress = true
@@ -916,17 +1424,13 @@ func (e *engine) update() bool {
 		e.w.count.loadedBlocks += r.loadN
 		if r.phase == done {
 			if r.gen == e.id.Generation {
-				for i := r.loadFrom; i < r.loadFrom+r.loadN; i++ {
-					e.checkBlock("loaded", r, i, r.blocks[i])
-				}
+				e.checkLoaded(r)
 			}
 			continue
 		}
-		for i := r.loadFrom; i < r.loadFrom+r.loadN; i++ {
-			e.checkBlock("loaded", r, i, r.blocks[i])
-		}
+		e.checkLoaded(r)
 		e.stats.loads++
-		r.computed = (r.loadFrom + r.loadN) * bs
+		r.computed = r.loadEnd() * bs
 		r.phase = running
 	}
 	for _, f := range p.Failed {
@@ -937,42 +1441,62 @@ func (e *engine) update() bool {
 		if len(r.loads) > 0 {
 			e.t.Fatalf("%s: Progress.Failed names %s, but some worker has not reported its load transfer %d done: it may still write the blocks", e.label, f.Req, r.loads[0])
 		}
-		from, end := r.loadFrom*bs, (r.loadFrom+r.loadN)*bs
+		from, end := r.loadFrom*bs, r.loadEnd()*bs
 		if f.Valid%bs != 0 || f.Valid < from || f.Valid >= end {
 			e.t.Fatalf("%s: Progress.Failed: %s valid = %d tokens, want a block boundary in [%d, %d)", e.label, f.Req, f.Valid, from, end)
 		}
-		bound := end
-		if r.failAt >= 0 {
-			bound = r.failAt * bs
+		q := e.validEnd(r)
+		bound := q * bs
+		want := fmt.Sprintf("everything before block %d, the first that a worker reported failed", r.failAt)
+		if e.hybrid() {
+			want = fmt.Sprintf("the longest prefix every KV cache group can resume from with the request's local blocks and the entries loaded without failure (a worker reported %s failed)", e.failedName(r))
 		}
 		switch {
 		case r.rotated && f.Valid > bound:
-			e.t.Fatalf("%s: Progress.Failed: %s valid = %d tokens, but a worker reported block %d failed (tokens from %d)", e.label, f.Req, f.Valid, r.failAt, bound)
-		case !r.rotated && r.failAt < 0:
+			e.t.Fatalf("%s: Progress.Failed: %s valid = %d tokens, but a worker reported %s failed: at most %d tokens are valid", e.label, f.Req, f.Valid, e.failedName(r), bound)
+		case !r.rotated && q == r.loadEnd():
 			e.t.Fatalf("%s: Progress.Failed names %s (valid %d tokens), but every worker loaded every block of it", e.label, f.Req, f.Valid)
 		case !r.rotated && f.Valid != bound:
-			e.t.Fatalf("%s: Progress.Failed: %s valid = %d tokens, want %d: everything before block %d, the first that a worker reported failed", e.label, f.Req, f.Valid, bound, r.failAt)
+			e.t.Fatalf("%s: Progress.Failed: %s valid = %d tokens, want %d: %s", e.label, f.Req, f.Valid, bound, want)
 		}
 		if want := e.policy == connector.PolicyFail; r.phase != done && f.Fail != want {
 			e.t.Fatalf("%s: Progress.Failed: %s Fail = %v under kv_load_failure_policy %q, want %v", e.label, f.Req, f.Fail, e.policy, want)
 		}
-		for i := r.loadFrom; i < f.Valid/bs; i++ {
-			e.checkBlock("loaded (before the failure)", r, i, r.blocks[i])
+		// What resuming at Valid uses is checked; the rest is recomputed
+		// or freed: nothing may write it now.
+		v := f.Valid / bs
+		for g := range e.groups {
+			for i := r.loadLo[g]; i < r.loadEnd(); i++ {
+				b := r.tables[g][i]
+				if i < v && i >= e.needFrom(g, 0, v) {
+					e.checkBlock("loaded (before the failure)", r, g, i, b)
+					continue
+				}
+				e.poisonBlock(g, b)
+				e.blk(g, b).clean, e.blk(g, b).failed = true, true
+			}
 		}
-		// The rest is recomputed or freed: nothing may write it now.
-		for i := f.Valid / bs; i < r.loadFrom+r.loadN; i++ {
-			b := r.blocks[i]
-			e.poisonBlock(b)
-			e.blocks[b].clean, e.blocks[b].failed = true, true
-		}
-		e.want.loadFailures += int64(r.loadFrom + r.loadN - f.Valid/bs)
+		e.want.loadFailures += int64(r.loadEnd() - v)
 		r.inLoad = false
 		progress = true
 		e.stats.failedLoads++
 		e.w.count.failedLoads++
-		e.w.count.failedBlocks += r.loadFrom + r.loadN - f.Valid/bs
+		e.w.count.failedBlocks += r.loadEnd() - v
 		if r.phase == done {
 			continue
+		}
+		// A state the engine will not compute again is no state it keeps:
+		// the entries of the states after Valid become NoBlock.
+		for g, spec := range e.groups {
+			if spec.Kind != hashing.RecurrentState {
+				continue
+			}
+			for i := v; i < len(r.tables[g]); i++ {
+				if b := r.tables[g][i]; b != connector.NoBlock {
+					e.release(g, b)
+					r.tables[g][i] = connector.NoBlock
+				}
+			}
 		}
 		r.computed = f.Valid
 		r.phase = running
@@ -997,6 +1521,19 @@ func (e *engine) update() bool {
 	return progress
 }
 
+// failedName names the first entry of r's load some worker reported
+// failed, for messages.
+func (e *engine) failedName(r *freq) string {
+	for g := range e.groups {
+		for i := r.loadLo[g]; i < r.loadEnd(); i++ {
+			if r.failures[entry{g, i}] {
+				return e.entryName(g, i)
+			}
+		}
+	}
+	return fmt.Sprintf("block %d", r.failAt)
+}
+
 func (e *engine) find(id connector.RequestID) *freq {
 	for _, r := range e.reqs {
 		if r.conn.ID == id {
@@ -1014,9 +1551,9 @@ func (e *engine) finish(r *freq, preempted bool) {
 	var keep bool
 	var err error
 	if p, ok := e.pair.Scheduler.(connector.Preempter); ok && preempted {
-		keep, err = p.Preempt(&r.conn, r.blocks)
+		keep, err = p.Preempt(&r.conn, r.tables...)
 	} else {
-		keep, err = e.pair.Scheduler.Finish(&r.conn, r.blocks)
+		keep, err = e.pair.Scheduler.Finish(&r.conn, r.tables...)
 	}
 	if err != nil {
 		e.t.Fatalf("%s: Finish(%s): %v", e.label, r.conn.ID, err)
@@ -1046,28 +1583,27 @@ func (e *engine) finish(r *freq, preempted bool) {
 	e.freeBlocks(r)
 }
 
-// freeBlocks frees r's blocks: full computed blocks go to the local prefix
-// cache, the rest are poisoned.
+// freeBlocks frees r's blocks: those of full blocks it computed or loaded
+// go to the local prefix cache, the rest are poisoned.
 func (e *engine) freeBlocks(r *freq) {
 	e.t.Helper()
-	bs := e.id.Layout.BlockSize
-	valid := r.computed / bs
+	valid := r.computed / e.id.Layout.BlockSize
 	if r.gen != e.id.Generation || r.inLoad {
 		valid = 0 // computed under older weights: never cached
 	}
-	for i, b := range r.blocks {
-		if i < valid && i < len(r.conn.Hashes) && !e.blocks[b].clean {
-			h := r.conn.Hashes[i]
-			if _, dup := e.cache[h]; !dup {
-				e.clock++
-				e.blocks[b] = block{cached: true, hash: h, lru: e.clock}
-				e.cache[h] = b
+	for g, table := range r.tables {
+		for i, b := range table {
+			if b == connector.NoBlock {
 				continue
 			}
+			if i < valid && i < len(r.conn.Hashes) {
+				e.retire(g, b, r.conn.Hashes[i], true)
+				continue
+			}
+			e.release(g, b)
 		}
-		e.release(b)
 	}
-	r.blocks = nil
+	r.tables = nil
 }
 
 // preempt ends a running or loading request and queues it again from
@@ -1277,10 +1813,10 @@ func (e *engine) close(check bool) {
 
 // describe summarizes the engine's requests, for failure messages.
 func (e *engine) describe() string {
-	s := fmt.Sprintf("%s: %d free blocks, %d cached;", e.label, len(e.free), len(e.cache))
+	s := fmt.Sprintf("%s: %d free blocks, %d cached;", e.label, len(e.pools[0].free), e.cached())
 	for _, r := range e.reqs {
 		s += fmt.Sprintf(" [%s %v, %d/%d tokens computed, %d blocks, decode %d, in load %v]",
-			r.conn.ID, r.phase, r.computed, len(r.tokens), len(r.blocks), r.decode, r.inLoad)
+			r.conn.ID, r.phase, r.computed, len(r.tokens), len(r.tables0()), r.decode, r.inLoad)
 	}
 	for _, id := range slices.Sorted(maps.Keys(e.kept)) {
 		s += fmt.Sprintf(" [%s kept]", id)

@@ -14,7 +14,8 @@ import (
 // OpenFunc opens both halves with the Config the harness chose (its load
 // failure policy) and the Env it hands in (the identity, the store, the
 // engine's number of blocks): one scheduler half, one worker per rank. A
-// test of the connector's package calls Run with it.
+// test of the connector's package calls Run with it; the store connector
+// supports KV cache groups, so the hybrid subtests run too.
 func ExampleRun() {
 	open := func(cfg connector.Config, env connector.Env) (p connectortest.Pair, err error) {
 		cfg.Connector = storeconn.Name
@@ -29,7 +30,7 @@ func ExampleRun() {
 	newStore := func() (store.Store, error) { return memstore.New(memstore.Config{Capacity: 8 << 20}) }
 
 	testConnector := func(t *testing.T) {
-		connectortest.Run(t, open, connectortest.Options{NewStore: newStore})
+		connectortest.Run(t, open, connectortest.Options{NewStore: newStore, Groups: true})
 	}
 	_ = testConnector // func TestConnector(t *testing.T) in the connector's tests
 }

@@ -46,7 +46,9 @@ type Options struct {
 	// NewStore returns a new, empty store for one test case. It is
 	// required. The harness wraps it and closes it. The wrapper records
 	// what the store really holds: a match may claim only blocks that a
-	// put stored in every shard, a KV event (connector.EventSource) may
+	// put stored in every shard, and must claim every block puts had
+	// stored before the request's first Match (Run skips that check once
+	// the store evicted keys), a KV event (connector.EventSource) may
 	// announce only those, and the worker halves' Stats.Saves must add up
 	// to the keys their puts stored. So a connector must key block h of
 	// shard s as Namespace.Key(s, h) of package hashing (the keys that
@@ -63,6 +65,15 @@ type Options struct {
 	// and a get, scribbles over the destination of a failed get, and
 	// answers puts with out-of-space.
 	NoFaults bool
+
+	// Groups says that the connector supports KV cache groups
+	// (hashing.Layout.Groups) at the layout's block size: Run then also
+	// runs the Groups subtests, and hybrid cases in the state machine, with
+	// a layout of one full-attention, one sliding-window and one state
+	// group. Without it, the NoGroups subtest checks that opening a pair
+	// for such a layout fails with an error wrapping connector.ErrConfig:
+	// a connector refuses at open what it cannot serve.
+	Groups bool
 
 	// NoRotation skips generation rotation, for a connector whose
 	// scheduler half does not implement connector.Rotator: no Rotation
@@ -103,6 +114,14 @@ type Options struct {
 //     generation; a rotation to the current generation is refused.
 //   - Layouts: an engine of another layout on the same store matches none
 //     of the blocks the first saved.
+//   - Groups (with Options.Groups): with a hybrid layout (one
+//     full-attention, one sliding-window and one state group), a saved
+//     prompt is matched and loaded again, from the store alone and after a
+//     local hit; a match stops where a block of the window before it is
+//     missing, and ends only where some engine kept the state; a state
+//     that fails to load leaves only the local hit valid.
+//   - NoGroups (without Options.Groups): opening a pair for the hybrid
+//     layout fails with an error wrapping connector.ErrConfig.
 //   - StateMachine: a rapid state machine over two engines sharing one
 //     store (of different tenants, of one tenant and different layouts,
 //     or of one identity): requests sharing prefixes, chunked prefill and
@@ -113,13 +132,22 @@ type Options struct {
 //
 // Every subtest checks, step by step: every loaded block holds exactly the
 // bytes saved for its key, in every rank; Metadata names each request's
-// own blocks and hashes; a block nothing may write (free, not yet
+// own blocks and hashes; with KV cache groups, a match ends where every
+// group can resume (full attention: every block before it; a sliding
+// window of W tokens: the blocks holding the W-1 tokens before it; a state
+// group: the state after the block before it), a load names exactly the
+// entries resuming there needs beyond the local hit and no other, every
+// one of them then holds the saved bytes of its group, block and state
+// position, and no other block of the request was written; a block nothing may write (free, not yet
 // computed, or whose load was reported failed) is never written; a save
 // reads a block only after the step's ready event fired (the engine writes
 // the step's KV in two halves and fires the events only once every worker
 // with such a save waits on its event or has finished it); matches never
-// cover the last prompt token and claim only blocks the store holds in
-// every shard; KV events announce only blocks the store holds; Loaded and
+// cover the last prompt token, claim only blocks the store holds in
+// every shard, and are the longest the store held before the request's
+// first Match (unless a store fault, a failed load, a failed lookup or an
+// eviction excuses a shorter one); KV events announce only blocks the
+// store holds; Loaded and
 // Failed come only once every worker reported the load, Failed with Valid
 // up to the first block any worker failed, Fail as the policy says. At
 // the end of each case: every kept block is released, Stats (where a half
@@ -174,6 +202,11 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 		t.Run("Rotation", func(t *testing.T) { rotation(t, open, opts) })
 	}
 	t.Run("Layouts", func(t *testing.T) { layouts(t, open, opts) })
+	if opts.Groups {
+		t.Run("Groups", func(t *testing.T) { groups(t, open, opts) })
+	} else {
+		t.Run("NoGroups", func(t *testing.T) { refusesGroups(t, open, opts) })
+	}
 	t.Run("StateMachine", func(t *testing.T) {
 		var c counts
 		rapid.Check(t, func(t *rapid.T) { stateMachine(t, open, opts, &c) })
@@ -192,6 +225,9 @@ func runDisaggregated(t *testing.T, open OpenFunc, opts Options) {
 			}
 		}
 	})
+	if !opts.Groups {
+		t.Run("NoGroups", func(t *testing.T) { refusesGroups(t, open, opts) })
+	}
 	t.Run("StateMachine", func(t *testing.T) {
 		var c counts
 		rapid.Check(t, func(t *rapid.T) { disaggregatedMachine(t, open, opts, &c) })
@@ -368,6 +404,12 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 	}
 	shape := rapid.SampledFrom([][2]int{{1, 1}, {2, 1}, {2, 2}}).Draw(t, "tp")
 	s.tp, s.repl = shape[0], shape[1]
+	if opts.Groups && rapid.Bool().Draw(t, "hybrid") {
+		c.hybrid++
+		s.hybrid = true
+		s.window = rapid.IntRange(1, 3*s.bs+1).Draw(t, "window")
+		s.stateEvery = rapid.IntRange(0, 3).Draw(t, "stateEvery")
+	}
 	specs := []spec{s}
 	s.label = "t1"
 	switch rapid.SampledFrom([]string{"another tenant", "another layout", "the same identity"}).Draw(t, "second engine") {
@@ -571,5 +613,202 @@ func disaggregatedMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 		"dropLocal": func(t *rapid.T) { cons.dropCache() },
 	})
 	w.drainPD(prod, cons, 1)
+	w.finish()
+}
+
+// refusesGroups checks that a connector that does not declare
+// Options.Groups refuses a hybrid layout at open.
+func refusesGroups(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	s := spec{tenant: "tenant0", order: connector.BlockMajor, tp: 1, repl: 1, bs: 4, blocks: 64, hybrid: true}
+	opens := []struct {
+		what string
+		open OpenFunc
+	}{{"the pair", open}}
+	if opts.OpenConsumer != nil {
+		opens = []struct {
+			what string
+			open OpenFunc
+		}{{"the producer's pair", open}, {"the consumer's pair", opts.OpenConsumer}}
+	}
+	for _, o := range opens {
+		pair, err := o.open(connector.Config{LoadFailurePolicy: connector.PolicyRecompute}, connector.Env{Identity: s.identity(), Store: w.st, Blocks: s.blocks})
+		closeHalves(pair)
+		if err == nil {
+			t.Fatalf("open of %s succeeded for a layout of 3 KV cache groups (full, sliding_window, state), but Options.Groups is not set: a connector that supports KV cache groups sets it, one that does not refuses them with an error wrapping connector.ErrConfig", o.what)
+		}
+		if !errors.Is(err, connector.ErrConfig) {
+			t.Fatalf("open of %s for a layout of 3 KV cache groups = %v, want an error wrapping connector.ErrConfig (or set Options.Groups)", o.what, err)
+		}
+	}
+	w.finish()
+}
+
+// groups runs the subtests of a hybrid layout: one full-attention, one
+// sliding-window (of 2×4+1 tokens, two blocks before a boundary) and one
+// state group, in blocks of 4 tokens.
+func groups(t *testing.T, open OpenFunc, opts Options) {
+	t.Run("SharedPrefix", func(t *testing.T) {
+		for _, order := range []connector.Order{connector.BlockMajor, connector.LayerMajor} {
+			for _, tp := range [][2]int{{1, 1}, {2, 1}, {2, 2}} {
+				t.Run(fmt.Sprintf("%v/tp%d-repl%d", order, tp[0], tp[1]), func(t *testing.T) {
+					groupsSharedPrefix(t, open, opts, order, tp[0], tp[1])
+				})
+			}
+		}
+	})
+	t.Run("LocalHit", func(t *testing.T) { groupsLocalHit(t, open, opts) })
+	t.Run("Window", func(t *testing.T) { groupsWindow(t, open, opts) })
+	t.Run("States", func(t *testing.T) { groupsStates(t, open, opts) })
+	if !opts.NoFaults {
+		t.Run("LoadFailure", func(t *testing.T) {
+			for _, policy := range []connector.Policy{connector.PolicyRecompute, connector.PolicyFail} {
+				t.Run(string(policy), func(t *testing.T) { groupsLoadFailure(t, open, opts, policy) })
+			}
+		})
+	}
+}
+
+// hybridSpec returns the spec of the Groups subtests' engines.
+func hybridSpec(open OpenFunc, order connector.Order, tp, repl, stateEvery int) spec {
+	return spec{label: "t0", open: open, tenant: "tenant0", order: order, tp: tp, repl: repl, bs: 4, blocks: 64, hybrid: true, stateEvery: stateEvery}
+}
+
+func groupsSharedPrefix(t *testing.T, open OpenFunc, opts Options, order connector.Order, tp, repl int) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	e := w.open(hybridSpec(open, order, tp, repl, 1))
+	prompt := testPrompt(6*4, 1100)
+	e.add(prompt, 2)
+	w.drain(e)
+	// Two more requests, each with the local cache gone: the first holds
+	// blocks in the sliding-window entries before the window (poisoned,
+	// freed after the load), the second NoBlock there, as vLLM does.
+	for _, which := range []string{"second", "third"} {
+		e.dropCache()
+		before := e.stats.externalHits
+		e.add(prompt, 2)
+		w.drain(e)
+		w.expectHits(e, e.stats.externalHits-before, 5, fmt.Sprintf("the %s request of a saved 6-block prompt", which),
+			"all but the block with the last prompt token: every group can resume at block 5, with the window before it and the state after block 4")
+	}
+	if e.stats.loads == 0 && e.storeFailure() == "" {
+		t.Errorf("no load finished")
+	}
+	w.finish()
+}
+
+func groupsLocalHit(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	e := w.open(hybridSpec(open, connector.LayerMajor, 2, 1, 1))
+	prompt := testPrompt(8*bs+1, 1300)
+	h := hashesOf(t, prompt, bs)
+	e.add(prompt, 0)
+	w.drain(e)
+	for _, which := range []string{"second", "third"} {
+		// Without full-attention block 3 in the local cache, the local
+		// hit is 3 blocks (the window before block 3 and the state after
+		// block 2 are cached): the store serves blocks 3 to 7 of full
+		// attention, 6 and 7 of the window, the state after block 7.
+		e.evict(0, h[3])
+		before := e.stats
+		e.add(prompt, 0)
+		w.drain(e)
+		if got := e.stats.localHits - before.localHits; got != 3 {
+			t.Fatalf("the %s request had a local hit of %d blocks, want 3 (the harness's own local cache)", which, got)
+		}
+		w.expectHits(e, e.stats.externalHits-before.externalHits, 5, fmt.Sprintf("the %s request of a saved 8-block prompt (and a token), with a local hit of 3 blocks", which),
+			"blocks 3 to 7: every group can resume at block 8")
+	}
+	w.finish()
+}
+
+func groupsWindow(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	e := w.open(hybridSpec(open, connector.BlockMajor, 2, 1, 1))
+	prompt := testPrompt(8*bs+1, 1500)
+	h := hashesOf(t, prompt, bs)
+	// Block 6 of the sliding window is saved for shard 0 only.
+	w.rec.failPuts(e.ns.GroupKey(1, 1, h[6]))
+	e.add(prompt, 0)
+	w.drain(e)
+	w.rec.failPuts()
+	e.dropCache()
+	before := e.stats.externalHits
+	e.add(prompt, 0)
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before, 6, "a request for an 8-block prompt (and a token) whose sliding-window block 6 the store holds for shard 0 only",
+		"the blocks before block 6: the windows of the tokens at 28 and 32 (tokens 20 to 28, 24 to 32) need block 6, the window of the token at 24 does not")
+	// The request saved block 6 of the window: all but the last block now.
+	e.dropCache()
+	before = e.stats.externalHits
+	e.add(prompt, 0)
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before, 8, "a third request of the prompt", "all but the block with the last prompt token")
+	// A block the store lacks before the window of the match's end
+	// shortens nothing.
+	other := testPrompt(8*bs+1, 1600)
+	w.rec.failPuts(e.ns.GroupKey(1, 0, hashesOf(t, other, bs)[1]))
+	e.add(other, 0)
+	w.drain(e)
+	w.rec.failPuts()
+	e.dropCache()
+	before = e.stats.externalHits
+	e.add(other, 0)
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before, 8, "a request for an 8-block prompt (and a token) whose sliding-window block 1 the store holds for shard 1 only",
+		"all but the block with the last prompt token: the window of the token at 32 (tokens 24 to 32) does not reach block 1")
+	w.finish()
+}
+
+func groupsStates(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	e := w.open(hybridSpec(open, connector.BlockMajor, 1, 1, 0))
+	prompt := testPrompt(8*bs+1, 1700)
+	// Prefilled in chunks of 3 blocks, the engine keeps the states after
+	// blocks 2 and 5, at the ends of its chunks, and no other.
+	e.add(prompt, 0)
+	w.drainChunked(e, 3*bs)
+	e.dropCache()
+	before := e.stats.externalHits
+	e.add(prompt, 0)
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before, 6, "a request for an 8-block prompt (and a token) whose states the store holds after blocks 2 and 5 only",
+		"6 blocks: the last boundary with a saved state")
+	w.finish()
+}
+
+func groupsLoadFailure(t *testing.T, open OpenFunc, opts Options, policy connector.Policy) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	s := hybridSpec(open, connector.LayerMajor, 2, 1, 1)
+	s.policy = policy
+	e := w.open(s)
+	prompt := testPrompt(6*bs, 1900)
+	h := hashesOf(t, prompt, bs)
+	e.add(prompt, 1)
+	w.drain(e)
+	// The state after block 4, where the match ends, fails to load in the
+	// last shard: nothing of the load is of use, and the request is valid
+	// up to its local hit, 0 tokens.
+	last := e.ns.GroupShards(2) - 1
+	w.rec.failGets(e.ns.GroupKey(2, last, h[4]))
+	e.dropCache()
+	before := e.stats
+	e.add(prompt, 1)
+	w.drain(e)
+	w.rec.failGets()
+	w.expectHits(e, e.stats.externalHits-before.externalHits, 5, "the second request of a saved 6-block prompt", "all but the block with the last prompt token")
+	if got := e.stats.failedLoads - before.failedLoads; got != 1 && e.storeFailure() == "" {
+		t.Fatalf("%d loads failed, want 1: the store failed to read the state after block 4 for shard %d", got, last)
+	}
 	w.finish()
 }

@@ -3,6 +3,7 @@ package connectortest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 
@@ -16,6 +17,8 @@ import (
 //   - every key a put stored (or may have stored: a put whose call failed
 //     as a whole leaves the store's contents unspecified), to check that a
 //     match or a KV event names only blocks the store held;
+//   - the keys puts surely stored, and when (a sequence number of puts),
+//     to check that a match is the longest the store could serve;
 //   - the keys each tenant's puts stored, to check Stats.Saves;
 //   - the source of every put, to see a save that reads a block the engine
 //     is still computing, before the step's ready event fired.
@@ -29,10 +32,12 @@ type recorder struct {
 	store.Store
 	mu struct {
 		sync.Mutex
-		stored  map[string]bool  // keys a put stored or may have stored
-		pending map[string]int   // keys of puts under way: the store may already show them
-		puts    map[string]int64 // per tenant: keys of puts that succeeded
-		unsure  map[string]int64 // per tenant: keys of puts whose call failed as a whole
+		stored  map[string]bool   // keys a put stored or may have stored
+		seq     uint64            // puts recorded so far
+		sure    map[string]uint64 // keys puts surely stored, and no remove removed since: the seq of the first such put
+		pending map[string]int    // keys of puts under way: the store may already show them
+		puts    map[string]int64  // per tenant: keys of puts that succeeded
+		unsure  map[string]int64  // per tenant: keys of puts whose call failed as a whole
 		failPut map[string]bool
 		failGet map[string]bool
 		unready []span // blocks the engines are still computing
@@ -61,6 +66,7 @@ var errInjected = fmt.Errorf("connectortest: injected failure: %w", store.ErrTra
 func newRecorder(st store.Store) (*recorder, store.Store) {
 	r := &recorder{Store: st}
 	r.mu.stored = make(map[string]bool)
+	r.mu.sure = make(map[string]uint64)
 	r.mu.pending = make(map[string]int)
 	r.mu.puts = make(map[string]int64)
 	r.mu.unsure = make(map[string]int64)
@@ -84,6 +90,23 @@ func (r *recorder) stored(key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.mu.stored[key] || r.mu.pending[key] > 0
+}
+
+// seqNow returns the number of puts recorded so far: a key with
+// storedBy(key, seqNow()) was in the store before the call.
+func (r *recorder) seqNow() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.seq
+}
+
+// storedBy reports whether one of the first seq puts surely stored key
+// (and no remove removed it since).
+func (r *recorder) storedBy(key string, seq uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.mu.sure[key]
+	return s != 0 && s <= seq
 }
 
 // saves returns how many keys of tenant puts stored for sure, and how many
@@ -228,6 +251,7 @@ func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err 
 	sent := sent(keys, fwd)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.mu.seq++
 	for i, k := range keys {
 		if sent != nil && !sent[i] {
 			continue
@@ -242,6 +266,9 @@ func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err 
 		case res[i].Err == nil:
 			r.mu.stored[k] = true
 			r.mu.puts[tenantOf(k)]++
+			if r.mu.sure[k] == 0 {
+				r.mu.sure[k] = r.mu.seq
+			}
 		}
 	}
 }
@@ -259,6 +286,31 @@ func (r *recorder) Put(ctx context.Context, keys []string, src []rdma.Region, re
 	err := batch(keys, src, res, fwd, func(k []string, s []rdma.Region, rs []store.Result) error { return r.Store.Put(ctx, k, s, rs) })
 	r.recordPuts(keys, res, fwd, err)
 	return err
+}
+
+// forget notes that keys matching match are gone, before a remove call.
+func (r *recorder) forget(match func(string) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	maps.DeleteFunc(r.mu.sure, func(k string, _ uint64) bool { return match(k) })
+}
+
+// Remove implements store.Store.
+func (r *recorder) Remove(ctx context.Context, key string) error {
+	r.forget(func(k string) bool { return k == key })
+	return r.Store.Remove(ctx, key)
+}
+
+// RemovePrefix implements store.Store.
+func (r *recorder) RemovePrefix(ctx context.Context, prefix string) (int, error) {
+	r.forget(func(k string) bool { return strings.HasPrefix(k, prefix) })
+	return r.Store.RemovePrefix(ctx, prefix)
+}
+
+// RemoveAll implements store.Store.
+func (r *recorder) RemoveAll(ctx context.Context) (int, error) {
+	r.forget(func(string) bool { return true })
+	return r.Store.RemoveAll(ctx)
 }
 
 // Get implements store.Store.

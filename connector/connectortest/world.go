@@ -31,21 +31,25 @@ type world struct {
 	gid     uint64          // the goroutine running the case
 	before  map[uint64]bool // the goroutines alive when it began
 	count   *counts
-	closed  bool
+	// loadFailed is set once a worker reported a block of a load failed:
+	// a connector may then skip blocks whose loads failed lately, and a
+	// match need no longer be the longest (see checkLongest).
+	loadFailed bool
+	closed     bool
 }
 
 // counts add up a state machine's cases, for the verbose log: how much
 // each check had to look at.
 type counts struct {
-	cases, steps, requests, preemptions, rotations int
-	loads, loadedBlocks, failedLoads, failedBlocks int
-	saves, waitedSaves                             int64
-	faults                                         storetest.FaultCounts
+	cases, hybrid, steps, requests, preemptions, rotations int
+	loads, loadedBlocks, failedLoads, failedBlocks         int
+	saves, waitedSaves                                     int64
+	faults                                                 storetest.FaultCounts
 }
 
 func (c *counts) log(t *testing.T) {
-	t.Logf("%d cases, %d engine steps, %d requests (%d preempted), %d rotations: %d loads (%d blocks) and %d failed loads (%d blocks discarded); %d keys saved; %d steps held their ready events until a save waited; faults injected: %d calls, %d keys, %d vanished",
-		c.cases, c.steps, c.requests, c.preemptions, c.rotations, c.loads, c.loadedBlocks, c.failedLoads, c.failedBlocks,
+	t.Logf("%d cases (%d hybrid), %d engine steps, %d requests (%d preempted), %d rotations: %d loads (%d blocks) and %d failed loads (%d blocks discarded); %d keys saved; %d steps held their ready events until a save waited; faults injected: %d calls, %d keys, %d vanished",
+		c.cases, c.hybrid, c.steps, c.requests, c.preemptions, c.rotations, c.loads, c.loadedBlocks, c.failedLoads, c.failedBlocks,
 		c.saves, c.waitedSaves, c.faults.Calls, c.faults.Keys, c.faults.Vanished)
 }
 
@@ -95,11 +99,20 @@ type spec struct {
 	blocks   int
 	policy   connector.Policy // "" for recompute
 	waiter   bool             // ready events implement connector.Waiter
+
+	// hybrid selects the hybrid layout: layer 0 full attention, layer 1 a
+	// sliding window of window tokens (2×bs+1 when 0), layer 2 a recurrent
+	// state, all at the block size bs. The engine keeps the state at the
+	// end of each step that ends at a block boundary and, when stateEvery
+	// is not 0, at every stateEvery-th boundary.
+	hybrid     bool
+	window     int
+	stateEvery int
 }
 
 // identity returns the spec's identity.
 func (s spec) identity() hashing.Identity {
-	return hashing.Identity{
+	id := hashing.Identity{
 		Tenant:         s.tenant,
 		Model:          "connectortest/model",
 		WeightsVersion: "v1",
@@ -110,6 +123,15 @@ func (s spec) identity() hashing.Identity {
 			TPSize: s.tp, Replication: s.repl,
 		},
 	}
+	if s.hybrid {
+		id.Layout.Layers = 3
+		id.Layout.Groups = []hashing.Group{
+			{Kind: hashing.FullAttention, Layers: []int{0}, BlockSize: s.bs},
+			{Kind: hashing.SlidingWindow, Layers: []int{1}, BlockSize: s.bs, Window: cmp.Or(s.window, 2*s.bs+1)},
+			{Kind: hashing.RecurrentState, Layers: []int{2}, BlockSize: s.bs, StateBytes: stateBytes},
+		}
+	}
+	return id
 }
 
 // open opens a pair for s over the case's store and builds its engine.
@@ -119,17 +141,7 @@ func (w *world) open(s spec) *engine {
 	id := s.identity()
 	pair, err := s.open(connector.Config{LoadFailurePolicy: s.policy}, connector.Env{Identity: id, Store: w.st, Blocks: s.blocks})
 	if err != nil {
-		for _, wk := range pair.Workers {
-			if wk != nil {
-				_ = wk.Close() // the open failed already
-			}
-		}
-		if pair.Scheduler != nil {
-			_ = pair.Scheduler.Close()
-		}
-		if pair.Close != nil {
-			_ = pair.Close()
-		}
+		closeHalves(pair)
 		w.t.Fatalf("open %s: %v", s.label, err)
 	}
 	if pair.Scheduler == nil || len(pair.Workers) != s.tp || slices.Contains(pair.Workers, nil) {
@@ -140,12 +152,28 @@ func (w *world) open(s spec) *engine {
 			w.pkgs = append(w.pkgs, p)
 		}
 	}
-	e, err := newEngine(w, s.label, id, pair, s.policy, s.order, s.blocks, s.waiter)
+	e, err := newEngine(w, s, id, pair)
 	w.engines = append(w.engines, e) // closed with the case, even half built
 	if err != nil {
 		w.t.Fatalf("%s: %v", s.label, err)
 	}
 	return e
+}
+
+// closeHalves closes what a pair that is not run holds, ignoring errors:
+// its open failed, or should have.
+func closeHalves(pair Pair) {
+	for _, wk := range pair.Workers {
+		if wk != nil {
+			_ = wk.Close() // the open failed already
+		}
+	}
+	if pair.Scheduler != nil {
+		_ = pair.Scheduler.Close()
+	}
+	if pair.Close != nil {
+		_ = pair.Close()
+	}
 }
 
 func anys[T any](s []T) []any {
@@ -158,7 +186,11 @@ func anys[T any](s []T) []any {
 
 // drain steps the engines until every request ended, every kept block was
 // released and every transfer reported.
-func (w *world) drain(es ...*engine) { w.drainWith(es, nil) }
+func (w *world) drain(es ...*engine) { w.drainWith(es, nil, 0) }
+
+// drainChunked drains e with steps that compute at most chunk prompt
+// tokens of each request.
+func (w *world) drainChunked(e *engine, chunk int) { w.drainWith([]*engine{e}, nil, chunk) }
 
 // drainPD drains a producer and a consumer, handing every offer of the
 // producer on to the consumer as a request that decodes decode tokens.
@@ -170,14 +202,15 @@ func (w *world) drainPD(prod, cons *engine, decode int) {
 		handed := len(prod.offers) > 0
 		prod.offers = prod.offers[:0]
 		return handed
-	})
+	}, 0)
 }
 
-// drainWith steps es, calling handoff (if not nil) before each round. A
+// drainWith steps es, calling handoff (if not nil) before each round,
+// chunk limiting the prompt tokens a request computes in a step. A
 // round that changes nothing waits for the connectors' background work,
 // for up to waitBound per item; when there is none, the connectors have
 // idleSteps rounds to release what they keep, and then the test fails.
-func (w *world) drainWith(es []*engine, handoff func() bool) {
+func (w *world) drainWith(es []*engine, handoff func() bool, chunk int) {
 	w.t.Helper()
 	start := time.Now()
 	idle := 0
@@ -198,7 +231,7 @@ func (w *world) drainWith(es []*engine, handoff func() bool) {
 			return
 		}
 		for _, e := range es {
-			if e.step(context.Background(), 0) {
+			if e.step(context.Background(), chunk) {
 				changed = true
 			}
 		}
@@ -279,31 +312,88 @@ func (w *world) expectHits(e *engine, got, want int, what, why string) {
 	w.t.Fatalf("%s matched %d blocks from the store, want %d (%s)", what, got, want, why)
 }
 
-// checkMatch fails the test unless the store held blocks [from, from+n)
-// of r in every shard.
-func (w *world) checkMatch(e *engine, r *freq, from, n int) {
+// checkMatch fails the test unless a match of n blocks after a local hit
+// of local blocks ends where every group can resume with what the store
+// holds in every shard: for full attention every block from local on, for
+// a sliding window the blocks of the window before the match's end, for a
+// state group the state at it. It also checks that the match is the
+// longest the store could serve (checkLongest).
+func (w *world) checkMatch(e *engine, r *freq, local, n int) {
 	w.t.Helper()
 	if w.pd {
 		return
 	}
-	for i := from; i < from+n; i++ {
-		for sh := range e.ns.Shards() {
-			key := e.ns.Key(sh, r.conn.Hashes[i])
-			if !w.rec.stored(key) {
-				w.t.Fatalf("%s: Match(%s, %d) = %d tokens, but no put ever stored block %d for shard %d (key %s)%s: a match covers only blocks present in every shard",
-					e.label, r.conn.ID, from*e.id.Layout.BlockSize, n*e.id.Layout.BlockSize, i, sh, key, w.elsewhere(e, sh, r.conn.Hashes[i]))
+	p := local + n
+	bs := e.id.Layout.BlockSize
+	for g := range e.groups {
+		if n == 0 {
+			break
+		}
+		for i := e.needFrom(g, local, p); i < p; i++ {
+			for sh := range e.ns.GroupShards(g) {
+				key := e.ns.GroupKey(g, sh, r.conn.Hashes[i])
+				if w.rec.stored(key) {
+					continue
+				}
+				if !e.hybrid() {
+					w.t.Fatalf("%s: Match(%s, %d) = %d tokens, but no put ever stored block %d for shard %d (key %s)%s: a match covers only blocks present in every shard",
+						e.label, r.conn.ID, local*bs, n*bs, i, sh, key, w.elsewhere(e, g, sh, r.conn.Hashes[i]))
+				}
+				w.t.Fatalf("%s: Match(%s, %d) = %d tokens, ending at block %d, but no put ever stored %s for shard %d (key %s)%s: %s",
+					e.label, r.conn.ID, local*bs, n*bs, p, e.entryName(g, i), sh, key, w.elsewhere(e, g, sh, r.conn.Hashes[i]), e.needWhy(g, p))
 			}
 		}
 	}
+	w.checkLongest(e, r, local, p)
+}
+
+// checkLongest fails the test unless a match that ends at block p after a
+// local hit of local blocks is the longest the store could serve: no
+// block boundary after p at which every group could resume with what puts
+// had stored, in every shard, before the request's first Match. A
+// connector may answer a shorter match after a store fault, a failed load
+// (it may skip blocks whose loads failed) or a failed lookup (Health), or
+// when the store evicted keys: then nothing is checked. Keys a remove call
+// named no longer count.
+func (w *world) checkLongest(e *engine, r *freq, local, p int) {
+	w.t.Helper()
+	bs := e.id.Layout.BlockSize
+	limit := min((r.conn.Prompt-1)/bs, len(r.conn.Hashes))
+	if w.faulty != nil || w.loadFailed || p >= limit || e.storeFailure() != "" {
+		return
+	}
+	sure := make([][]bool, len(e.groups))
+	for g := range e.groups {
+		sure[g] = make([]bool, limit)
+		for i := local; i < limit; i++ {
+			sure[g][i] = true
+			for sh := range e.ns.GroupShards(g) {
+				if !w.rec.storedBy(e.ns.GroupKey(g, sh, r.conn.Hashes[i]), r.snap) {
+					sure[g][i] = false
+					break
+				}
+			}
+		}
+	}
+	best := e.resumeEnd(local, limit, func(g, i int) bool { return i < local || sure[g][i] })
+	if best <= p || w.base.Stats().Evictions > 0 {
+		return
+	}
+	if !e.hybrid() {
+		w.t.Fatalf("%s: Match(%s, %d) = %d tokens, but before the request's first Match puts had stored blocks [%d, %d) in every shard: a match is the longest prefix the store holds",
+			e.label, r.conn.ID, local*bs, (p-local)*bs, p, best)
+	}
+	w.t.Fatalf("%s: Match(%s, %d) = %d tokens, ending at block %d, but before the request's first Match puts had stored, in every shard, what every KV cache group needs to resume at block %d: a match is the longest prefix every group can resume from",
+		e.label, r.conn.ID, local*bs, (p-local)*bs, p, best)
 }
 
 // elsewhere says under which other namespace the store holds block h of
-// shard shard, if any.
-func (w *world) elsewhere(e *engine, shard int, h hashing.BlockHash) string {
+// group g, shard shard, if any.
+func (w *world) elsewhere(e *engine, g, shard int, h hashing.BlockHash) string {
 	for _, o := range w.engines {
 		for _, gen := range slices.Sorted(maps.Keys(o.gens)) {
 			ns := o.gens[gen]
-			if ns == e.ns || shard >= ns.Shards() || !w.rec.stored(ns.Key(shard, h)) {
+			if ns == e.ns || g >= len(ns.Groups()) || shard >= ns.GroupShards(g) || !w.rec.stored(ns.GroupKey(g, shard, h)) {
 				continue
 			}
 			if o == e {
@@ -316,7 +406,8 @@ func (w *world) elsewhere(e *engine, shard int, h hashing.BlockHash) string {
 }
 
 // checkEvents fails the test unless every block a BlockStored event names
-// is in the store for every shard, under the event's generation.
+// is in the store for every shard of the event's group, under the event's
+// generation.
 func (w *world) checkEvents(e *engine, evs []connector.KVEvent) {
 	w.t.Helper()
 	if w.pd {
@@ -330,11 +421,18 @@ func (w *world) checkEvents(e *engine, evs []connector.KVEvent) {
 		if !ok {
 			w.t.Fatalf("%s: a BlockStored event names generation %d, which the engine never ran", e.label, ev.Generation)
 		}
+		if ev.Group < 0 || ev.Group >= len(e.groups) {
+			w.t.Fatalf("%s: a BlockStored event names KV cache group %d, but the layout has %d", e.label, ev.Group, len(e.groups))
+		}
 		for _, h := range ev.Hashes {
-			for sh := range ns.Shards() {
-				if key := ns.Key(sh, h); !w.rec.stored(key) {
-					w.t.Fatalf("%s: a BlockStored event (generation %d) names block %v, but no put ever stored it for shard %d (key %s)%s: only saves that succeeded in every shard are announced",
-						e.label, ev.Generation, h, sh, key, w.elsewhere(e, sh, h))
+			for sh := range ns.GroupShards(ev.Group) {
+				if key := ns.GroupKey(ev.Group, sh, h); !w.rec.stored(key) {
+					what := "block"
+					if e.hybrid() {
+						what = fmt.Sprintf("group %d's block", ev.Group)
+					}
+					w.t.Fatalf("%s: a BlockStored event (generation %d) names %s %v, but no put ever stored it for shard %d (key %s)%s: only saves that succeeded in every shard are announced",
+						e.label, ev.Generation, what, h, sh, key, w.elsewhere(e, ev.Group, sh, h))
 				}
 			}
 		}

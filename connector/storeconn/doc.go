@@ -20,7 +20,10 @@
 // are striped across KV-head replicas so each block is written by exactly
 // one rank. A put that finds no space stops that request's saves for the
 // step; the blocks are planned again in a later step, up to save_retries
-// times, and every failure is counted.
+// times, and every failure is counted. A retry goes out only for the
+// blocks that the request's tables, as the engine last passed them, still
+// hold: a sliding-window block the engine freed since (NoBlock) may hold
+// another request's KV.
 //
 // A block that fails to load is reported as a failed block, through
 // Progress.Failed, no later than the step in which the request's loads are

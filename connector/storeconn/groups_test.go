@@ -11,6 +11,8 @@ import (
 	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+	"github.com/kvconnect/kvconnect/store/storetest"
 )
 
 // The hybrid layout of these tests: layer 0 full attention, layer 1 a
@@ -61,11 +63,16 @@ type hybridRig struct {
 
 func newHybridRig(t *testing.T, extra map[string]any) *hybridRig {
 	t.Helper()
+	return newHybridRigOn(t, newMem(t), extra)
+}
+
+// newHybridRigOn is newHybridRig over st.
+func newHybridRigOn(t *testing.T, st store.Store, extra map[string]any) *hybridRig {
+	t.Helper()
 	if extra == nil {
 		extra = map[string]any{}
 	}
 	extra["lookup"] = "sync"
-	st := newMem(t)
 	cfg := connector.Config{Connector: storeconn.Name, Extra: extra}
 	env := connector.Env{Identity: hybridIdentity(), Store: st}
 	s, err := connector.OpenScheduler(cfg, env)
@@ -302,6 +309,66 @@ func TestGroupsFailedLoadKeepsLocalOnly(t *testing.T) {
 	})
 	if len(fails) != 1 || fails[0].Valid != bs {
 		t.Errorf("failures %+v, want one with Valid = %d, the local block only", fails, bs)
+	}
+	// The match covered blocks 1 to 7, and all of them are discarded, not
+	// only the failed transfer's blocks from block 6 on.
+	if got := h.s.(connector.StatsReporter).Stats().LoadFailures; got != 7 {
+		t.Errorf("Stats().LoadFailures = %d, want 7: every matched block from the valid point (block 1) to the match's end (block 8)", got)
+	}
+}
+
+// TestGroupsRetryOnlyHeldBlocks: an out-of-space save of a sliding-window
+// block is not retried once the engine freed the block (NoBlock in its
+// later tables) or holds another there: by the retry the block may hold
+// another request's KV.
+func TestGroupsRetryOnlyHeldBlocks(t *testing.T) {
+	full := storetest.NewFaulty(newMem(t), storetest.FaultOptions{Ops: storetest.OpPut, KeyRate: 1, PutErrors: []error{store.ErrNoSpace}})
+	h := newHybridRigOn(t, full, map[string]any{"save_retries": 2, "retry_steps": 2})
+	a := request("a", 8*bs+1)
+	if err := h.s.Scheduled(a, 4*bs, blocks(9), blocks(9), blocks(9)); err != nil {
+		t.Fatal(err)
+	}
+	h.step(connector.Ready) // every put finds no space: retried 2 steps on
+	// The window moved on: the engine freed sliding-window blocks 0 and 1
+	// (the window of the token at 20 starts at token 13, in block 3), and
+	// holds block 20 in entry 2.
+	swa := table(9, func(i int) bool { return i >= 3 })
+	swa[2] = 20
+	if err := h.s.Scheduled(a, 5*bs, blocks(9), swa, blocks(9)); err != nil {
+		t.Fatal(err)
+	}
+	// Every save fails in the end: 5 blocks of 3 groups, each once
+	// retried twice or dropped.
+	retried := map[connector.BlockID]bool{}
+	stats := h.s.(connector.StatsReporter)
+	for i := 0; stats.Stats().SaveFailures < 5*3; i++ {
+		if i == 1_000_000 {
+			t.Fatalf("never: every save failed (%d of %d)", stats.Stats().SaveFailures, 5*3)
+		}
+		m := h.s.Plan()
+		for _, tr := range m.Saves {
+			for k, b := range tr.Blocks {
+				if tr.Group != 1 || tr.First+k >= 4 {
+					continue
+				}
+				retried[b] = true
+				if want := swa[tr.First+k]; b != want {
+					t.Errorf("step %d saves engine block %d as block %d of the sliding window, whose entry holds %d now (-1: NoBlock)", m.Step, b, tr.First+k, want)
+				}
+			}
+		}
+		for _, w := range h.ws {
+			if err := w.Start(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Save(context.Background(), connector.Ready); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.poll()
+	}
+	if !retried[3] {
+		t.Errorf("sliding-window block 3, still held, was never retried")
 	}
 }
 

@@ -88,7 +88,13 @@ type request struct {
 	retries  int     // out-of-space retries waiting to be planned
 	finished bool    // Finish was called while transfers ran
 	loads    int     // load transfers planned or running, one per group that loads
-	loadFail int     // blocks valid after the failures of those loads so far; -1 while none failed
+	// held is, per group other than full attention, its block table as
+	// the engine last passed it: the engine frees sliding-window blocks
+	// (and may drop states) while the request runs, so an out-of-space
+	// retry goes out only for blocks still there. Nil with one group.
+	held     [][]connector.BlockID
+	loadEnd  int // the block boundary those loads resume at
+	loadFail int // blocks valid after the failures of those loads so far; -1 while none failed
 }
 
 // lookup is one batch exists probe for a request, run by the pool.
@@ -406,6 +412,9 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 // newRequest starts tracking request id.
 func (s *Scheduler) newRequest(id connector.RequestID) *request {
 	q := &request{id: id, saveNext: make([]int, len(s.groups)), noSave: make([]int, len(s.groups)), loadFail: -1}
+	if !s.plain {
+		q.held = make([][]connector.BlockID, len(s.groups))
+	}
 	s.reqs[id] = q
 	return q
 }
@@ -590,6 +599,7 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 	if q == nil {
 		return fmt.Errorf("%w: Allocated(%q) before Match", connector.ErrUnknownRequest, r.ID)
 	}
+	s.noteTables(q, tables)
 	if external == 0 {
 		return nil
 	}
@@ -643,6 +653,7 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 		q.loads++
 	}
 	q.loadFail = -1
+	q.loadEnd = p
 	// Loaded blocks are in the store, and the engine computes none of the
 	// tokens before p: never save them again.
 	for g := range q.saveNext {
@@ -707,6 +718,7 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 	if q.finished {
 		return fmt.Errorf("storeconn: Scheduled(%q): request finished", r.ID)
 	}
+	s.noteTables(q, tables)
 	if !s.cfg.Role.CanSave() {
 		return nil
 	}
@@ -778,16 +790,60 @@ func (s *Scheduler) Plan() *connector.Metadata {
 			continue
 		}
 		rt.req.retries--
-		s.nextID++
-		t := connector.Transfer{ID: s.nextID, Req: rt.req.id, Group: rt.group, First: rt.first, Blocks: rt.blocks, Hashes: rt.hashes}
-		s.meta.Saves = append(s.meta.Saves, t)
-		s.track(rt.req, &s.meta.Saves[len(s.meta.Saves)-1], false, rt.tries)
-		s.stats.SaveRetries += int64(len(rt.blocks))
+		s.heldRuns(rt, func(first int, blocks []connector.BlockID, hashes []hashing.BlockHash) {
+			s.nextID++
+			t := connector.Transfer{ID: s.nextID, Req: rt.req.id, Group: rt.group, First: first, Blocks: blocks, Hashes: hashes}
+			s.meta.Saves = append(s.meta.Saves, t)
+			s.track(rt.req, &s.meta.Saves[len(s.meta.Saves)-1], false, rt.tries)
+			s.stats.SaveRetries += int64(len(blocks))
+		})
+		s.maybeRelease(rt.req)
 	}
 	s.retries = kept
 	m := s.plans.HandOut()
 	s.meta = s.plans.Filling()
 	return m
+}
+
+// heldRuns calls plan for each run of rt's blocks that the request's
+// table of rt's group still holds in their entries, as the engine last
+// passed it; the others count as failed saves: a block the engine freed
+// (NoBlock) may hold another request's KV by now.
+func (s *Scheduler) heldRuns(rt retry, plan func(first int, blocks []connector.BlockID, hashes []hashing.BlockHash)) {
+	var t []connector.BlockID
+	if rt.req.held != nil {
+		t = rt.req.held[rt.group]
+	}
+	if t == nil {
+		plan(rt.first, rt.blocks, rt.hashes)
+		return
+	}
+	start := 0 // the first block of the current run
+	for k := 0; k <= len(rt.blocks); k++ {
+		if k < len(rt.blocks) {
+			if i := rt.first + k; i < len(t) && t[i] == rt.blocks[k] {
+				continue
+			}
+			s.stats.SaveFailures++
+		}
+		if k > start {
+			plan(rt.first+start, rt.blocks[start:k:k], rt.hashes[start:k:k])
+		}
+		start = k + 1
+	}
+}
+
+// noteTables records, for q, the tables of its groups other than full
+// attention (see request.held).
+func (s *Scheduler) noteTables(q *request, tables [][]connector.BlockID) {
+	if q.held == nil || len(tables) == 0 {
+		return
+	}
+	for g, spec := range s.groups {
+		if spec.Kind != hashing.FullAttention {
+			q.held[g] = append(q.held[g][:0], tables[g]...)
+		}
+	}
 }
 
 // Update implements connector.Scheduler.
@@ -839,7 +895,6 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 			x.failAt = 0
 		}
 		if x.failAt >= 0 {
-			s.stats.LoadFailures += int64(len(x.blocks) - x.failAt)
 			// What survives: with full attention only, every block before
 			// the first that failed; otherwise only the local blocks, as a
 			// window or a state is of no use without the rest.
@@ -853,6 +908,9 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 		}
 		if q.loads == 0 {
 			if q.loadFail >= 0 {
+				// Every matched block from the valid point on is
+				// discarded, in whichever group the failure was.
+				s.stats.LoadFailures += int64(q.loadEnd - q.loadFail)
 				s.progress.Failed = append(s.progress.Failed, connector.LoadFailure{
 					Req:   q.id,
 					Valid: q.loadFail * s.bs,
@@ -931,6 +989,7 @@ func (s *Scheduler) Finish(r *connector.Request, tables ...[]connector.BlockID) 
 	if q.finished {
 		return false, fmt.Errorf("storeconn: Finish(%q) called twice", r.ID)
 	}
+	s.noteTables(q, tables)
 	if q.inflight == 0 && q.retries == 0 {
 		delete(s.reqs, r.ID)
 		return false, nil
