@@ -277,9 +277,15 @@ func (o Options) engineConfig(gen uint64, blocks int) EngineConfig {
 	}
 	c.Hybrid = o.hybrid(gen)
 	c.Blocks = 0
-	blocksOf := func(tokens int) int { return (tokens + o.Block - 1) / o.Block }
-	c.GroupBlocks = []int{blocks, max(blocks/2, 2*blocksOf(o.Window)+blocksOf(o.Batch)+1), max(blocks/4, 3)}
+	c.GroupBlocks = o.groupBlocks(blocks)
 	return c
+}
+
+// groupBlocks returns the hybrid model's pool sizes, per KV cache group,
+// for a full-attention pool of blocks blocks.
+func (o Options) groupBlocks(blocks int) []int {
+	blocksOf := func(tokens int) int { return (tokens + o.Block - 1) / o.Block }
+	return []int{blocks, max(blocks/2, 2*blocksOf(o.Window)+blocksOf(o.Batch)+1), max(blocks/4, 3)}
 }
 
 // rotate moves engine e to the weights of generation gen.
@@ -744,6 +750,10 @@ func printTable(out io.Writer, o Options, runs []Run) {
 		fmt.Fprintf(out, ", shared by %d instances", o.Instances)
 	}
 	fmt.Fprintln(out)
+	if o.Kind == "hybrid" {
+		a, b := o.groupBlocks(o.Blocks), o.groupBlocks(o.PressureBlocks)
+		fmt.Fprintf(out, "a pool per KV cache group, full attention / sliding window / state: %d/%d/%d blocks, under pressure %d/%d/%d\n", a[0], a[1], a[2], b[0], b[1], b[2])
+	}
 	fmt.Fprintf(out, "\n%-26s | %-30s | %-30s\n", "", fmt.Sprintf("no pressure (%d blocks)", o.Blocks), fmt.Sprintf("eviction pressure (%d blocks)", o.PressureBlocks))
 	fmt.Fprintf(out, "%-26s | %9s %9s %10s | %9s %9s %10s\n", "", "OFF", "ON", "ON vs OFF", "OFF", "ON", "ON vs OFF")
 	row := func(name string, f func(Run) float64, format string, ratio bool) {
