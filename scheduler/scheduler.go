@@ -101,8 +101,8 @@ type Item struct {
 // StateEntries are the entries of a state group's block table that one
 // step of one request uses (the same for every state group). The engine
 // reads the state at In, runs the item's positions through its recurrent
-// layers, and writes the state after the block boundary Snapshot ends
-// with, if any, and the state after End to Out.
+// layers, and writes the state after blocks 0..Snapshot to Snapshot
+// (unless it is -1) and the state after End to Out.
 type StateEntries struct {
 	// In is the entry that holds the state after the first Start tokens,
 	// (Start-1)/B; -1 when Start is 0 (the initial state).
