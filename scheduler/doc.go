@@ -85,10 +85,12 @@
 //     becomes NoBlock and the block goes back to the pool, cached if its
 //     content is indexed. With a connector, a block that falls out of the
 //     window within the step that computes it is hidden from Scheduled
-//     (the connector never saves it) and freed at once; one the connector
-//     was shown may be read by a save until the connector releases the
-//     request (the contract gives no earlier sign), so the request holds
-//     it, out of its table, until then.
+//     (the connector never saves it) and freed at once, unless it is in
+//     the window before the last boundary before the request's last token,
+//     where a prefix cache resumes the same prompt; one the connector was
+//     shown may be read by a save until the connector releases the request
+//     (the contract gives no earlier sign), so the request holds it, out
+//     of its table, until then.
 //   - state: entry i holds the state after blocks 0..i where it is kept,
 //     NoBlock elsewhere. The entry of the block the request is in holds
 //     its running state, which decodes update in place.
@@ -96,15 +98,16 @@
 // The policy for states is vLLM's mamba "align" mode: with a state group,
 // a prefill chunk that does not reach the request's last token ends at a
 // block boundary (MaxBatchedTokens must be at least a block), and the
-// state is kept at the end of every chunk that ends at a boundary, at the
-// last boundary inside a chunk that does not (the one that reaches the
-// last prompt token), and at every boundary decoding reaches: kept states
+// state is kept at the end of every chunk that ends at a boundary, at
+// every boundary decoding reaches, and, in the chunk that reaches the last
+// prompt token, also at the last boundary before that token: kept states
 // stay in the table until the request ends. The reasons: a prefix cache
 // can only resume where a state was kept, and an engine's recurrent kernel
 // has the state at the end of a chunk for free, and one more inside it at
 // the cost of one copy ([StateEntries].Snapshot), not at every boundary;
-// the boundary just before the last prompt token and those of the output
-// are where the next turn of a conversation resumes; and aligned chunks
+// the last boundary before the last prompt token is where the same prompt
+// resumes (a match never covers the last token), those of the output are
+// where the next turn of a conversation resumes; and aligned chunks
 // never leave a state inside a block that a later chunk would have to
 // move past, so no kept entry ever holds a state other than the one at
 // its block's end. A state pool holds about one state per prefill chunk

@@ -111,7 +111,7 @@ type Status struct {
 	State    State
 	Tokens   int  // tokens known: prompt and generated
 	Computed int  // tokens whose KV is in its blocks
-	Blocks   int  // blocks it holds
+	Blocks   int  // blocks it holds, in every KV cache group
 	Held     bool // its blocks wait for the connector's release
 	Metrics  Metrics
 }

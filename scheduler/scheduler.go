@@ -101,16 +101,16 @@ type Item struct {
 // StateEntries are the entries of a state group's block table that one
 // step of one request uses (the same for every state group). The engine
 // reads the state at In, runs the item's positions through its recurrent
-// layers, and writes the state after the block boundary Snapshot ends
-// with, if any, and the state after End to Out.
+// layers, and writes the state after blocks 0..Snapshot to Snapshot
+// (unless it is -1) and the state after End to Out.
 type StateEntries struct {
 	// In is the entry that holds the state after the first Start tokens,
 	// (Start-1)/B; -1 when Start is 0 (the initial state).
 	In int
 	// Snapshot, unless -1, is an entry that receives the state after the
 	// tokens of blocks 0..Snapshot, a block boundary inside (Start, End):
-	// the last one, kept for the prefix caches when End is not itself a
-	// boundary.
+	// for an item that reaches the request's last token, the last
+	// boundary before it, where a prefix cache may resume the same prompt.
 	Snapshot int
 	// Out is the entry that receives the state after End tokens,
 	// (End-1)/B. It is In when the step stays inside one block (a decode):
@@ -457,7 +457,7 @@ func (s *Scheduler) addItem(r *request, n int) {
 	end := r.computed + n
 	st := noState
 	if s.align {
-		st = s.stateEntries(r.computed, end)
+		st = s.stateEntries(r.computed, end, len(r.tokens))
 	}
 	s.plan.Items = append(s.plan.Items, Item{
 		ID:     r.id,
@@ -485,14 +485,16 @@ func (s *Scheduler) chunk(computed, n, total int) int {
 }
 
 // stateEntries returns the state entries of an item computing [start, end)
-// (see StateEntries). The state is kept at the end of every block that the
-// item completes last, and stays where the item ends.
-func (s *Scheduler) stateEntries(start, end int) StateEntries {
+// of a request of total tokens (see StateEntries). The state after end
+// stays at the entry of its block; an item that reaches the last token
+// also keeps the state at the last block boundary before it, where a
+// prefix cache may resume the same prompt (never at its last token).
+func (s *Scheduler) stateEntries(start, end, total int) StateEntries {
 	e := StateEntries{In: -1, Snapshot: -1, Out: (end - 1) / s.bs}
 	if start > 0 {
 		e.In = (start - 1) / s.bs
 	}
-	if k := end / s.bs; k*s.bs > start && k-1 != e.Out {
+	if k := (end - 1) / s.bs; end == total && k*s.bs > start && k-1 != e.Out {
 		e.Snapshot = k - 1
 	}
 	if s.mut == mutStateOffByOne && end%s.bs == 0 {
@@ -540,7 +542,7 @@ func (s *Scheduler) growNeed(r *request, end int) bool {
 		t := r.tabs[g]
 		n := 0
 		if gr.kind == hashing.RecurrentState {
-			e := s.stateEntries(r.computed, end)
+			e := s.stateEntries(r.computed, end, len(r.tokens))
 			if lacks(t, e.Snapshot) {
 				n++
 			}
@@ -590,7 +592,7 @@ func (s *Scheduler) extend(r *request, end int) {
 	nb := s.blocksFor(end)
 	for g, gr := range s.groups {
 		if gr.kind == hashing.RecurrentState {
-			e := s.stateEntries(r.computed, end)
+			e := s.stateEntries(r.computed, end, len(r.tokens))
 			s.pad(r, g, max(nb, e.Out+1))
 			s.fill(r, g, e.Snapshot)
 			s.fill(r, g, e.Out)
@@ -685,14 +687,21 @@ func (s *Scheduler) setEntry(r *request, g, j int, b BlockID) {
 // computes and that fall out of the window by its end: the step needs
 // them, but no later one does, and a block the connector never saw is
 // freed as soon as it leaves the window, while one it saw is held until
-// the request's blocks are released (a save may read it until then).
+// the request's blocks are released (a save may read it until then). A
+// step that reaches r's last token shows the window before the last block
+// boundary before that token too: a prefix cache resumes the same prompt
+// there (as it does the state, see stateEntries).
 func (s *Scheduler) hide(r *request, end int) {
+	point := end
+	if end == len(r.tokens) {
+		point = (end - 1) / s.bs * s.bs
+	}
 	for g, gr := range s.groups {
 		if gr.kind != hashing.SlidingWindow {
 			continue
 		}
 		gs := &r.gs[g]
-		ws := s.windowFirst(g, end)
+		ws := s.windowFirst(g, point)
 		for j := max(gs.hidden, gs.named); j < ws && j < len(gs.shown); j++ {
 			gs.shown[j] = connector.NoBlock
 		}
@@ -865,7 +874,7 @@ func (s *Scheduler) admit(budget *int) {
 			case ext > 0:
 				s.need[g] = s.loadNeed(g, hit, hit+ext/s.bs)
 			case s.groups[g].kind == hashing.RecurrentState:
-				e := s.stateEntries(hit*s.bs, total)
+				e := s.stateEntries(hit*s.bs, total, len(r.tokens))
 				s.need[g] = 1
 				if e.Snapshot >= 0 {
 					s.need[g]++

@@ -15,9 +15,11 @@ import (
 
 // EngineConfig configures one engine instance.
 type EngineConfig struct {
-	Model            *Model
+	Model            *Model           // the transformer; nil with Hybrid
+	Hybrid           *HybridModel     // the hybrid model; nil with Model
 	Identity         hashing.Identity // its Layout.BlockSize is the block size
-	Blocks           int              // KV blocks in the pool
+	Blocks           int              // KV blocks in the pool (the transformer)
+	GroupBlocks      []int            // blocks of each KV cache group's pool (the hybrid model)
 	MaxBatchedTokens int              // token budget of a step
 	Par              int              // goroutines computing a step
 
@@ -41,8 +43,9 @@ type Engine struct {
 	sched  *scheduler.Scheduler
 	conn   connector.Scheduler
 	worker connector.Worker
-	mem    *rdma.HostMemory
-	kv     *KV
+	mems   []*rdma.HostMemory
+	kv     *KV       // the transformer's
+	hkv    *HybridKV // the hybrid model's
 	reqs   map[connector.RequestID]*live
 	res    []scheduler.Result
 	outs   []*connector.Output
@@ -70,15 +73,15 @@ type finished struct {
 // NewEngine allocates KV memory and opens the scheduler and, when
 // cfg.Store is set, both halves of the connector.
 func NewEngine(cfg EngineConfig) (*Engine, error) {
-	l := KVLayout{Layers: cfg.Model.cfg.Layers, Dim: cfg.Model.cfg.Dim, BlockSize: cfg.Identity.Layout.BlockSize, Blocks: cfg.Blocks}
-	mem, err := rdma.AllocHost(l.Blocks * l.Layers * 2 * l.BlockBytes())
+	e := &Engine{cfg: cfg, reqs: make(map[connector.RequestID]*live)}
+	cache, err := e.allocKV()
 	if err != nil {
+		e.Close()
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, mem: mem, kv: NewKV(l, mem.Region()), reqs: make(map[connector.RequestID]*live)}
 	e.conn, e.worker = cfg.Conn, cfg.Worker
 	if e.worker != nil {
-		if err := e.worker.Register(l.Cache(mem.Region())); err != nil {
+		if err := e.worker.Register(cache); err != nil {
 			e.Close()
 			return nil, err
 		}
@@ -93,7 +96,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 			e.Close()
 			return nil, err
 		}
-		if err := e.worker.Register(l.Cache(mem.Region())); err != nil {
+		if err := e.worker.Register(cache); err != nil {
 			e.Close()
 			return nil, err
 		}
@@ -101,6 +104,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	e.sched, err = scheduler.New(scheduler.Config{
 		Identity:         cfg.Identity,
 		Blocks:           cfg.Blocks,
+		GroupBlocks:      cfg.GroupBlocks,
 		MaxBatchedTokens: cfg.MaxBatchedTokens,
 		PrefixCaching:    true,
 	}, e.conn)
@@ -109,6 +113,54 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+// allocKV allocates the model's KV memory (one region per KV cache group
+// for the hybrid model) and returns the connector's description of it.
+func (e *Engine) allocKV() (connector.KVCache, error) {
+	cfg := e.cfg
+	alloc := func(n int) (rdma.Region, error) {
+		m, err := rdma.AllocHost(n)
+		if err != nil {
+			return rdma.Region{}, err
+		}
+		e.mems = append(e.mems, m)
+		return m.Region(), nil
+	}
+	if h := cfg.Hybrid; h != nil {
+		l := HybridLayout{Dim: h.cfg.Dim, BlockSize: cfg.Identity.Layout.BlockSize}
+		for _, w := range h.layers {
+			l.Layers[groupOf(w.kind)]++
+		}
+		if len(cfg.GroupBlocks) != hybridGroups {
+			return connector.KVCache{}, fmt.Errorf("miniengine: the hybrid model needs %d GroupBlocks, got %v", hybridGroups, cfg.GroupBlocks)
+		}
+		var regions [hybridGroups]rdma.Region
+		for g := range hybridGroups {
+			l.Blocks[g] = cfg.GroupBlocks[g]
+			var err error
+			if regions[g], err = alloc(l.Blocks[g] * l.blockBytes(g)); err != nil {
+				return connector.KVCache{}, err
+			}
+		}
+		e.hkv = NewHybridKV(l, regions)
+		return l.Cache(regions), nil
+	}
+	l := KVLayout{Layers: cfg.Model.cfg.Layers, Dim: cfg.Model.cfg.Dim, BlockSize: cfg.Identity.Layout.BlockSize, Blocks: cfg.Blocks}
+	mem, err := alloc(l.Blocks * l.Layers * 2 * l.BlockBytes())
+	if err != nil {
+		return connector.KVCache{}, err
+	}
+	e.kv = NewKV(l, mem)
+	return l.Cache(mem), nil
+}
+
+// vocab returns the model's vocabulary size.
+func (c EngineConfig) vocab() int {
+	if c.Hybrid != nil {
+		return c.Hybrid.cfg.Vocab
+	}
+	return c.Model.cfg.Vocab
 }
 
 // Submit queues a request, with the transfer parameters it arrived with
@@ -139,7 +191,12 @@ func (e *Engine) Step(ctx context.Context) error {
 	}
 	e.res = e.res[:0]
 	for _, it := range plan.Items {
-		next := e.cfg.Model.Forward(e.kv, it.Blocks, it.Tokens, it.Start, it.End, e.cfg.Par)
+		var next hashing.Token
+		if e.cfg.Hybrid != nil {
+			next = e.cfg.Hybrid.Forward(e.hkv, it.Tables, it.State, it.Tokens, it.Start, it.End, e.cfg.Par)
+		} else {
+			next = e.cfg.Model.Forward(e.kv, it.Blocks, it.Tokens, it.Start, it.End, e.cfg.Par)
+		}
 		if !it.Sample {
 			continue
 		}
@@ -174,11 +231,12 @@ func (e *Engine) Step(ctx context.Context) error {
 	return nil
 }
 
-// Rotate moves the engine to a new weights generation with new weights:
-// the local prefix cache is dropped, running requests recompute, and the
-// connector stops reading and writing the old generation's keys.
-func (e *Engine) Rotate(gen uint64, m *Model) error {
-	e.cfg.Model = m
+// Rotate moves the engine to a new weights generation with new weights
+// (m or h, for the model it runs): the local prefix cache is dropped,
+// running requests recompute, and the connector stops reading and writing
+// the old generation's keys.
+func (e *Engine) Rotate(gen uint64, m *Model, h *HybridModel) error {
+	e.cfg.Model, e.cfg.Hybrid = m, h
 	e.cfg.Identity.Generation = gen
 	return e.sched.Invalidate(gen)
 }
@@ -222,6 +280,8 @@ func (e *Engine) Close() error {
 	if e.conn != nil {
 		keep(e.conn.Close())
 	}
-	keep(e.mem.Free())
+	for _, m := range e.mems {
+		keep(m.Free())
+	}
 	return first
 }

@@ -8,6 +8,13 @@
 //
 //	go run ./examples/miniengine
 //
+// With -model hybrid it runs a hybrid model instead (sliding-window
+// attention, full attention and a gated linear recurrence, layer by layer
+// in turn), whose K, V and recurrent states live in one paged pool per KV
+// cache group and go through the same scheduler and connector:
+//
+//	go run ./examples/miniengine -model hybrid
+//
 // Flags set the workload, the model, the KV pool and the scenarios: two
 // instances sharing one store (-instances 2), a cold start of a new
 // instance (-cold-start), an online weight update mid-run
@@ -44,7 +51,9 @@ import (
 // Options are everything a run takes; flags fill them.
 type Options struct {
 	Workload Workload
+	Kind     string // the model: "transformer" (the default) or "hybrid"
 	Model    ModelConfig
+	Window   int // the hybrid model's sliding window in tokens
 	Block    int // tokens per block
 
 	Blocks         int     // KV pool without pressure; 0: every session's history fits
@@ -80,7 +89,9 @@ type Options struct {
 func defaultOptions() Options {
 	return Options{
 		Workload:  Workload{Sessions: 8, System: 128, FirstTurn: 768, Growth: 192, Output: 16, Turns: 4, Seed: 1},
+		Kind:      "transformer",
 		Model:     ModelConfig{Vocab: 512, Dim: 64, Heads: 4, Layers: 2, FFN: 128, Seed: 1},
+		Window:    64,
 		Block:     16,
 		Verify:    "checksum",
 		Batch:     512,
@@ -103,6 +114,8 @@ func main() {
 	fs.IntVar(&w.Output, "output", w.Output, "tokens generated per turn")
 	fs.IntVar(&w.Turns, "turns", w.Turns, "turns per session")
 	fs.Uint64Var(&w.Seed, "seed", w.Seed, "seed of the workload's tokens")
+	fs.StringVar(&o.Kind, "model", o.Kind, "the model: transformer, or hybrid (sliding-window attention, full attention and a gated linear recurrence, layer by layer in turn; 3 layers unless -layers says otherwise)")
+	fs.IntVar(&o.Window, "window", o.Window, "sliding window in tokens of the hybrid model's window layers")
 	fs.IntVar(&o.Model.Layers, "layers", o.Model.Layers, "model layers")
 	fs.IntVar(&o.Model.Dim, "dim", o.Model.Dim, "model width")
 	fs.IntVar(&o.Model.Heads, "heads", o.Model.Heads, "attention heads")
@@ -127,6 +140,11 @@ func main() {
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the results as JSON")
 	fs.BoolVar(&o.Progress, "progress", o.Progress, "print a progress line while running")
 	fs.Parse(os.Args[1:])
+	layersSet := false
+	fs.Visit(func(f *flag.Flag) { layersSet = layersSet || f.Name == "layers" })
+	if o.Kind == "hybrid" && !layersSet {
+		o.Model.Layers = 3 // one layer of each kind
+	}
 	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 		o.tty = true
 	}
@@ -158,6 +176,22 @@ func (o *Options) Validate() error {
 	}
 	if o.Model.Dim%o.Model.Heads != 0 {
 		return fmt.Errorf("-dim = %d is not a multiple of -heads = %d", o.Model.Dim, o.Model.Heads)
+	}
+	switch o.Kind {
+	case "transformer":
+	case "hybrid":
+		switch {
+		case o.Model.Layers < 3:
+			return fmt.Errorf("-layers = %d, want >= 3 with -model hybrid: a layer of each kind", o.Model.Layers)
+		case o.Window < 1:
+			return fmt.Errorf("-window = %d, want >= 1", o.Window)
+		case o.Batch < o.Block:
+			return fmt.Errorf("-batch = %d, want >= -block = %d with -model hybrid: prefill chunks end at block boundaries", o.Batch, o.Block)
+		case o.PD:
+			return fmt.Errorf("-pd needs -model transformer: the p2p connector refuses hybrid layouts")
+		}
+	default:
+		return fmt.Errorf("-model = %q, want transformer or hybrid", o.Kind)
 	}
 	if o.Store != "memstore" && o.Store != "mooncake" {
 		return fmt.Errorf("-store = %q, want memstore or mooncake", o.Store)
@@ -199,11 +233,19 @@ func (o Options) identity(gen uint64) hashing.Identity {
 		WeightsVersion: fmt.Sprintf("seed-%d", o.Model.Seed),
 		Generation:     gen,
 		Format:         hashing.Format{Device: "cpu", ModelDType: hashing.FP32, KVDType: hashing.FP32},
-		Layout: hashing.Layout{
-			Layers: o.Model.Layers, KVHeads: o.Model.Heads, HeadDim: o.Model.Dim / o.Model.Heads,
-			BlockSize: o.Block, TPSize: 1, Replication: 1,
-		},
+		Layout:         o.layout(),
 	}
+}
+
+func (o Options) layout() hashing.Layout {
+	l := hashing.Layout{
+		Layers: o.Model.Layers, KVHeads: o.Model.Heads, HeadDim: o.Model.Dim / o.Model.Heads,
+		BlockSize: o.Block, TPSize: 1, Replication: 1,
+	}
+	if o.Kind == "hybrid" {
+		l.Groups = hybridGroupsOf(o.Model.Layers, o.Block, o.Window, o.Model.Dim)
+	}
+	return l
 }
 
 // model returns the model of weights generation gen: an online weight
@@ -212,6 +254,46 @@ func (o Options) model(gen uint64) *Model {
 	c := o.Model
 	c.Seed = o.Model.Seed*1_000_003 + gen
 	return NewModel(c)
+}
+
+// hybrid returns the hybrid model of weights generation gen.
+func (o Options) hybrid(gen uint64) *HybridModel {
+	c := o.Model
+	c.Seed = o.Model.Seed*1_000_003 + gen
+	return NewHybridModel(c, o.Window)
+}
+
+// engineConfig returns the configuration of an engine of weights
+// generation gen whose full-attention pool has blocks blocks: the
+// transformer's, or the hybrid model's with a sliding-window pool of half
+// as many blocks and a state pool of a quarter (a request holds a window
+// and a state per chunk and per block of output, far fewer than its
+// context's blocks), never fewer than one step needs.
+func (o Options) engineConfig(gen uint64, blocks int) EngineConfig {
+	c := EngineConfig{Identity: o.identity(gen), Blocks: blocks, MaxBatchedTokens: o.Batch, Par: o.Par}
+	if o.Kind != "hybrid" {
+		c.Model = o.model(gen)
+		return c
+	}
+	c.Hybrid = o.hybrid(gen)
+	c.Blocks = 0
+	c.GroupBlocks = o.groupBlocks(blocks)
+	return c
+}
+
+// groupBlocks returns the hybrid model's pool sizes, per KV cache group,
+// for a full-attention pool of blocks blocks.
+func (o Options) groupBlocks(blocks int) []int {
+	blocksOf := func(tokens int) int { return (tokens + o.Block - 1) / o.Block }
+	return []int{blocks, max(blocks/2, 2*blocksOf(o.Window)+blocksOf(o.Batch)+1), max(blocks/4, 3)}
+}
+
+// rotate moves engine e to the weights of generation gen.
+func (o Options) rotate(e *Engine, gen uint64) error {
+	if o.Kind == "hybrid" {
+		return e.Rotate(gen, nil, o.hybrid(gen))
+	}
+	return e.Rotate(gen, o.model(gen), nil)
 }
 
 // connectorConfig is the kv_transfer_config of the ON runs. The embedded
@@ -408,12 +490,10 @@ func runOnce(ctx context.Context, o Options, on bool, blocks int, progress func(
 			e.Close()
 		}
 	}()
-	model := o.model(0)
 	for range n {
-		e, err := NewEngine(EngineConfig{
-			Model: model, Identity: o.identity(0), Blocks: blocks, MaxBatchedTokens: o.Batch, Par: o.Par,
-			Store: st, Connector: o.connectorConfig(),
-		})
+		cfg := o.engineConfig(0, blocks)
+		cfg.Store, cfg.Connector = st, o.connectorConfig()
+		e, err := NewEngine(cfg)
 		if err != nil {
 			return Stats{}, err
 		}
@@ -427,7 +507,7 @@ func runOnce(ctx context.Context, o Options, on bool, blocks int, progress func(
 				return nil
 			}
 			for _, e := range engines {
-				if err := e.Rotate(1, o.model(1)); err != nil {
+				if err := o.rotate(e, 1); err != nil {
 					return err
 				}
 			}
@@ -577,8 +657,9 @@ func coldStart(ctx context.Context, o Options) (Run, error) {
 	}
 	defer closeStore()
 	mk := func() (*Engine, error) {
-		return NewEngine(EngineConfig{Model: o.model(0), Identity: o.identity(0), Blocks: o.Blocks, MaxBatchedTokens: o.Batch, Par: o.Par,
-			Store: st, Connector: o.connectorConfig()})
+		cfg := o.engineConfig(0, o.Blocks)
+		cfg.Store, cfg.Connector = st, o.connectorConfig()
+		return NewEngine(cfg)
 	}
 	first, err := mk()
 	if err != nil {
@@ -625,8 +706,9 @@ func runPD(ctx context.Context, o Options) (Run, error) {
 		if err != nil {
 			return nil, err
 		}
-		e, err := NewEngine(EngineConfig{Model: o.model(0), Identity: o.identity(0), Blocks: o.Blocks, MaxBatchedTokens: o.Batch, Par: o.Par,
-			Conn: s, Worker: ws[0]})
+		cfg := o.engineConfig(0, o.Blocks)
+		cfg.Conn, cfg.Worker = s, ws[0]
+		e, err := NewEngine(cfg)
 		if err != nil {
 			s.Close()
 			ws[0].Close()
@@ -658,11 +740,20 @@ func printTable(out io.Writer, o Options, runs []Run) {
 	if o.Store == "mooncake" {
 		storeName = "Mooncake Store"
 	}
-	fmt.Fprintf(out, "model: %d layers, dim %d, %d heads, float32; KV blocks of %d tokens; store: %s", o.Model.Layers, o.Model.Dim, o.Model.Heads, o.Block, storeName)
+	if o.Kind == "hybrid" {
+		fmt.Fprintf(out, "model: hybrid, %d layers (sliding-window attention over %d tokens, full attention, gated linear recurrence, in turn), dim %d, %d heads, float32; KV blocks of %d tokens; store: %s",
+			o.Model.Layers, o.Window, o.Model.Dim, o.Model.Heads, o.Block, storeName)
+	} else {
+		fmt.Fprintf(out, "model: %d layers, dim %d, %d heads, float32; KV blocks of %d tokens; store: %s", o.Model.Layers, o.Model.Dim, o.Model.Heads, o.Block, storeName)
+	}
 	if o.Instances > 1 {
 		fmt.Fprintf(out, ", shared by %d instances", o.Instances)
 	}
 	fmt.Fprintln(out)
+	if o.Kind == "hybrid" {
+		a, b := o.groupBlocks(o.Blocks), o.groupBlocks(o.PressureBlocks)
+		fmt.Fprintf(out, "a pool per KV cache group, full attention / sliding window / state: %d/%d/%d blocks, under pressure %d/%d/%d\n", a[0], a[1], a[2], b[0], b[1], b[2])
+	}
 	fmt.Fprintf(out, "\n%-26s | %-30s | %-30s\n", "", fmt.Sprintf("no pressure (%d blocks)", o.Blocks), fmt.Sprintf("eviction pressure (%d blocks)", o.PressureBlocks))
 	fmt.Fprintf(out, "%-26s | %9s %9s %10s | %9s %9s %10s\n", "", "OFF", "ON", "ON vs OFF", "OFF", "ON", "ON vs OFF")
 	row := func(name string, f func(Run) float64, format string, ratio bool) {

@@ -208,7 +208,9 @@ func TestWeightUpdate(t *testing.T) {
 // and no connector.
 func fresh(t *testing.T, o Options, prompt []hashing.Token) []hashing.Token {
 	t.Helper()
-	e, err := NewEngine(EngineConfig{Model: o.model(1), Identity: o.identity(1), Blocks: o.Blocks, MaxBatchedTokens: o.Batch, Par: 1})
+	cfg := o.engineConfig(1, o.Blocks)
+	cfg.Par = 1
+	e, err := NewEngine(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

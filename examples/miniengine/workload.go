@@ -104,7 +104,7 @@ type hooks struct {
 // run drives the workload through the engines until every turn ended, and
 // returns the measurements.
 func run(ctx context.Context, engines []*Engine, w Workload, route router, h hooks, progress func(done, total int)) (Stats, error) {
-	vocab := engines[0].cfg.Model.cfg.Vocab
+	vocab := engines[0].cfg.vocab()
 	sys := w.system(vocab)
 	history := make([][]hashing.Token, w.Sessions)
 	done := make(chan finished, w.Sessions*w.Turns)
