@@ -77,7 +77,9 @@ type TransferParamsSource interface {
 // store hold for this request?".
 type Match struct {
 	// Tokens is the number of tokens, beyond those the engine already has,
-	// that the store holds for every shard: a whole number of blocks.
+	// from which the store can resume the request for every shard: a whole
+	// number of blocks (for a hybrid layout, what each KV cache group
+	// needs to resume there; see "Block tables" in the package doc).
 	Tokens int
 	// Pending is true while an asynchronous lookup runs; Tokens is then 0
 	// and the engine asks again in a later step.
@@ -102,8 +104,9 @@ type Scheduler interface {
 	// Match reports how many tokens beyond computed the store holds for r,
 	// where computed is the number of tokens the engine already has (its
 	// local prefix-cache hit, a whole number of blocks). The answer is the
-	// longest contiguous run of blocks present for every shard, never
-	// covering the last prompt token. The first call for a request starts
+	// longest prefix the request can resume from with what the store holds
+	// for every shard (with one full-attention group, the longest run of
+	// blocks present), never covering the last prompt token. The first call for a request starts
 	// a lookup and may answer Pending; later calls answer from that lookup.
 	Match(r *Request, computed int) (Match, error)
 
@@ -171,8 +174,10 @@ type LoadFailure struct {
 	Req RequestID
 	// Valid is the number of tokens whose KV is in the request's blocks,
 	// counted from the request's first token (so it includes the engine's
-	// own local hit): everything before the first block that failed in any
-	// worker.
+	// own local hit): with full attention only, everything before the
+	// first block that failed in any worker; in a hybrid layout, where a
+	// window or a state is of no use without the rest, the connector may
+	// count only the local hit.
 	Valid int
 	// Fail is true under [PolicyFail]: the engine must fail the request.
 	// Otherwise ([PolicyRecompute]) it rolls the request back to Valid
@@ -259,8 +264,15 @@ type Env struct {
 	// Blocks, when not 0, is the number of KV blocks in the engine's pool
 	// (each worker's KVCache.Blocks): the scheduler half then refuses a
 	// block id outside [0, Blocks) in the call that names it, rather than
-	// a worker refusing the step's Metadata later.
+	// a worker refusing the step's Metadata later. With several KV cache
+	// groups it bounds every group's ids, unless GroupBlocks is set.
 	Blocks int
+
+	// GroupBlocks, when not nil, holds for each KV cache group the number
+	// of blocks in its pool (KVCache.Groups[g].Blocks), one entry per
+	// group; 0 for a group whose size is not given. It takes the place of
+	// Blocks for a layout whose groups have pools of different sizes.
+	GroupBlocks []int
 
 	// Store, when not nil, is an open store the connector uses instead of
 	// opening one from its config: the embedded store that the scheduler
@@ -354,7 +366,7 @@ type Stats struct {
 	HitTokens      int64 // tokens matched from the store
 	Loads          int64 // blocks loaded
 	LoadBytes      int64 // bytes loaded
-	LoadFailures   int64 // worker: blocks whose load failed; scheduler half: blocks discarded because a load failed at or before them
+	LoadFailures   int64 // worker: blocks whose load failed; scheduler half: blocks discarded because a load failed: from LoadFailure.Valid to the end of the load
 	Saves          int64 // blocks saved
 	SaveBytes      int64 // bytes saved
 	SaveSkipped    int64 // blocks not saved because the store had them

@@ -8,9 +8,10 @@
 // Lookup: Match probes the store once per request (one batch exists over
 // every block beyond the engine's local hit and every KV shard), on a
 // bounded pool of goroutines, and answers Pending until the probe is done.
-// The answer is the longest run of blocks present in every shard, never the
-// last prompt token, so every rank of a tensor-parallel group sees the same
-// hit. The result is kept per request: a pending answer is not asked twice.
+// The answer is the longest run of blocks present in every shard (for a
+// hybrid layout, the longest point every group can resume from: see KV
+// cache groups), never the last prompt token, so every rank of a
+// tensor-parallel group sees the same hit. The result is kept per request: a pending answer is not asked twice.
 //
 // Loads go straight from the store into the engine's blocks, or through a
 // registered staging buffer where the memory's shape or the store needs it

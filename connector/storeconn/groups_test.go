@@ -449,3 +449,64 @@ func TestGroupsRegister(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupsFailedLoadAfterRematch: a hybrid request matched again while
+// its load runs (with more local blocks) still gets, when that load fails,
+// only the local blocks it had when the load was planned.
+func TestGroupsFailedLoadAfterRematch(t *testing.T) {
+	h := newHybridRig(t, nil)
+	a := request("a", 8*bs+1)
+	h.save(a, blocks(9), blocks(9), blocks(9))
+	ns, err := hybridIdentity().Namespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := request("b", 8*bs+1)
+	m, err := h.s.Match(b, 0)
+	if err != nil || m.Tokens != 8*bs {
+		t.Fatalf("Match = %+v, %v", m, err)
+	}
+	if err := h.s.Allocated(b, m.Tokens, blocks(9), table(9, func(i int) bool { return i >= 6 }), table(9, func(i int) bool { return i == 7 })); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.st.Remove(context.Background(), ns.GroupKey(0, 0, b.Hashes[2])); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.s.Match(b, 4*bs); err != nil {
+		t.Fatal(err)
+	}
+	var fails []connector.LoadFailure
+	h.until("the load's failure", func(p *connector.Progress) bool {
+		if len(p.Loaded) > 0 {
+			t.Fatalf("loaded %v, with a block missing", p.Loaded)
+		}
+		fails = append(fails, p.Failed...)
+		return len(fails) > 0
+	})
+	if len(fails) != 1 || fails[0].Valid != 0 {
+		t.Errorf("failures %+v, want one with Valid = 0: the load was planned with no local blocks", fails)
+	}
+}
+
+// TestGroupBlocks: Env.GroupBlocks bounds each group's ids by its own pool.
+func TestGroupBlocks(t *testing.T) {
+	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
+	env := connector.Env{Identity: hybridIdentity(), Store: newMem(t), GroupBlocks: []int{32, 32, 8}}
+	s, err := connector.OpenScheduler(cfg, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	a := request("a", 8*bs+1)
+	err = s.Scheduled(a, a.Prompt, blocks(9), blocks(9), blocks(9))
+	if !errors.Is(err, connector.ErrInvalidBlock) || !strings.Contains(err.Error(), "blocks[2][8] (group 2, state) = 8, want [0, 8)") {
+		t.Errorf("Scheduled with state block 8 of 8 = %v, want ErrInvalidBlock naming it", err)
+	}
+	if err := s.Scheduled(a, a.Prompt, blocks(9), blocks(9), table(9, func(i int) bool { return i < 8 })); err != nil {
+		t.Errorf("Scheduled within every pool = %v", err)
+	}
+	env.GroupBlocks = []int{32, 32}
+	if _, err := connector.OpenScheduler(cfg, env); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "Env.GroupBlocks has 2 entries, want one per KV cache group: 3") {
+		t.Errorf("OpenScheduler with 2 pool sizes for 3 groups = %v, want ErrConfig naming it", err)
+	}
+}

@@ -42,7 +42,7 @@ type Scheduler struct {
 	released    []connector.RequestID
 	stats       connector.Stats
 	syncScratch probeScratch        // for lookups run inside Match
-	blocks      int                 // Env.Blocks: the engine's pool size, 0 if unknown
+	blocks      []int               // per group, the engine's pool size (Env.Blocks, Env.GroupBlocks); 0 if unknown
 	h           health              // store calls that failed
 	failed      failedKeys          // blocks whose loads failed lately: not planned again for a while
 	pending     int                 // lookups handed to the pool and not yet collected
@@ -95,6 +95,7 @@ type request struct {
 	held     [][]connector.BlockID
 	loadEnd  int // the block boundary those loads resume at
 	loadFail int // blocks valid after the failures of those loads so far; -1 while none failed
+	loadFrom int // the local blocks when those loads were planned: all that survives a failed hybrid load
 }
 
 // lookup is one batch exists probe for a request, run by the pool.
@@ -158,7 +159,6 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 		reqs:      make(map[connector.RequestID]*request),
 		transfers: connector.NewTally[*transfer](env.Identity.Layout.TPSize),
 		saving:    make(map[groupHash]int),
-		blocks:    env.Blocks,
 		h:         health{log: log},
 		failed:    failedKeys{m: make(map[groupHash]time.Time)},
 	}
@@ -173,6 +173,21 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 	}
 	if env.Blocks < 0 {
 		return nil, fmt.Errorf("%w: Env.Blocks = %d, want >= 0", connector.ErrConfig, env.Blocks)
+	}
+	s.blocks = make([]int, len(s.groups))
+	for g := range s.blocks {
+		s.blocks[g] = env.Blocks
+	}
+	if env.GroupBlocks != nil {
+		if len(env.GroupBlocks) != len(s.groups) {
+			return nil, fmt.Errorf("%w: Env.GroupBlocks has %d entries, want one per KV cache group: %d", connector.ErrConfig, len(env.GroupBlocks), len(s.groups))
+		}
+		for g, n := range env.GroupBlocks {
+			if n < 0 {
+				return nil, fmt.Errorf("%w: Env.GroupBlocks[%d] = %d, want >= 0", connector.ErrConfig, g, n)
+			}
+			s.blocks[g] = n
+		}
 	}
 	s.meta = s.plans.Filling()
 	s.meta.Generation = env.Identity.Generation
@@ -332,10 +347,13 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		s.collect()
 	}
 	if q.lk == nil || q.lk.gen != s.meta.Generation || q.lk.from > from ||
-		(q.lk.done && (q.lk.err != nil || q.lk.all && q.lk.from+len(q.lk.hashes) < len(r.Hashes))) {
+		(q.lk.done && (q.lk.err != nil || (q.lk.all || !s.plain) && q.lk.from+len(q.lk.hashes) < len(r.Hashes))) {
 		// A new lookup: none yet, an older generation, the engine lost
-		// local blocks the last one assumed, the last one failed, or it
-		// found every block it probed and the prompt has grown since.
+		// local blocks the last one assumed, the last one failed, or the
+		// prompt has grown since and later blocks may count: with one
+		// full-attention group only if it found every block it probed;
+		// with groups always, as a later point may be resumable although
+		// an earlier block is absent.
 		s.collect()
 		lk := &lookup{
 			req:  r.ID,
@@ -514,8 +532,8 @@ func (s *Scheduler) checkRequest(op string, r *connector.Request) error {
 	return nil
 }
 
-// checkTable refuses, in group g's table, block ids outside Env.Blocks
-// when it is set and negative ids other than connector.NoBlock (which a
+// checkTable refuses, in group g's table, block ids outside the group's
+// pool when it is known and negative ids other than connector.NoBlock (which a
 // full-attention table may not hold at all), a comparison each; and among
 // blocks[lo:hi], the blocks the call transfers, an id named twice and,
 // unless skip says the call passes over them, NoBlock.
@@ -531,12 +549,12 @@ func (s *Scheduler) checkTable(op string, r *connector.Request, g int, blocks []
 		if b == connector.NoBlock && noBlockOK && (skip || i < lo || i >= hi) {
 			continue
 		}
-		if b < 0 || s.blocks > 0 && int(b) >= s.blocks {
+		if pool := s.blocks[g]; b < 0 || pool > 0 && int(b) >= pool {
 			switch {
 			case b == connector.NoBlock && noBlockOK:
 				return fmt.Errorf("%w: %s(%q): %s = NoBlock, but the call transfers it", connector.ErrInvalidBlock, op, r.ID, name(i))
-			case s.blocks > 0:
-				return fmt.Errorf("%w: %s(%q): %s = %d, want [0, %d)", connector.ErrInvalidBlock, op, r.ID, name(i), b, s.blocks)
+			case pool > 0:
+				return fmt.Errorf("%w: %s(%q): %s = %d, want [0, %d)", connector.ErrInvalidBlock, op, r.ID, name(i), b, pool)
 			}
 			return fmt.Errorf("%w: %s(%q): %s = %d, want >= 0", connector.ErrInvalidBlock, op, r.ID, name(i), b)
 		}
@@ -611,7 +629,11 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 	if q.lk == nil || !q.lk.done || q.lk.err != nil || p > q.matchEnd || q.lk.gen != s.meta.Generation {
 		return fmt.Errorf("storeconn: Allocated(%q): external = %d tokens exceeds the last match", r.ID, external)
 	}
-	if !s.plain && !s.resumable(q.lk, p, q.from, r.Hashes, time.Time{}, false) {
+	var now time.Time
+	if len(s.failed.m) > 0 {
+		now = time.Now() // blocks whose loads failed lately do not count, as in Match
+	}
+	if !s.plain && !s.resumable(q.lk, p, q.from, r.Hashes, now, false) {
 		return fmt.Errorf("storeconn: Allocated(%q): external = %d tokens ends at token %d, where the store cannot resume every KV cache group (the last match ended at token %d)", r.ID, external, p*s.bs, q.matchEnd*s.bs)
 	}
 	if p > len(r.Hashes) {
@@ -652,7 +674,7 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 		s.track(q, &tr, true, 0)
 		q.loads++
 	}
-	q.loadFail = -1
+	q.loadFail, q.loadFrom = -1, q.from
 	q.loadEnd = p
 	// Loaded blocks are in the store, and the engine computes none of the
 	// tokens before p: never save them again.
@@ -898,7 +920,7 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 			// What survives: with full attention only, every block before
 			// the first that failed; otherwise only the local blocks, as a
 			// window or a state is of no use without the rest.
-			valid := q.from
+			valid := q.loadFrom
 			if s.allFull() {
 				valid = x.first + x.failAt
 			}

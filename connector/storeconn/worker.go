@@ -295,6 +295,9 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 			}
 			for _, b := range t.Blocks {
 				if err := w.groups[t.Group].kv.CheckBlock(b); err != nil {
+					if len(w.groups) > 1 {
+						return fmt.Errorf("storeconn: transfer %d of request %q, KV cache group %d: %w", t.ID, t.Req, t.Group, err)
+					}
 					return fmt.Errorf("storeconn: transfer %d of request %q: %w", t.ID, t.Req, err)
 				}
 			}
