@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"testing"
 
@@ -24,21 +23,17 @@ import (
 // stands for; each sampled token depends on every value the last position
 // of its step sees.
 type hybridEngine struct {
-	t       *testing.T
-	s       *Scheduler
-	workers []connector.Worker
-	mems    [][]*rdma.HostMemory // per rank, per group
-	kv      connector.KVCache
-	bs      int
-	window  int
-	prompts map[connector.RequestID]*modelReq
-	outs    []*connector.Output
+	loop
+	mems   [][]*rdma.HostMemory // per rank, per group
+	kv     connector.KVCache
+	bs     int
+	window int
 }
 
 func newHybridEngine(t *testing.T, st store.Store, cfg Config) *hybridEngine {
 	t.Helper()
 	l := cfg.Identity.Layout
-	e := &hybridEngine{t: t, bs: l.BlockSize, window: l.Groups[1].Window, prompts: map[connector.RequestID]*modelReq{}}
+	e := &hybridEngine{loop: loop{t: t, prompts: map[connector.RequestID]*modelReq{}}, bs: l.BlockSize, window: l.Groups[1].Window}
 	for g, spec := range l.Groups {
 		gk := connector.KVCache{Layers: 1, Blocks: cfg.poolSize(g), KV: 2, BlockBytes: 8 * e.bs, Order: connector.BlockMajor}
 		if spec.Kind == hashing.RecurrentState {
@@ -185,47 +180,13 @@ func (e *hybridEngine) step() (*Plan, error) {
 			res = append(res, Result{ID: it.ID, Token: hashing.Token(sum>>11) % 50, Finished: m.gen >= m.maxGen})
 		}
 	}
-	e.outs = e.outs[:0]
-	for _, w := range e.workers {
-		if err := w.Save(ctx, connector.Ready); err != nil {
-			return nil, err
-		}
-		e.outs = append(e.outs, w.Poll())
-	}
-	if err := e.s.Done(res, e.outs); err != nil {
+	if err := e.endStep(ctx, res); err != nil {
 		return nil, err
-	}
-	for _, r := range res {
-		e.prompts[r.ID].tokens = append(e.prompts[r.ID].tokens, r.Token)
 	}
 	return p, nil
 }
 
-func (e *hybridEngine) run() map[connector.RequestID][]hashing.Token {
-	e.t.Helper()
-	for i := 0; len(e.s.reqs) > 0; i++ {
-		p, err := e.step()
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		if len(p.Items) == 0 {
-			runtime.Gosched()
-		}
-		if i%16 == 0 {
-			if err := checkInvariants(e.s, nil, nil); err != nil {
-				e.t.Fatal(err)
-			}
-		}
-	}
-	if st := e.s.Stats(); st.Pool.Used != 0 || st.Held != 0 {
-		e.t.Fatalf("drained with %d blocks used, %d requests held", st.Pool.Used, st.Held)
-	}
-	out := map[connector.RequestID][]hashing.Token{}
-	for id, m := range e.prompts {
-		out[id] = slices.Clone(m.tokens)
-	}
-	return out
-}
+func (e *hybridEngine) run() map[connector.RequestID][]hashing.Token { return e.drain(e.step, 16) }
 
 // TestStoreconnGroups runs a hybrid workload through storeconn: an engine
 // that computes and saves, then a cold one on the same store and one in a

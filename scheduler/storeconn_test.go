@@ -24,15 +24,11 @@ import (
 // back from memory, so a block loaded with wrong bytes, or reused while a
 // transfer touched it, changes the output, and is reported by name.
 type miniEngine struct {
-	t       *testing.T
-	s       *Scheduler
-	conn    connector.Scheduler // nil: no connector
-	workers []connector.Worker
-	mems    []*rdma.HostMemory
-	kv      connector.KVCache
-	bs      int
-	prompts map[connector.RequestID]*modelReq
-	outs    []*connector.Output
+	loop
+	conn connector.Scheduler // nil: no connector
+	mems []*rdma.HostMemory
+	kv   connector.KVCache
+	bs   int
 }
 
 const (
@@ -55,7 +51,7 @@ func e2eIdentity(bs int) hashing.Identity {
 func newMiniEngine(t *testing.T, st store.Store, cfg Config) *miniEngine {
 	t.Helper()
 	bs := cfg.Identity.Layout.BlockSize
-	e := &miniEngine{t: t, bs: bs, prompts: map[connector.RequestID]*modelReq{}}
+	e := &miniEngine{loop: loop{t: t, prompts: map[connector.RequestID]*modelReq{}}, bs: bs}
 	e.kv = connector.KVCache{Layers: e2eLayers, Blocks: cfg.Blocks, KV: e2eKV, BlockBytes: 8 * bs, Order: connector.BlockMajor}
 	for range e2eTP {
 		m, err := rdma.AllocHost(e2eLayers * e2eKV * cfg.Blocks * 8 * bs)
@@ -175,35 +171,58 @@ func (e *miniEngine) step() (*Plan, error) {
 			res = append(res, Result{ID: it.ID, Token: hashing.Token(sum>>11) % 50, Finished: m.gen >= m.maxGen})
 		}
 	}
-	e.outs = e.outs[:0]
-	for _, w := range e.workers {
-		if err := w.Save(ctx, connector.Ready); err != nil {
-			return nil, err
-		}
-		e.outs = append(e.outs, w.Poll())
-	}
-	if err := e.s.Done(res, e.outs); err != nil {
+	if err := e.endStep(ctx, res); err != nil {
 		return nil, err
-	}
-	for _, r := range res {
-		e.prompts[r.ID].tokens = append(e.prompts[r.ID].tokens, r.Token)
 	}
 	return p, nil
 }
 
-// run steps until every request ended and every block came back: the
-// connector's transfers run on its goroutines, so idle steps yield to them.
-func (e *miniEngine) run() map[connector.RequestID][]hashing.Token {
+// run steps until every request ended and every block came back.
+func (e *miniEngine) run() map[connector.RequestID][]hashing.Token { return e.drain(e.step, 64) }
+
+// loop is what the test engines share: the scheduler, its workers, the
+// requests' prompts and outputs, and the end of every step.
+type loop struct {
+	t       *testing.T
+	s       *Scheduler
+	workers []connector.Worker
+	prompts map[connector.RequestID]*modelReq
+	outs    []*connector.Output
+}
+
+// endStep saves the step's blocks in every worker, hands their Outputs and
+// the step's results to the scheduler, and records the sampled tokens.
+func (e *loop) endStep(ctx context.Context, res []Result) error {
+	e.outs = e.outs[:0]
+	for _, w := range e.workers {
+		if err := w.Save(ctx, connector.Ready); err != nil {
+			return err
+		}
+		e.outs = append(e.outs, w.Poll())
+	}
+	if err := e.s.Done(res, e.outs); err != nil {
+		return err
+	}
+	for _, r := range res {
+		e.prompts[r.ID].tokens = append(e.prompts[r.ID].tokens, r.Token)
+	}
+	return nil
+}
+
+// drain steps until every request ended and every block came back,
+// checking the invariants every `every` steps: the connector's transfers
+// run on its goroutines, so idle steps yield to them.
+func (e *loop) drain(step func() (*Plan, error), every int) map[connector.RequestID][]hashing.Token {
 	e.t.Helper()
 	for i := 0; len(e.s.reqs) > 0; i++ {
-		p, err := e.step()
+		p, err := step()
 		if err != nil {
 			e.t.Fatal(err)
 		}
 		if len(p.Items) == 0 {
 			runtime.Gosched()
 		}
-		if i%64 == 0 {
+		if i%every == 0 {
 			if err := checkInvariants(e.s, nil, nil); err != nil {
 				e.t.Fatal(err)
 			}
