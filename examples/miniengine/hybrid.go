@@ -264,29 +264,10 @@ func (m *HybridModel) Forward(kv *HybridKV, tables [][]connector.BlockID, st sch
 			for j := range row {
 				row[j] += mix[i*d+j]
 			}
-			xn := rmsnorm(row, make([]float32, d))
-			hi := h[i*m.cfg.FFN : (i+1)*m.cfg.FFN]
-			matvec(hi, xn, w.w1, d, m.cfg.FFN)
-			for j := range hi {
-				hi[j] = max(hi[j], 0)
-			}
-			o := make([]float32, d)
-			matvec(o, hi, w.w2, m.cfg.FFN, d)
-			for j := range row {
-				row[j] += o[j]
-			}
+			mlp(row, h[i*m.cfg.FFN:(i+1)*m.cfg.FFN], w.w1, w.w2, make([]float32, d))
 		})
 	}
-	last := rmsnorm(x[(n-1)*d:n*d], make([]float32, d))
-	logits := make([]float32, m.cfg.Vocab)
-	matvec(logits, last, m.head, d, m.cfg.Vocab)
-	best := 0
-	for i, v := range logits {
-		if v > logits[best] {
-			best = i
-		}
-	}
-	return hashing.Token(best)
+	return greedy(x[(n-1)*d:n*d], m.head, m.cfg.Vocab)
 }
 
 // attend sets out to the multi-head attention of query qi at position p

@@ -216,21 +216,35 @@ func (m *Model) Forward(kv *KV, blocks []connector.BlockID, toks []hashing.Token
 			for j := range row {
 				row[j] += o[j]
 			}
-			xn := rmsnorm(row, make([]float32, d))
-			hi := h[i*m.cfg.FFN : (i+1)*m.cfg.FFN]
-			matvec(hi, xn, w.w1, d, m.cfg.FFN)
-			for j := range hi {
-				hi[j] = max(hi[j], 0)
-			}
-			matvec(o, hi, w.w2, m.cfg.FFN, d)
-			for j := range row {
-				row[j] += o[j]
-			}
+			mlp(row, h[i*m.cfg.FFN:(i+1)*m.cfg.FFN], w.w1, w.w2, o)
 		})
 	}
-	last := rmsnorm(x[(n-1)*d:n*d], make([]float32, d))
-	logits := make([]float32, m.cfg.Vocab)
-	matvec(logits, last, m.head, d, m.cfg.Vocab)
+	return greedy(x[(n-1)*d:n*d], m.head, m.cfg.Vocab)
+}
+
+// matvec sets dst (n) to src (k) times w (k × n, row-major).
+// mlp adds to row, one position's hidden state, the ReLU MLP (w1: len(row)
+// × len(hi), w2: len(hi) × len(row)) of its normalised value, using hi and
+// o (len(row)) as scratch.
+func mlp(row, hi, w1, w2, o []float32) {
+	d, ffn := len(row), len(hi)
+	xn := rmsnorm(row, make([]float32, d))
+	matvec(hi, xn, w1, d, ffn)
+	for j := range hi {
+		hi[j] = max(hi[j], 0)
+	}
+	matvec(o, hi, w2, ffn, d)
+	for j := range row {
+		row[j] += o[j]
+	}
+}
+
+// greedy returns the most likely next token after the hidden state x of
+// the last position: the argmax of head's logits over the normalised x.
+func greedy(x, head []float32, vocab int) hashing.Token {
+	last := rmsnorm(x, make([]float32, len(x)))
+	logits := make([]float32, vocab)
+	matvec(logits, last, head, len(x), vocab)
 	best := 0
 	for i, v := range logits {
 		if v > logits[best] {
@@ -240,7 +254,6 @@ func (m *Model) Forward(kv *KV, blocks []connector.BlockID, toks []hashing.Token
 	return hashing.Token(best)
 }
 
-// matvec sets dst (n) to src (k) times w (k × n, row-major).
 func matvec(dst, src, w []float32, k, n int) {
 	clear(dst[:n])
 	for i := 0; i < k; i++ {
