@@ -175,12 +175,13 @@ func (h *hybridRig) load(req *connector.Request, wantTokens int, tables ...[]con
 	var loaded bool
 	var fails []connector.LoadFailure
 	p := h.poll()
-	for !loaded && len(fails) == 0 {
+	for d := newDeadline(h.t, "the end of the load of "+string(req.ID)); ; d.tick() {
 		loaded = slices.Contains(p.Loaded, req.ID)
 		fails = append(fails, p.Failed...)
-		if !loaded && len(fails) == 0 {
-			p = h.step(connector.Ready)
+		if loaded || len(fails) > 0 {
+			break
 		}
+		p = h.step(connector.Ready)
 	}
 	return loads, loaded, fails
 }
@@ -341,10 +342,7 @@ func TestGroupsRetryOnlyHeldBlocks(t *testing.T) {
 	// retried twice or dropped.
 	retried := map[connector.BlockID]bool{}
 	stats := h.s.(connector.StatsReporter)
-	for i := 0; stats.Stats().SaveFailures < 5*3; i++ {
-		if i == 1_000_000 {
-			t.Fatalf("never: every save failed (%d of %d)", stats.Stats().SaveFailures, 5*3)
-		}
+	for d := newDeadline(t, "every save failing in the end"); stats.Stats().SaveFailures < 5*3; d.tick() {
 		m := h.s.Plan()
 		for _, tr := range m.Saves {
 			for k, b := range tr.Blocks {

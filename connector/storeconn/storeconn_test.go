@@ -3,9 +3,11 @@ package storeconn_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
@@ -110,15 +112,44 @@ func (r *rig) poll() *connector.Progress {
 	return p
 }
 
-// until steps until cond holds, failing after many steps.
+// until steps until cond holds, failing after waitBound.
 func (r *rig) until(what string, cond func(*connector.Progress) bool) {
 	r.t.Helper()
-	for i := 0; i < 1_000_000; i++ {
-		if cond(r.step(connector.Ready)) {
-			return
-		}
+	for d := newDeadline(r.t, what); !cond(r.step(connector.Ready)); {
+		d.tick()
 	}
-	r.t.Fatalf("never: %s", what)
+}
+
+// waitBound is how long a test waits for what transfers on the workers'
+// goroutines bring about: far more than any machine, however loaded,
+// needs, so that only a condition that never comes trips it.
+const waitBound = 2 * time.Minute
+
+// deadline bounds one wait of a test by time, never by a count of steps.
+type deadline struct {
+	t    *testing.T
+	what string
+	end  time.Time
+	n    int
+}
+
+func newDeadline(t *testing.T, what string) *deadline {
+	return &deadline{t: t, what: what, end: time.Now().Add(waitBound)}
+}
+
+// tick is called once per round of a wait that has not ended: it yields
+// to the transfer goroutines (and, once the wait is long, sleeps a little
+// between rounds), and fails naming what it waited for after waitBound.
+func (d *deadline) tick() {
+	d.t.Helper()
+	if d.n++; d.n > 1000 {
+		time.Sleep(50 * time.Microsecond)
+	} else {
+		runtime.Gosched()
+	}
+	if time.Now().After(d.end) {
+		d.t.Fatalf("never, in %v: %s", waitBound, d.what)
+	}
 }
 
 func request(id string, n int) *connector.Request {
@@ -434,15 +465,12 @@ func TestRotationFailsLoadsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	var failed []connector.LoadFailure
-	for i := 0; len(failed) == 0; i++ {
+	for d := newDeadline(t, "the end of the load"); len(failed) == 0; d.tick() {
 		p := r.poll()
 		if len(p.Loaded) > 0 {
 			t.Fatalf("a load of generation 0 was reported loaded after Rotate(1)")
 		}
 		failed = append(failed, p.Failed...)
-		if i > 1_000_000 {
-			t.Fatal("the load never ended")
-		}
 	}
 	if failed[0].Req != "b" || failed[0].Valid != 0 {
 		t.Errorf("failure = %+v, want request b with 0 valid tokens", failed[0])

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
@@ -190,12 +189,7 @@ func (s *ctxStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 // it waited for.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited a minute for %s", what)
-		}
-		time.Sleep(time.Millisecond)
+	for d := newDeadline(t, what); !cond(); d.tick() {
 	}
 }
 
