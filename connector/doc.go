@@ -65,10 +65,14 @@
 //   - full attention: every block before the point the request has reached.
 //   - sliding window of W tokens: the blocks holding the last W tokens
 //     before that point; older entries may be NoBlock (freed). The engine
-//     frees such a block only once no unfinished transfer names it, and
-//     passes NoBlock for it in its next call about the request (vLLM
-//     frees the blocks of the requests it schedules): a connector plans
-//     no transfer of a block that the latest tables do not hold.
+//     frees such a block only once no unfinished transfer names it (every
+//     worker's Output reported Done each transfer of the Metadata that
+//     names it), and only in a step whose call about the request
+//     (Scheduled, Finish or Preempt) passes NoBlock for it before the
+//     next Plan (vLLM frees the blocks of the requests it schedules): a
+//     connector plans no transfer of a block that the latest tables do
+//     not hold, and a worker touches no block that no unfinished transfer
+//     names.
 //   - state (recurrent, Mamba, linear attention): entry i holds the state
 //     after the tokens of blocks 0..i, where the engine kept it; NoBlock
 //     where it did not. The engine decides which boundaries it keeps (every

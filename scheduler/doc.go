@@ -87,10 +87,14 @@
 //     window within the step that computes it is hidden from Scheduled
 //     (the connector never saves it) and freed at once, unless it is in
 //     the window before the last boundary before the request's last token,
-//     where a prefix cache resumes the same prompt; one the connector was
-//     shown may be read by a save until the connector releases the request
-//     (the contract gives no earlier sign), so the request holds it, out
-//     of its table, until then.
+//     where a prefix cache resumes the same prompt. One the connector was
+//     shown may be read by a save: the request holds it, out of its table,
+//     until every worker's Output (passed to [Scheduler.Done]) reported
+//     Done each transfer of the Metadata that names it, and frees it in
+//     the next step that schedules the request, whose Scheduled call
+//     passes NoBlock for it. A long decode thus holds about the window's
+//     blocks; without Outputs (a connector whose workers report nothing)
+//     the blocks wait for the connector to release the request.
 //   - state: entry i holds the state after blocks 0..i where it is kept,
 //     NoBlock elsewhere. The entry of the block the request is in holds
 //     its running state, which decodes update in place.

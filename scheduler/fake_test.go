@@ -141,6 +141,7 @@ type fakeXfer struct {
 	blocks  []BlockID
 	hashes  []hashing.BlockHash
 	shipped bool
+	polled  bool // the worker reported it Done in an Output
 	failAt  int
 }
 
@@ -419,16 +420,42 @@ func (c *fakeConn) Plan() *connector.Metadata {
 	return &c.meta
 }
 
-// Update finishes the shipped transfers the done hook picks: a save copies
-// its blocks' content (as it is now) into the store; a load copies stored
-// content into its blocks, up to the first failing block, and poisons the
-// failing one.
+// poll is the worker's side: it reports Done the shipped transfers the
+// done hook picks, as one worker's Output (the fake's layouts have one
+// rank). Update finishes exactly those.
+func (c *fakeConn) poll() *connector.Output {
+	out := &connector.Output{}
+	for _, x := range c.xfers {
+		if x.shipped && !x.polled && (c.done == nil || c.done(x)) {
+			x.polled = true
+			out.Done = append(out.Done, x.id)
+		}
+	}
+	return out
+}
+
+// Update finishes the transfers the Outputs report Done (without Outputs,
+// the shipped ones the done hook picks): a save copies its blocks' content
+// (as it is now) into the store; a load copies stored content into its
+// blocks, up to the first failing block, and poisons the failing one.
 func (c *fakeConn) Update(outs []*connector.Output) (*connector.Progress, error) {
 	if err := c.inject["Update"]; err != nil {
 		return nil, err
 	}
 	if !c.inStep {
 		return nil, c.breach("Update without Plan")
+	}
+	var reported map[uint64]bool
+	if outs != nil {
+		reported = map[uint64]bool{}
+		for _, o := range outs {
+			for _, id := range o.Done {
+				if !slices.ContainsFunc(c.xfers, func(x *fakeXfer) bool { return x.id == id && x.polled }) {
+					return nil, c.breach("Update: an Output reports transfer %d, which no worker ran", id)
+				}
+				reported[id] = true
+			}
+		}
 	}
 	c.inStep = false
 	c.stepMatch = c.stepMatch[:0]
@@ -437,7 +464,11 @@ func (c *fakeConn) Update(outs []*connector.Output) (*connector.Progress, error)
 	c.prog.Released = c.prog.Released[:0]
 	kept := c.xfers[:0]
 	for _, x := range c.xfers {
-		if !x.shipped || (c.done != nil && !c.done(x)) {
+		finished := reported[x.id]
+		if reported == nil {
+			finished = x.shipped && (c.done == nil || c.done(x))
+		}
+		if !finished {
 			kept = append(kept, x)
 			continue
 		}

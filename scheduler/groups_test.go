@@ -154,6 +154,52 @@ func TestGroupsHiddenWindow(t *testing.T) {
 	}
 }
 
+// TestGroupsWindowFreedOnceSaved: a sliding-window block the connector
+// was shown leaves the table once out of the window and goes back to the
+// pool as soon as every worker reported the transfers naming it Done, in
+// the next step that schedules its request: a long decode holds a bounded
+// number of window blocks. Without Outputs the scheduler cannot tell, and
+// holds them until the connector releases the request.
+func TestGroupsWindowFreedOnceSaved(t *testing.T) {
+	decode := func(t *testing.T, outs bool) (most int) {
+		h := newHarness(t, hybridConfig(), withConn)
+		h.mustAdd("a", seq(1, 8), 40) // window blocks of 48 tokens: 12
+		for range 200 {
+			if len(h.s.reqs) == 0 {
+				return most
+			}
+			p := h.step()
+			var o []*connector.Output
+			if outs {
+				o = h.outs()
+			}
+			if err := h.s.Done(h.results(p), o); err != nil {
+				t.Fatalf("Done: %v", err)
+			}
+			h.apply(h.results(p))
+			if err := h.check(); err != nil {
+				t.Fatalf("after step %d: %v", p.Step, err)
+			}
+			if r := h.s.reqs["a"]; r != nil {
+				most = max(most, r.gs[1].refs)
+			}
+		}
+		t.Fatalf("request a did not end in 200 steps")
+		return 0
+	}
+	// Window gwindow tokens of gbs-token blocks: the window's blocks, the
+	// one being filled, and one whose save is still reported next step.
+	bound := (gwindow+gbs-1)/gbs + 2
+	with, without := decode(t, true), decode(t, false)
+	t.Logf("window blocks held at most: %d with Outputs, %d without", with, without)
+	if with > bound {
+		t.Errorf("with Outputs, request a held up to %d window blocks, want <= %d", with, bound)
+	}
+	if without <= bound {
+		t.Errorf("without Outputs, request a held at most %d window blocks; want more than %d (held until its release): the test shows no difference", without, bound)
+	}
+}
+
 // TestGroupsLoad: an external hit loads every full-attention block, the
 // window before the match point and the state at it, and the request runs
 // from there.

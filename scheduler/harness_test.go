@@ -261,10 +261,19 @@ func (h *harness) results(p *Plan) []Result {
 // done completes the plan with the model's results and records them.
 func (h *harness) done(p *Plan, res []Result) {
 	h.t.Helper()
-	if err := h.s.Done(res, nil); err != nil {
+	if err := h.s.Done(res, h.outs()); err != nil {
 		h.t.Fatalf("Done: %v", err)
 	}
 	h.apply(res)
+}
+
+// outs returns the workers' Outputs of the step that ran: nil without a
+// connector.
+func (h *harness) outs() []*connector.Output {
+	if h.conn == nil {
+		return nil
+	}
+	return []*connector.Output{h.conn.poll()}
 }
 
 func (h *harness) apply(res []Result) {

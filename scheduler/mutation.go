@@ -21,11 +21,12 @@ const (
 	mutWindowShort            // the window is one token short: the block of its first token is freed while in it
 	mutStateOffByOne          // a state at a block boundary is kept in the entry of the next boundary
 	mutNoAlign                // prefill chunks end anywhere: a state left inside a block stays in the table as the state at its end
+	mutFreeBusy               // a sliding-window block out of the table is freed while a transfer names it
 	mutCount
 )
 
 func (m mutation) String() string {
 	return [...]string{"none", "ignore-keep", "over-reserve", "lookup-always", "keep-cache", "no-rotate",
 		"trust-failed", "requeue-early", "double-release", "last-token", "pending-blocks",
-		"keep-window", "window-short", "state-off-by-one", "no-align"}[m]
+		"keep-window", "window-short", "state-off-by-one", "no-align", "free-busy"}[m]
 }

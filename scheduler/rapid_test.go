@@ -290,7 +290,7 @@ func (m *machine) Done(t *rapid.T) {
 	for _, r := range m.h.s.loading {
 		loading[r.id] = true
 	}
-	if err := m.h.s.Done(res, nil); err != nil {
+	if err := m.h.s.Done(res, m.h.outs()); err != nil {
 		t.Fatalf("Done: %v", err)
 	}
 	m.inFlight = false
@@ -492,7 +492,7 @@ func (m *machine) drain(t *rapid.T) {
 				res = append(res, Result{ID: it.ID, Token: nextToken(m.h.reqs[it.ID].digests[it.End-1]), Finished: true})
 			}
 		}
-		if err := m.h.s.Done(res, nil); err != nil {
+		if err := m.h.s.Done(res, m.h.outs()); err != nil {
 			t.Fatal(err)
 		}
 		m.h.apply(res)

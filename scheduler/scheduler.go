@@ -28,6 +28,7 @@ type Scheduler struct {
 	align    bool                // a state group: prefill chunks end at block boundaries
 	conn     connector.Scheduler // nil: local prefix cache only
 	detached bool                // Invalidate found no Rotator: no more lookups or saves
+	busy     *busy               // the sliding-window blocks unfinished transfers name; nil without such groups or a connector
 
 	reqs    map[connector.RequestID]*request
 	waiting queue // Waiting and LookupPending, in arrival order
@@ -187,6 +188,13 @@ func New(cfg Config, conn connector.Scheduler) (*Scheduler, error) {
 	}
 	s.plain = len(s.groups) == 1 && s.groups[0].kind == hashing.FullAttention
 	n := len(s.groups)
+	if conn != nil {
+		sizes := make([]int, n)
+		for g := range sizes {
+			sizes[g] = cfg.poolSize(g)
+		}
+		s.busy = newBusy(s.groups, sizes, cfg.Identity.Layout.TPSize)
+	}
 	s.pendingFree = make([]int, n)
 	s.hitTabs = make([][]BlockID, n)
 	s.need = make([]int, n)
@@ -425,6 +433,7 @@ func (s *Scheduler) Step() (*Plan, error) {
 		for i, it := range p.Items {
 			r := s.items[i]
 			r.known = true
+			s.sweep(r)
 			s.hide(r, it.End)
 			err := s.conn.Scheduled(&r.creq, it.End, r.tables()...)
 			s.named(r)
@@ -445,6 +454,7 @@ func (s *Scheduler) Step() (*Plan, error) {
 	}
 	if s.conn != nil {
 		p.Metadata = s.conn.Plan()
+		s.busy.plan(p.Metadata)
 	}
 	s.inFlight = true
 	s.stats.Step = s.step
@@ -1185,6 +1195,7 @@ func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 		if prog, err = s.conn.Update(outs); err != nil {
 			return fmt.Errorf("%w: Update: %w", ErrConnector, err)
 		}
+		s.busy.done(outs)
 	}
 	s.inFlight = false
 
@@ -1249,7 +1260,8 @@ func (s *Scheduler) commit(r *request) {
 // retire drops from r's sliding-window tables the blocks that no position
 // from r.computed on attends to: the entry becomes NoBlock, and the block
 // goes back to the pool (cached, if committed), or, if the connector was
-// shown it, waits in r's retired list until r's blocks are released.
+// shown it, waits in r's retired list until sweep frees it or r's blocks
+// are released.
 func (s *Scheduler) retire(r *request) {
 	if s.mut == mutKeepWindow {
 		return
@@ -1281,6 +1293,33 @@ func (s *Scheduler) retire(r *request) {
 			s.setEntry(r, g, j, connector.NoBlock)
 		}
 		gs.low = max(gs.low, ws)
+	}
+}
+
+// sweep frees the retired sliding-window blocks of r that no unfinished
+// transfer names. It runs just before r's tables go to Scheduled, whose
+// NoBlock entries tell the connector that the blocks are gone before its
+// next Plan: a retry it plans then skips them (see "Block tables" in
+// package connector). A block freed here is reused in a later step.
+func (s *Scheduler) sweep(r *request) {
+	for g, gr := range s.groups {
+		if gr.kind != hashing.SlidingWindow {
+			continue
+		}
+		gs := &r.gs[g]
+		kept := gs.retired[:0]
+		for _, b := range gs.retired {
+			if s.busy.named(g, b) && s.mut != mutFreeBusy {
+				kept = append(kept, b)
+				continue
+			}
+			if err := s.pools[g].Release([]BlockID{b}); err != nil {
+				panic("scheduler: " + err.Error()) // r holds the block
+			}
+			gs.refs--
+		}
+		clear(gs.retired[len(kept):])
+		gs.retired = kept
 	}
 }
 
