@@ -45,6 +45,13 @@ type Request struct {
 	// Match, exactly one per full block of Prompt (Prompt / B of them).
 	Hashes []hashing.BlockHash
 
+	// Tokens, optional, are the request's tokens, at least those of its
+	// full blocks: Tokens[i*B:(i+1)*B] are block i's. A connector that
+	// publishes KV events ([EventSource]) copies those of the blocks it
+	// saves into its BlockStored events, for routers that hash tokens
+	// with functions of their own. Nil: the events carry no tokens.
+	Tokens []hashing.Token
+
 	// TransferParams are the opaque transfer parameters the request
 	// arrived with (vLLM's kv_transfer_params): what the instance that ran
 	// its prefill returned, from its connector's [TransferParamsSource].
@@ -437,6 +444,15 @@ type KVEvent struct {
 	Generation uint64
 	Group      int                 // the KV cache group of the blocks; 0 with one group
 	Hashes     []hashing.BlockHash // the blocks, for BlockStored and BlockRemoved
+	// For BlockStored: the blocks are consecutive blocks of one request,
+	// Parent is the hash of the block before Hashes[0] in it (the zero
+	// BlockHash when Hashes[0] is its first block), BlockSize the tokens
+	// per block, and Tokens, when the request's Request.Tokens were given,
+	// the tokens of the blocks in order, BlockSize per block (nil
+	// otherwise).
+	Parent    hashing.BlockHash
+	BlockSize int
+	Tokens    []hashing.Token
 }
 
 // EventSource is an optional interface of a Scheduler: TakeEvents appends the

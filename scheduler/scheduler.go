@@ -290,7 +290,7 @@ func (s *Scheduler) Add(req Request) error {
 	}
 	r.chain = chain
 	s.scratch = chain.Append(s.scratch[:0], req.Prompt...)
-	r.creq = connector.Request{ID: req.ID, Prompt: len(r.tokens), Hashes: chain.Hashes(), TransferParams: slices.Clone(req.TransferParams)}
+	r.creq = connector.Request{ID: req.ID, Prompt: len(r.tokens), Hashes: chain.Hashes(), Tokens: r.tokens, TransferParams: slices.Clone(req.TransferParams)}
 	r.m = Metrics{Added: s.step}
 	s.reqs[req.ID] = r
 	s.waiting = append(s.waiting, r) // the newest: last in arrival order
@@ -1218,6 +1218,7 @@ func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 		r.tokens = append(r.tokens, res.Token)
 		s.scratch = r.chain.Append(s.scratch[:0], res.Token)
 		r.creq.Hashes = r.chain.Hashes()
+		r.creq.Tokens = r.tokens
 		r.creq.Prompt = len(r.tokens)
 		r.m.Generated++
 		if r.m.FirstToken == 0 {

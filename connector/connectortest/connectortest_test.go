@@ -74,9 +74,17 @@ func open(broken string) connectortest.OpenFunc {
 		case "hits-at-match":
 			s = &hitsAtMatch{Scheduler: inner, bs: env.Identity.Layout.BlockSize}
 		case "announces-failed":
-			s = &announcesFailed{Scheduler: inner, workers: env.Identity.Layout.TPSize, saves: make(map[uint64]*planned)}
+			s = &announcesFailed{Scheduler: inner, workers: env.Identity.Layout.TPSize, bs: env.Identity.Layout.BlockSize, saves: make(map[uint64]*planned)}
 		case "valid-off-by-one":
 			s = validOffByOne{inner, env.Identity.Layout.BlockSize}
+		case "events-parent-self":
+			s = rewritesEvents{inner, func(ev *connector.KVEvent) { ev.Parent = ev.Hashes[0] }}
+		case "events-tokens-shifted":
+			s = rewritesEvents{inner, func(ev *connector.KVEvent) {
+				if ev.Tokens != nil {
+					ev.Tokens = append(ev.Tokens[1:], ev.Tokens[0])
+				}
+			}}
 		case "frees-early":
 			s = freesEarly{inner}
 		case "never-releases":
@@ -247,11 +255,13 @@ func (s *hitsAtMatch) Stats() connector.Stats {
 	return st
 }
 
-// announcesFailed announces every block of a save once every worker
-// reported it done, also the blocks that failed.
+// announcesFailed also announces the blocks of a save that failed in a
+// worker, once every worker reported the save done (those after the
+// save's first block, whose parent the save names).
 type announcesFailed struct {
 	*storeconn.Scheduler
 	workers int
+	bs      int
 	saves   map[uint64]*planned
 	events  []connector.KVEvent
 }
@@ -259,23 +269,33 @@ type announcesFailed struct {
 type planned struct {
 	gen    uint64
 	hashes []hashing.BlockHash
+	failed map[int]bool
 	left   int
 }
 
 func (s *announcesFailed) Plan() *connector.Metadata {
 	m := s.Scheduler.Plan()
 	for _, t := range m.Saves {
-		s.saves[t.ID] = &planned{gen: m.Generation, hashes: append([]hashing.BlockHash(nil), t.Hashes...), left: s.workers}
+		s.saves[t.ID] = &planned{gen: m.Generation, hashes: append([]hashing.BlockHash(nil), t.Hashes...), failed: map[int]bool{}, left: s.workers}
 	}
 	return m
 }
 
 func (s *announcesFailed) Update(outs []*connector.Output) (*connector.Progress, error) {
 	for _, o := range outs {
+		for _, f := range o.Failed {
+			if x := s.saves[f.Transfer]; x != nil {
+				x.failed[f.Index] = true
+			}
+		}
 		for _, id := range o.Done {
 			if x := s.saves[id]; x != nil {
 				if x.left--; x.left == 0 {
-					s.events = append(s.events, connector.KVEvent{Kind: connector.BlockStored, Generation: x.gen, Hashes: x.hashes})
+					for k := range x.failed {
+						if k > 0 {
+							s.events = append(s.events, connector.KVEvent{Kind: connector.BlockStored, Generation: x.gen, Hashes: x.hashes[k : k+1], Parent: x.hashes[k-1], BlockSize: s.bs})
+						}
+					}
 					delete(s.saves, id)
 				}
 			}
@@ -285,13 +305,26 @@ func (s *announcesFailed) Update(outs []*connector.Output) (*connector.Progress,
 }
 
 func (s *announcesFailed) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
-	for _, ev := range s.Scheduler.TakeEvents(nil) {
-		if ev.Kind != connector.BlockStored {
-			dst = append(dst, ev)
-		}
-	}
+	dst = s.Scheduler.TakeEvents(dst)
 	dst = append(dst, s.events...)
 	s.events = s.events[:0]
+	return dst
+}
+
+// rewritesEvents changes every BlockStored event with edit.
+type rewritesEvents struct {
+	*storeconn.Scheduler
+	edit func(*connector.KVEvent)
+}
+
+func (s rewritesEvents) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
+	n := len(dst)
+	dst = s.Scheduler.TakeEvents(dst)
+	for i := n; i < len(dst); i++ {
+		if dst[i].Kind == connector.BlockStored {
+			s.edit(&dst[i])
+		}
+	}
 	return dst
 }
 
@@ -750,6 +783,8 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"one-shard-lookup", "a match covers only blocks present in every shard"},
 		{"old-keys-after-rotate", "the store holds it under generation 0's namespace"},
 		{"announces-failed", "only saves that succeeded in every shard are announced"},
+		{"events-parent-self", "an event's blocks are consecutive blocks of a request, after Parent"},
+		{"events-tokens-shifted", "whose tokens are"},
 		{"ignores-layout", "the store holds it under heads4's namespace"},
 		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
 		{"early-read-raw", "a save read a block the step was still computing"},

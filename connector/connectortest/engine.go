@@ -95,6 +95,7 @@ type freq struct {
 	rotated  bool           // the generation changed while its load ran
 
 	pendingSince time.Time // when Match began to answer Pending; zero if it does not
+	learned      int       // blocks whose parent and tokens the world knows (world.learn)
 }
 
 // tables0 returns its block table of group 0, nil before it was admitted.
@@ -722,7 +723,18 @@ func (e *engine) addWith(prompt []hashing.Token, decode int, params []byte) {
 	r.conn.TransferParams = params
 	chain.Append(nil, prompt...)
 	r.conn.Hashes = chain.Hashes()
+	e.giveTokens(r)
+	e.w.learn(r)
 	e.reqs = append(e.reqs, r)
+}
+
+// giveTokens passes r's tokens in its Request (connector.Request.Tokens)
+// for even-numbered requests; odd ones go without, so that both kinds of
+// BlockStored events are checked.
+func (e *engine) giveTokens(r *freq) {
+	if r.num%2 == 0 {
+		r.conn.Tokens = r.tokens
+	}
 }
 
 // localHit returns the longest local prefix hit of r, never the last
@@ -1007,6 +1019,8 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		r.tokens = append(r.tokens, next)
 		r.chain.Append(nil, next)
 		r.conn.Hashes = r.chain.Hashes()
+		e.giveTokens(r)
+		e.w.learn(r)
 		r.decode--
 	}
 	for _, r := range slices.Clone(e.reqs) {

@@ -36,6 +36,16 @@ type world struct {
 	// match need no longer be the longest (see checkLongest).
 	loadFailed bool
 	closed     bool
+	// blocks are the parent and tokens of every block the engines'
+	// requests hashed, for the BlockStored events' Parent and Tokens.
+	blocks map[hashing.BlockHash]blockOf
+}
+
+// blockOf is what a block hash stands for: the hash before it in its
+// request (zero for a first block) and its tokens.
+type blockOf struct {
+	parent hashing.BlockHash
+	tokens []hashing.Token
 }
 
 // counts add up a state machine's cases, for the verbose log: how much
@@ -58,7 +68,7 @@ func newWorld(t tb, opts Options, c *counts) *world {
 	if opts.gaveUp != nil && *opts.gaveUp != "" {
 		t.Fatalf("not run: an earlier case waited %v for work of the connector that never ended: %s", waitBound, *opts.gaveUp)
 	}
-	w := &world{t: t, opts: opts, pd: opts.OpenConsumer != nil, count: c, gid: currentGoroutine(), before: snapshot()}
+	w := &world{t: t, opts: opts, pd: opts.OpenConsumer != nil, count: c, gid: currentGoroutine(), before: snapshot(), blocks: make(map[hashing.BlockHash]blockOf)}
 	raw, err := opts.NewStore()
 	if err != nil {
 		t.Fatalf("NewStore: %v", err)
@@ -436,6 +446,57 @@ func (w *world) checkEvents(e *engine, evs []connector.KVEvent) {
 				}
 			}
 		}
+		w.checkChain(e, ev)
+	}
+}
+
+// learn records the parent and tokens of r's blocks hashed since the last
+// call.
+func (w *world) learn(r *freq) {
+	bs := r.chain.BlockSize()
+	for i := r.learned; i < len(r.conn.Hashes); i++ {
+		h := r.conn.Hashes[i]
+		if _, ok := w.blocks[h]; ok {
+			continue
+		}
+		b := blockOf{tokens: slices.Clone(r.tokens[i*bs : (i+1)*bs])}
+		if i > 0 {
+			b.parent = r.conn.Hashes[i-1]
+		}
+		w.blocks[h] = b
+	}
+	r.learned = len(r.conn.Hashes)
+}
+
+// checkChain checks what a BlockStored event says of its blocks beyond
+// their hashes: consecutive blocks of a request, the hash of the block
+// before them, the block size, and their tokens where it has them.
+func (w *world) checkChain(e *engine, ev connector.KVEvent) {
+	w.t.Helper()
+	bs := e.id.Layout.BlockSize
+	if ev.BlockSize != bs {
+		w.t.Fatalf("%s: a BlockStored event says BlockSize = %d, but the layout's blocks hold %d tokens", e.label, ev.BlockSize, bs)
+	}
+	if ev.Tokens != nil && len(ev.Tokens) != len(ev.Hashes)*bs {
+		w.t.Fatalf("%s: a BlockStored event of %d blocks carries %d tokens, want %d (BlockSize per block)", e.label, len(ev.Hashes), len(ev.Tokens), len(ev.Hashes)*bs)
+	}
+	parent := ev.Parent
+	for k, h := range ev.Hashes {
+		b, ok := w.blocks[h]
+		if !ok {
+			w.t.Fatalf("%s: a BlockStored event names block %v, which no request hashed", e.label, h)
+		}
+		if parent != b.parent {
+			what := "Parent"
+			if k > 0 {
+				what = fmt.Sprintf("the block before it in the event (Hashes[%d])", k-1)
+			}
+			w.t.Fatalf("%s: a BlockStored event names block %v (Hashes[%d]) after %s %v, but the block before it in its request is %v (zero: none): an event's blocks are consecutive blocks of a request, after Parent", e.label, h, k, what, parent, b.parent)
+		}
+		if ev.Tokens != nil && !slices.Equal(ev.Tokens[k*bs:(k+1)*bs], b.tokens) {
+			w.t.Fatalf("%s: a BlockStored event carries tokens %v for block %v (Hashes[%d]), whose tokens are %v", e.label, ev.Tokens[k*bs:(k+1)*bs], h, k, b.tokens)
+		}
+		parent = h
 	}
 }
 

@@ -129,6 +129,11 @@ type transfer struct {
 	noSpace []bool // per block: a worker reported no space (saves)
 	failed  []bool // per block: failed for another reason (saves)
 	tries   int
+	// For a save, for its BlockStored events: the hash of the block
+	// before first (zero for the request's first block), and the tokens
+	// of its blocks when the engine gave them (Request.Tokens).
+	prev   hashing.BlockHash
+	tokens []hashing.Token
 }
 
 type retry struct {
@@ -139,6 +144,8 @@ type retry struct {
 	hashes []hashing.BlockHash
 	tries  int
 	after  uint64 // the step from which it may be planned
+	prev   hashing.BlockHash
+	tokens []hashing.Token
 }
 
 func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) {
@@ -688,7 +695,7 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 
 // track records a planned transfer. The record shares the Transfer's
 // blocks and hashes; Plan hands the engine copies (connector.PlanBuffer).
-func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries int) {
+func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries int) *transfer {
 	x := &transfer{
 		req:    q,
 		load:   load,
@@ -709,6 +716,20 @@ func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries in
 	}
 	s.transfers.Add(t.ID, len(t.Blocks), x)
 	q.inflight++
+	return x
+}
+
+// trackSave records a save that Scheduled planned for r, with what its
+// BlockStored events need: the parent hash and, if r has them, the
+// blocks' tokens (copied: the engine's Request is not kept).
+func (s *Scheduler) trackSave(q *request, r *connector.Request, t *connector.Transfer) {
+	x := s.track(q, t, false, 0)
+	if t.First > 0 {
+		x.prev = r.Hashes[t.First-1]
+	}
+	if end := (t.First + len(t.Blocks)) * s.bs; len(r.Tokens) >= end {
+		x.tokens = slices.Clone(r.Tokens[t.First*s.bs : end])
+	}
 }
 
 // Scheduled implements connector.Scheduler. In every group, the full
@@ -775,7 +796,7 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 			if tr != nil && tr.First+len(tr.Blocks) != i {
 				// A gap (a skipped block): start another transfer so
 				// that First still locates every block.
-				s.track(q, tr, false, 0)
+				s.trackSave(q, r, tr)
 				tr = nil
 			}
 			if tr == nil {
@@ -787,7 +808,7 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 			tr.Hashes = append(tr.Hashes, h)
 		}
 		if tr != nil {
-			s.track(q, tr, false, 0)
+			s.trackSave(q, r, tr)
 		}
 		q.saveNext[g] = max(q.saveNext[g], full)
 	}
@@ -812,11 +833,12 @@ func (s *Scheduler) Plan() *connector.Metadata {
 			continue
 		}
 		rt.req.retries--
-		s.heldRuns(rt, func(first int, blocks []connector.BlockID, hashes []hashing.BlockHash) {
+		s.heldRuns(rt, func(first int, blocks []connector.BlockID, hashes []hashing.BlockHash, prev hashing.BlockHash, tokens []hashing.Token) {
 			s.nextID++
 			t := connector.Transfer{ID: s.nextID, Req: rt.req.id, Group: rt.group, First: first, Blocks: blocks, Hashes: hashes}
 			s.meta.Saves = append(s.meta.Saves, t)
-			s.track(rt.req, &s.meta.Saves[len(s.meta.Saves)-1], false, rt.tries)
+			x := s.track(rt.req, &s.meta.Saves[len(s.meta.Saves)-1], false, rt.tries)
+			x.prev, x.tokens = prev, tokens
 			s.stats.SaveRetries += int64(len(blocks))
 		})
 		s.maybeRelease(rt.req)
@@ -831,13 +853,13 @@ func (s *Scheduler) Plan() *connector.Metadata {
 // table of rt's group still holds in their entries, as the engine last
 // passed it; the others count as failed saves: a block the engine freed
 // (NoBlock) may hold another request's KV by now.
-func (s *Scheduler) heldRuns(rt retry, plan func(first int, blocks []connector.BlockID, hashes []hashing.BlockHash)) {
+func (s *Scheduler) heldRuns(rt retry, plan func(first int, blocks []connector.BlockID, hashes []hashing.BlockHash, prev hashing.BlockHash, tokens []hashing.Token)) {
 	var t []connector.BlockID
 	if rt.req.held != nil {
 		t = rt.req.held[rt.group]
 	}
 	if t == nil {
-		plan(rt.first, rt.blocks, rt.hashes)
+		plan(rt.first, rt.blocks, rt.hashes, rt.prev, rt.tokens)
 		return
 	}
 	start := 0 // the first block of the current run
@@ -849,7 +871,15 @@ func (s *Scheduler) heldRuns(rt retry, plan func(first int, blocks []connector.B
 			s.stats.SaveFailures++
 		}
 		if k > start {
-			plan(rt.first+start, rt.blocks[start:k:k], rt.hashes[start:k:k])
+			prev := rt.prev
+			if start > 0 {
+				prev = rt.hashes[start-1]
+			}
+			var tokens []hashing.Token
+			if rt.tokens != nil {
+				tokens = rt.tokens[start*s.bs : k*s.bs : k*s.bs]
+			}
+			plan(rt.first+start, rt.blocks[start:k:k], rt.hashes[start:k:k], prev, tokens)
 		}
 		start = k + 1
 	}
@@ -951,8 +981,8 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 			}
 		}
 	} else {
-		var stored []hashing.BlockHash
 		var rt *retry
+		run := -1 // the first block of the current run of stored blocks
 		for i, h := range x.hashes {
 			if x.gen == s.meta.Generation {
 				k := groupHash{x.group, h}
@@ -967,25 +997,56 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 						s.retries = append(s.retries, *rt)
 					}
 					q.retries++
-					rt = &retry{req: q, group: x.group, first: x.first + i, tries: x.tries + 1, after: s.meta.Step + uint64(s.opt.retryDelay)}
+					rt = &retry{req: q, group: x.group, first: x.first + i, tries: x.tries + 1, after: s.meta.Step + uint64(s.opt.retryDelay), prev: x.parent(i)}
 				}
 				rt.blocks = append(rt.blocks, x.blocks[i])
 				rt.hashes = append(rt.hashes, h)
+				if x.tokens != nil {
+					rt.tokens = append(rt.tokens, x.tokens[i*s.bs:(i+1)*s.bs]...)
+				}
 			case x.noSpace[i] || x.failed[i]:
 				s.stats.SaveFailures++
 			default:
-				stored = append(stored, h)
+				if run < 0 {
+					run = i
+				}
+				continue
 			}
+			if run >= 0 {
+				s.stored(x, run, i)
+				run = -1
+			}
+		}
+		if run >= 0 {
+			s.stored(x, run, len(x.hashes))
 		}
 		if rt != nil {
 			s.retries = append(s.retries, *rt)
 		}
-		if len(stored) > 0 && x.gen == s.meta.Generation {
-			s.events = append(s.events, connector.KVEvent{Kind: connector.BlockStored, Generation: x.gen, Group: x.group, Hashes: stored})
-		}
 	}
 	q.inflight--
 	s.maybeRelease(q)
+}
+
+// parent returns the hash of the block before block i of save x.
+func (x *transfer) parent(i int) hashing.BlockHash {
+	if i == 0 {
+		return x.prev
+	}
+	return x.hashes[i-1]
+}
+
+// stored announces blocks [i, j) of save x, which every worker stored, in
+// a BlockStored event, unless x's generation was rotated out.
+func (s *Scheduler) stored(x *transfer, i, j int) {
+	if x.gen != s.meta.Generation {
+		return
+	}
+	ev := connector.KVEvent{Kind: connector.BlockStored, Generation: x.gen, Group: x.group, Hashes: slices.Clone(x.hashes[i:j]), Parent: x.parent(i), BlockSize: s.bs}
+	if x.tokens != nil {
+		ev.Tokens = slices.Clone(x.tokens[i*s.bs : j*s.bs])
+	}
+	s.events = append(s.events, ev)
 }
 
 // maybeRelease forgets a finished request once nothing touches its blocks.
