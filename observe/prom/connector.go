@@ -115,8 +115,9 @@ func (m *connMetrics) collectHealth(ch chan<- prometheus.Metric, h connector.Hea
 // Scheduler is a [prometheus.Collector] of a connector's scheduler half:
 // its [connector.Stats], when it implements [connector.StatsReporter], and
 // its [connector.Health], when it implements [connector.HealthReporter],
-// every metric labelled role="scheduler". A half that implements neither
-// exports nothing.
+// every metric labelled role="scheduler" and rank="" (an empty label,
+// which Prometheus stores as none; the workers' series have a rank). A
+// half that implements neither exports nothing.
 //
 // A scheduler half's Stats may be called only from the engine's
 // scheduling goroutine, so a scrape does not call it: the engine calls
@@ -138,13 +139,16 @@ type Scheduler struct {
 var _ prometheus.Collector = (*Scheduler)(nil)
 
 // NewScheduler returns a collector of s, whose metrics carry the labels
-// of opts and role="scheduler". It panics if opts.Labels names a label
+// of opts, role="scheduler" and rank="". It panics if opts.Labels names a label
 // the package sets (see [Options]).
 func NewScheduler(s connector.Scheduler, opts Options) *Scheduler {
 	c := &Scheduler{}
 	c.sr, _ = s.(connector.StatsReporter)
 	c.hr, _ = s.(connector.HealthReporter)
-	c.m = newConnMetrics(opts.labels(prometheus.Labels{"role": "scheduler"}), c.sr != nil, c.hr != nil)
+	// rank="" is no label to Prometheus, but client_golang wants every
+	// series of a name to carry the same label names, and the workers'
+	// carry a rank: so the two halves register together.
+	c.m = newConnMetrics(opts.labels(prometheus.Labels{"role": "scheduler", "rank": ""}), c.sr != nil, c.hr != nil)
 	return c
 }
 

@@ -142,10 +142,10 @@ func TestSchedulerRefresh(t *testing.T) {
 	const before = `
 # HELP kvconnect_connector_hit_tokens_total Tokens matched from the store (Stats.HitTokens).
 # TYPE kvconnect_connector_hit_tokens_total counter
-kvconnect_connector_hit_tokens_total{role="scheduler"} 0
+kvconnect_connector_hit_tokens_total{rank="",role="scheduler"} 0
 # HELP kvconnect_connector_healthy 1 when the latest call to the store or transport succeeded, 0 while it fails (Health.Healthy).
 # TYPE kvconnect_connector_healthy gauge
-kvconnect_connector_healthy{role="scheduler"} 1
+kvconnect_connector_healthy{rank="",role="scheduler"} 1
 `
 	names := []string{"kvconnect_connector_hit_tokens_total", "kvconnect_connector_healthy", "kvconnect_connector_last_failure_timestamp_seconds"}
 	if err := testutil.CollectAndCompare(c, strings.NewReader(before), names...); err != nil {
@@ -160,13 +160,13 @@ kvconnect_connector_healthy{role="scheduler"} 1
 	const after = `
 # HELP kvconnect_connector_hit_tokens_total Tokens matched from the store (Stats.HitTokens).
 # TYPE kvconnect_connector_hit_tokens_total counter
-kvconnect_connector_hit_tokens_total{role="scheduler"} 104
+kvconnect_connector_hit_tokens_total{rank="",role="scheduler"} 104
 # HELP kvconnect_connector_healthy 1 when the latest call to the store or transport succeeded, 0 while it fails (Health.Healthy).
 # TYPE kvconnect_connector_healthy gauge
-kvconnect_connector_healthy{role="scheduler"} 0
+kvconnect_connector_healthy{rank="",role="scheduler"} 0
 # HELP kvconnect_connector_last_failure_timestamp_seconds Unix time of the latest failure (Health.LastErrorTime); absent before the first.
 # TYPE kvconnect_connector_last_failure_timestamp_seconds gauge
-kvconnect_connector_last_failure_timestamp_seconds{role="scheduler"} 1.7648352015e+09
+kvconnect_connector_last_failure_timestamp_seconds{rank="",role="scheduler"} 1.7648352015e+09
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(after), names...); err != nil {
 		t.Errorf("after Refresh: %v", err)
