@@ -204,12 +204,7 @@ func (p *Publisher) sendLoop() {
 func (p *Publisher) send(payload []byte, events int) {
 	seq := p.seq
 	p.seq++
-	msg := [][]byte{p.topic, binary.BigEndian.AppendUint64(nil, seq), payload}
-	if err := p.pub.Send(msg); err != nil {
-		p.log.Warn("kvevents: send", "seq", seq, "err", err)
-	}
-	p.batches.Add(1)
-	p.events.Add(uint64(events))
+	// Buffer first: a batch a subscriber has seen is one it can replay.
 	p.ring.Lock()
 	e := entry{seq: seq, payload: payload}
 	if len(p.ring.entries) < p.cfg.BufferSteps {
@@ -220,6 +215,12 @@ func (p *Publisher) send(payload []byte, events int) {
 	}
 	p.ring.next = (p.ring.next + 1) % p.cfg.BufferSteps
 	p.ring.Unlock()
+	p.batches.Add(1)
+	p.events.Add(uint64(events))
+	msg := [][]byte{p.topic, binary.BigEndian.AppendUint64(nil, seq), payload}
+	if err := p.pub.Send(msg); err != nil {
+		p.log.Warn("kvevents: send", "seq", seq, "err", err)
+	}
 }
 
 // buffered returns the buffered batches with a sequence number of start

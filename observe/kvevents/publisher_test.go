@@ -185,9 +185,13 @@ func TestReplay(t *testing.T) {
 func TestPublishDoesNotBlock(t *testing.T) {
 	p := openTest(t, Config{MaxQueueSize: 2})
 	ev := Event{Kind: BlockRemoved, Hashes: []hashing.BlockHash{testHash(0, 1), testHash(0, 2)}}
-	p.ring.Lock() // the sender blocks in send, after it counted the batch
+	p.ring.Lock() // the sender blocks in send, with the first batch taken
 	mustPublish(t, p, ev)
-	waitFor(t, "the sender to take the first batch", func() bool { return p.Stats().Batches == 1 })
+	waitFor(t, "the sender to take the first batch", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.mu.queue) == 0
+	})
 	for range 5 {
 		mustPublish(t, p, ev)
 	}
