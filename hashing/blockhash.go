@@ -1,6 +1,7 @@
 package hashing
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 )
@@ -22,6 +23,13 @@ func (h BlockHash) String() string { return hex.EncodeToString(h[:]) }
 
 // IsZero reports whether h is the zero BlockHash (all bytes zero).
 func (h BlockHash) IsZero() bool { return h == BlockHash{} }
+
+// Uint64 folds h into the 64-bit integer that vLLM's KV events carry as a
+// block hash: its last 8 bytes read big-endian, which is
+// int.from_bytes(h, "big") & (2**64 - 1) in Python, as vLLM and llm-d fold
+// their own digests (SPEC.md, section 11). Distinct hashes may fold to the
+// same integer; the fold names a block on the wire and is never a store key.
+func (h BlockHash) Uint64() uint64 { return binary.BigEndian.Uint64(h[len(h)-8:]) }
 
 // MarshalText returns h.String() as bytes.
 func (h BlockHash) MarshalText() ([]byte, error) { return hex.AppendEncode(nil, h[:]), nil }

@@ -136,3 +136,14 @@ func ExampleNamespace_GroupKey() {
 	// 0 sliding_window 1 acme/81026d70b4740da343efebdd4fcdffff/1/3ff5f91e4cd8aafad9febcd1508690af2a95e1a079aaecdfc5bf727c2a1942a4
 	// 1 full 0 acme/81026d70b4740da343efebdd4fcdffff/1/g1/3ff5f91e4cd8aafad9febcd1508690af2a95e1a079aaecdfc5bf727c2a1942a4
 }
+
+func ExampleBlockHash_Uint64() {
+	h, err := hashing.ParseBlockHash("943c6b41e951d729144aceb9441dde9d20eb2fe56c4604f571021a1b4979215b")
+	if err != nil {
+		panic(err)
+	}
+	// The integer that vLLM's KV events carry: the last 8 bytes, big-endian.
+	fmt.Println(h.Uint64())
+	// Output:
+	// 8143099780738392411
+}

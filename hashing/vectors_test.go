@@ -34,6 +34,13 @@ type vectorFile struct {
 	InvalidChains     []invalidChain    `json:"invalid_chains"`
 	InvalidKeys       []invalidKey      `json:"invalid_keys"`
 	Worked            []workedValue     `json:"worked_example"`
+	Folds             []foldVector      `json:"folds"`
+}
+
+// foldVector is a block hash and its 64-bit fold (SPEC.md, section 11).
+type foldVector struct {
+	Hash   BlockHash `json:"hash"`
+	Uint64 uint64    `json:"uint64"`
 }
 
 type identityVector struct {
@@ -351,6 +358,7 @@ func generateVectors(t testing.TB) vectorFile {
 
 	generateRejects(t, &vf, basic, mla, hy)
 	vf.Worked = workedExample(t, basic, nss["basic"], workedHybrid(basic))
+	vf.Folds = foldVectors(vf.Chains)
 	return vf
 }
 
@@ -663,6 +671,11 @@ func TestVectors(t *testing.T) {
 			t.Errorf("key vector %+v: ParseKey = %+v, %v", v, k, err)
 		}
 	}
+	for _, v := range vf.Folds {
+		if got := v.Hash.Uint64(); got != v.Uint64 {
+			t.Errorf("%v.Uint64() = %d, want %d", v.Hash, got, v.Uint64)
+		}
+	}
 	checkRejects(t, vf)
 	// The file indents the raw JSON of invalid identities; compare it
 	// compacted.
@@ -703,4 +716,38 @@ func TestSpecWorkedExample(t *testing.T) {
 	if !strings.Contains(string(spec), "Spec version: "+string(rune('0'+SpecVersion))) {
 		t.Errorf("SPEC.md does not say \"Spec version: %d\"", SpecVersion)
 	}
+}
+
+// foldVectors returns the folds of SPEC.md, section 11: hashes whose last 8
+// bytes are at the edges (0, 1, 2^63 - 1, 2^63, 2^64 - 1, with other bytes
+// before them that the fold drops), then the first hash of each chain.
+// The integers are written out by hand, not by Uint64.
+func foldVectors(chains []chainVector) []foldVector {
+	edge := func(head byte, tail string, v uint64) foldVector {
+		var h BlockHash
+		for i := range 24 {
+			h[i] = head
+		}
+		if err := parseHex(h[24:], tail); err != nil {
+			panic(err)
+		}
+		return foldVector{Hash: h, Uint64: v}
+	}
+	folds := []foldVector{
+		edge(0xff, "0000000000000000", 0),
+		edge(0x00, "0000000000000001", 1),
+		edge(0xa5, "7fffffffffffffff", 1<<63-1),
+		edge(0x00, "8000000000000000", 1<<63),
+		edge(0xff, "ffffffffffffffff", 1<<64-1),
+		edge(0x01, "0102030405060708", 0x0102030405060708),
+	}
+	for _, c := range chains[:4] {
+		h := c.Hashes[0]
+		var v uint64
+		for _, b := range h[24:] {
+			v = v<<8 | uint64(b)
+		}
+		folds = append(folds, foldVector{Hash: h, Uint64: v})
+	}
+	return folds
 }

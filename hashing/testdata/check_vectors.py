@@ -576,6 +576,15 @@ def main():
         expect(w[k] == want.hex(), f"worked example {k}")
     print(f"worked example: {len(w)} ok")
 
+    # Section 11: the fold of a block hash into vLLM's 64-bit block ids.
+    chain_hashes = {h for v in vf["chains"] for h in v["hashes"]}
+    for v in vf["folds"]:
+        h = bytes.fromhex(v["hash"])
+        expect(len(h) == 32, f"fold {v['hash']}: not 32 bytes")
+        expect(int.from_bytes(h, "big") & (2**64 - 1) == v["uint64"], f"fold {v['hash']}: {v['uint64']}")
+    expect(sum(v["hash"] in chain_hashes for v in vf["folds"]) >= 1, "folds: no hash of a chain")
+    print(f"folds: {len(vf['folds'])} ok")
+
 
 if __name__ == "__main__":
     main()

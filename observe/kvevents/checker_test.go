@@ -1,0 +1,185 @@
+package kvevents
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// requireCheckerVar makes TestIndependentConsumer fail, rather than skip,
+// when python3 with pyzmq and msgpack is missing.
+const requireCheckerVar = "KVEVENTS_CHECKER_REQUIRE"
+
+// pythonVar names a python3 interpreter to use instead of the first of
+// python3 (on PATH) and /usr/bin/python3 that imports zmq and msgpack.
+const pythonVar = "KVEVENTS_PYTHON"
+
+// checkerPython returns a python3 that imports zmq and msgpack, or skips
+// the test saying why (fails it when requireCheckerVar=1).
+func checkerPython(t *testing.T) string {
+	t.Helper()
+	candidates := []string{"python3", "/usr/bin/python3"}
+	if p := os.Getenv(pythonVar); p != "" {
+		candidates = []string{p}
+	}
+	var why []string
+	for _, c := range candidates {
+		path, err := exec.LookPath(c)
+		if err != nil {
+			why = append(why, fmt.Sprintf("%s: %v", c, err))
+			continue
+		}
+		out, err := exec.Command(path, "-c", "import zmq, msgpack").CombinedOutput()
+		if err != nil {
+			why = append(why, fmt.Sprintf("%s: %v: %s", path, err, bytes.TrimSpace(out)))
+			continue
+		}
+		return path
+	}
+	msg := fmt.Sprintf("no python3 with zmq and msgpack (%q); install the Debian packages python3-zmq and python3-msgpack, or set %s", why, pythonVar)
+	if os.Getenv(requireCheckerVar) == "1" {
+		t.Fatalf("%s, and %s=1", msg, requireCheckerVar)
+	}
+	t.Skipf("%s; %s=1 makes this a failure", msg, requireCheckerVar)
+	return ""
+}
+
+// vllmFields are the fields of vLLM's event classes in declaration order.
+var vllmFields = map[string][]string{
+	"BlockStored": {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+		"extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"},
+	"BlockRemoved":     {"block_hashes", "medium", "group_idx"},
+	"AllBlocksCleared": {},
+}
+
+// checkerEvent is an event as check_consumer.py prints it.
+func checkerEvent(fields []kv, f Format) map[string]any {
+	tag := fields[0].V.(string)
+	byName := map[string]any{}
+	keys := []any{}
+	for _, e := range fields {
+		keys = append(keys, e.K)
+		byName[e.K] = e.V
+	}
+	all := map[string]any{}
+	for _, n := range vllmFields[tag] {
+		all[n] = byName[n] // nil (None) when left out
+	}
+	ev := map[string]any{"type": tag, "encoding": string(f), "fields": all, "keys": nil}
+	if f == FormatMap {
+		ev["keys"] = keys
+	}
+	return ev
+}
+
+// jsonValue returns v as JSON decodes it with numbers kept exact.
+func jsonValue(t *testing.T, v any) any {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return jsonDecode(t, b)
+}
+
+func jsonDecode(t *testing.T, b []byte) any {
+	t.Helper()
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		t.Fatalf("decode JSON %q: %v", b, err)
+	}
+	return v
+}
+
+// TestIndependentConsumer runs testdata/check_consumer.py, a consumer
+// written with pyzmq (libzmq) and msgpack against vLLM's event classes: it
+// subscribes, decodes every frame and field, asks for a replay over a
+// DEALER socket and prints JSON that is compared here field by field.
+func TestIndependentConsumer(t *testing.T) {
+	python := checkerPython(t)
+	for _, f := range []Format{FormatMap, FormatArray} {
+		t.Run(string(f), func(t *testing.T) {
+			const topic = "kv@pod-0@llama"
+			p := openTest(t, Config{Topic: topic, Format: f, DataParallelRank: 2})
+			var stdout, stderr bytes.Buffer
+			cmd := exec.Command(python, "testdata/check_consumer.py", "--pub", p.Endpoint(), "--replay", p.ReplayEndpoint(),
+				"--topic", "kv@", "--count", "2", "--replay-from", "0")
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			// Wait for the subscription (or for the checker to fail first).
+			deadline := time.Now().Add(testTimeout)
+			for p.Stats().Subscribers == 0 {
+				select {
+				case err := <-exited:
+					t.Fatalf("check_consumer.py exited before subscribing: %v\n%s", err, stderr.String())
+				default:
+				}
+				if time.Now().After(deadline) {
+					cmd.Process.Kill()
+					<-exited
+					t.Fatalf("check_consumer.py did not subscribe within %v\n%s", testTimeout, stderr.String())
+				}
+				time.Sleep(time.Millisecond)
+			}
+			events, want := sampleEvents()
+			before := time.Now()
+			mustPublish(t, p, events...)
+			mustPublish(t, p, events[3])
+			after := time.Now()
+			select {
+			case err := <-exited:
+				if err != nil {
+					t.Fatalf("check_consumer.py: %v\n%s", err, stderr.String())
+				}
+			case <-time.After(2 * testTimeout):
+				cmd.Process.Kill()
+				<-exited
+				t.Fatalf("check_consumer.py did not finish\n%s", stderr.String())
+			}
+			t.Logf("check_consumer.py printed:\n%s", stdout.String())
+			got := jsonDecode(t, stdout.Bytes()).(map[string]any)
+
+			batch := func(topic any, seq int, evs [][]kv) map[string]any {
+				out := []any{}
+				for _, e := range evs {
+					out = append(out, checkerEvent(e, f))
+				}
+				return map[string]any{"topic": topic, "seq": seq, "dp_rank": 2, "events": out}
+			}
+			wantOut := map[string]any{
+				"live":   []any{batch(topic, 0, want), batch(topic, 1, want[3:])},
+				"replay": []any{batch(nil, 0, want), batch(nil, 1, want[3:])},
+				"end":    []any{"", "ffffffffffffffff", ""},
+			}
+			// The timestamps: floats between before and after; then out of
+			// the comparison.
+			for _, part := range []string{"live", "replay"} {
+				rows, _ := got[part].([]any)
+				for i, r := range rows {
+					row := r.(map[string]any)
+					ts, err := strconv.ParseFloat(fmt.Sprint(row["ts"]), 64)
+					if err != nil || ts < float64(before.UnixNano())/1e9-1e-3 || ts > float64(after.UnixNano())/1e9+1e-3 {
+						t.Errorf("%s[%d].ts = %v, want between %v and %v", part, i, row["ts"], before, after)
+					}
+					delete(row, "ts")
+				}
+			}
+			if diff := cmp.Diff(jsonValue(t, wantOut), any(got)); diff != "" {
+				t.Errorf("check_consumer.py output (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

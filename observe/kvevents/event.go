@@ -1,0 +1,134 @@
+package kvevents
+
+import (
+	"fmt"
+
+	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
+)
+
+// Kind is what happened to blocks: one of vLLM's event classes.
+type Kind uint8
+
+const (
+	BlockStored      Kind = iota + 1 // blocks were saved: vLLM's BlockStored
+	BlockRemoved                     // blocks were removed or evicted: BlockRemoved
+	AllBlocksCleared                 // every block is gone: AllBlocksCleared
+)
+
+// String returns the vLLM class name of k, the tag of its events on the
+// wire.
+func (k Kind) String() string {
+	switch k {
+	case BlockStored:
+		return "BlockStored"
+	case BlockRemoved:
+		return "BlockRemoved"
+	case AllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// Mediums of vLLM's events. A publisher's [Config.Medium] names the tier
+// its store is: [MediumCPU] for memstore, [MediumStorage] (or a name of
+// the deployment's choosing) for Mooncake.
+const (
+	MediumGPU     = "GPU"
+	MediumCPU     = "CPU"
+	MediumStorage = "STORAGE"
+)
+
+// SpecFullAttention is the kv_cache_spec_kind of a full-attention KV cache
+// group, the default of [Event.SpecKind]. vLLM's other kinds include
+// "sliding_window" and "mamba".
+const SpecFullAttention = "full_attention"
+
+// Event is one KV event with every field of vLLM's event classes. The
+// fields that a Kind does not carry are ignored: AllBlocksCleared carries
+// none, BlockRemoved only Hashes, Medium and Group.
+type Event struct {
+	Kind Kind
+	// Hashes are the blocks, in chain order; on the wire each is its
+	// [hashing.BlockHash.Uint64]. BlockStored and BlockRemoved need one
+	// or more.
+	Hashes []hashing.BlockHash
+	// Parent is the hash of the block before Hashes[0] in its request;
+	// zero (the first block of a request) is sent as null.
+	Parent hashing.BlockHash
+	// Tokens are the token ids of the blocks, all of them in order:
+	// len(Hashes)*BlockSize of them, or none when the engine does not
+	// have them (routers that re-hash tokens then ignore the event).
+	Tokens []hashing.Token
+	// BlockSize is the number of tokens of a block; BlockStored needs it.
+	BlockSize int
+	// LoraName is the adapter's name; "" is sent as null.
+	LoraName string
+	// ExtraKeys has, for each block, the extra keys that entered its hash
+	// (adapter name, cache salt, multimodal identifiers) or nil for none;
+	// a nil ExtraKeys is sent as one null per block, as vLLM sends it.
+	ExtraKeys [][]string
+	// Group is the KV cache group of the blocks (group_idx); 0 with one
+	// group.
+	Group int
+	// SpecKind is the group's kv_cache_spec_kind; "" is
+	// [SpecFullAttention].
+	SpecKind string
+	// SlidingWindow is kv_cache_spec_sliding_window, in tokens, of a
+	// sliding-window group; 0 leaves the field out.
+	SlidingWindow int
+	// Medium overrides [Config.Medium] for this event when not "".
+	Medium string
+}
+
+// FromConnector converts a connector.KVEvent, filling what it carries:
+// Kind, Hashes and Group, and BlockSize from blockSize. Parent, Tokens,
+// LoraName and ExtraKeys stay empty, as connector.KVEvent lacks them; its
+// Generation has no field on vLLM's wire and is dropped. The Hashes slice
+// is shared with e.
+func FromConnector(e connector.KVEvent, blockSize int) Event {
+	var k Kind
+	switch e.Kind {
+	case connector.BlockStored:
+		k = BlockStored
+	case connector.BlockRemoved:
+		k = BlockRemoved
+	case connector.AllCleared:
+		k = AllBlocksCleared
+	}
+	return Event{Kind: k, Hashes: e.Hashes, Group: e.Group, BlockSize: blockSize}
+}
+
+// validate returns an error naming the first field of e that cannot be
+// sent.
+func (e *Event) validate() error {
+	switch e.Kind {
+	case AllBlocksCleared:
+		return nil
+	case BlockStored, BlockRemoved:
+	default:
+		return fmt.Errorf("Kind = %d: not BlockStored, BlockRemoved or AllBlocksCleared", e.Kind)
+	}
+	if len(e.Hashes) == 0 {
+		return fmt.Errorf("Hashes: empty: a %v event names one or more blocks", e.Kind)
+	}
+	if e.Group < 0 {
+		return fmt.Errorf("Group = %d: negative", e.Group)
+	}
+	if e.Kind == BlockRemoved {
+		return nil
+	}
+	if e.BlockSize <= 0 {
+		return fmt.Errorf("BlockSize = %d: a BlockStored event needs the block size in tokens", e.BlockSize)
+	}
+	if n := len(e.Tokens); n != 0 && n != len(e.Hashes)*e.BlockSize {
+		return fmt.Errorf("Tokens: %d token ids for %d blocks of %d tokens, want %d or none", n, len(e.Hashes), e.BlockSize, len(e.Hashes)*e.BlockSize)
+	}
+	if e.ExtraKeys != nil && len(e.ExtraKeys) != len(e.Hashes) {
+		return fmt.Errorf("ExtraKeys: %d entries for %d blocks, want one per block or nil", len(e.ExtraKeys), len(e.Hashes))
+	}
+	if e.SlidingWindow < 0 {
+		return fmt.Errorf("SlidingWindow = %d: negative", e.SlidingWindow)
+	}
+	return nil
+}
