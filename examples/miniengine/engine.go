@@ -8,6 +8,7 @@ import (
 	"github.com/kvconnect/kvconnect/connector"
 	_ "github.com/kvconnect/kvconnect/connector/storeconn" // registers StoreConnector
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/observe/prom"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/scheduler"
 	"github.com/kvconnect/kvconnect/store"
@@ -50,10 +51,17 @@ type Engine struct {
 	res    []scheduler.Result
 	outs   []*connector.Output
 	ended  []scheduler.Ended
+	// metrics, with -metrics: the collectors it refreshes and counts
+	// into (see observe.go); events, with -kv-events: where its
+	// connector's KV events go.
+	metrics *engineMetrics
+	events  *engineEvents
+	evbuf   []connector.KVEvent
 }
 
 // live is the engine's record of a running request.
 type live struct {
+	prompt    int
 	maxTokens int
 	out       []hashing.Token
 	added     time.Time
@@ -169,7 +177,7 @@ func (e *Engine) Submit(id connector.RequestID, prompt []hashing.Token, maxToken
 	if err := e.sched.Add(scheduler.Request{ID: id, Prompt: prompt, MaxTokens: maxTokens, TransferParams: params}); err != nil {
 		return err
 	}
-	e.reqs[id] = &live{maxTokens: maxTokens, added: time.Now(), done: done}
+	e.reqs[id] = &live{prompt: len(prompt), maxTokens: maxTokens, added: time.Now(), done: done}
 	return nil
 }
 
@@ -219,16 +227,38 @@ func (e *Engine) Step(ctx context.Context) error {
 		return err
 	}
 	e.ended = e.sched.TakeEnded(e.ended[:0])
+	e.observe()
 	now := time.Now()
 	for _, en := range e.ended {
 		r := e.reqs[en.ID]
 		if r == nil {
 			continue
 		}
+		if m := e.metrics; m != nil {
+			local, ext := en.Metrics.LocalTokens, en.Metrics.ExternalTokens
+			m.tokens.Add(prom.LocalCacheHit, local)
+			m.tokens.Add(prom.ExternalTransfer, ext)
+			m.tokens.Add(prom.LocalCompute, max(0, r.prompt-local-ext))
+		}
 		delete(e.reqs, en.ID)
 		r.done <- finished{ID: en.ID, Out: r.out, Err: en.Err, Added: r.added, First: r.first, Done: now, Metrics: en.Metrics}
 	}
 	return nil
+}
+
+// observe refreshes the scheduler half's metrics and hands its KV events
+// on, after a step.
+func (e *Engine) observe() {
+	if m := e.metrics; m != nil && m.sched != nil {
+		m.sched.Refresh()
+	}
+	if e.events == nil {
+		return
+	}
+	if src, ok := e.conn.(connector.EventSource); ok {
+		e.evbuf = src.TakeEvents(e.evbuf[:0])
+		e.events.publish(e.evbuf)
+	}
 }
 
 // Rotate moves the engine to a new weights generation with new weights

@@ -75,6 +75,9 @@ type Options struct {
 	PD             bool // run disaggregated prefill and decode over the p2p connector
 	WeightUpdateAt int  // rotate the weights after this many requests end (0: never)
 
+	Metrics  string // -metrics: serve the ON runs' Prometheus metrics on this address
+	KVEvents string // -kv-events: publish the ON runs' KV events on this ZMQ endpoint
+
 	Repeat   int // runs of each configuration; the table shows the median-duration run
 	JSON     bool
 	Progress bool
@@ -84,6 +87,8 @@ type Options struct {
 	shared    store.Store                   // an open Mooncake client every ON run shares
 	tenant    string                        // the ON runs' tenant; each run gets its own
 	runs      *int                          // ON runs so far, naming their tenants
+	obs       *observer                     // with -metrics
+	sink      *eventSink                    // with -kv-events
 }
 
 func defaultOptions() Options {
@@ -136,6 +141,8 @@ func main() {
 	fs.IntVar(&o.WeightUpdateAt, "weight-update-at", o.WeightUpdateAt, "rotate to new weights after this many requests end (0: never)")
 	fs.StringVar(&o.Verify, "verify", o.Verify, "check every loaded block against the trailer saved with it (checksum) or not (none)")
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
+	fs.StringVar(&o.Metrics, "metrics", o.Metrics, "serve the Prometheus metrics of the run in progress (connector on) at http://ADDR/metrics, for example 127.0.0.1:9400")
+	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "publish the KV events of the runs with the connector on, as vLLM does, on a ZMQ PUB socket bound at this endpoint, for example tcp://127.0.0.1:5557 (replay on the next port)")
 	fs.IntVar(&o.Repeat, "repeat", o.Repeat, "run each configuration this many times, OFF and ON interleaved; the table shows each one's median-duration run")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the results as JSON")
 	fs.BoolVar(&o.Progress, "progress", o.Progress, "print a progress line while running")
@@ -490,7 +497,12 @@ func runOnce(ctx context.Context, o Options, on bool, blocks int, progress func(
 			e.Close()
 		}
 	}()
-	for range n {
+	var rm *runMetrics
+	if on {
+		rm = o.obs.newRun()
+		st = rm.wrap(st)
+	}
+	for i := range n {
 		cfg := o.engineConfig(0, blocks)
 		cfg.Store, cfg.Connector = st, o.connectorConfig()
 		e, err := NewEngine(cfg)
@@ -498,7 +510,12 @@ func runOnce(ctx context.Context, o Options, on bool, blocks int, progress func(
 			return Stats{}, err
 		}
 		engines = append(engines, e)
+		if on {
+			rm.engine(i, e)
+			e.events = o.sink.forEngine(cfg)
+		}
 	}
+	o.obs.serve(rm)
 	route := func(session, turn int) int { return (session + turn) % len(engines) }
 	var h hooks
 	if o.WeightUpdateAt > 0 {
@@ -528,6 +545,18 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 		return fmt.Errorf("-store %s: %w", o.Store, err)
 	}
 	defer closeShared()
+	if o.Metrics != "" {
+		if o.obs, err = newObserver(o.Metrics, errw); err != nil {
+			return err
+		}
+		defer o.obs.Close()
+	}
+	if o.KVEvents != "" {
+		if o.sink, err = newEventSink(ctx, o, errw); err != nil {
+			return err
+		}
+		defer o.sink.Close()
+	}
 	type job struct {
 		name   string
 		on     bool

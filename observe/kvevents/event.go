@@ -82,10 +82,12 @@ type Event struct {
 }
 
 // FromConnector converts a connector.KVEvent, filling what it carries:
-// Kind, Hashes and Group, and BlockSize from blockSize. Parent, Tokens,
-// LoraName and ExtraKeys stay empty, as connector.KVEvent lacks them; its
-// Generation has no field on vLLM's wire and is dropped. The Hashes slice
-// is shared with e.
+// Kind, Hashes, Group, Parent, Tokens and BlockSize (blockSize when the
+// event's own is 0). LoraName, ExtraKeys, SpecKind and SlidingWindow stay
+// empty for the caller to set from its layout; the Generation has no
+// field on vLLM's wire and is dropped (a rotation makes the old blocks
+// unreachable: publish an AllBlocksCleared). The slices are shared with
+// e.
 func FromConnector(e connector.KVEvent, blockSize int) Event {
 	var k Kind
 	switch e.Kind {
@@ -96,7 +98,10 @@ func FromConnector(e connector.KVEvent, blockSize int) Event {
 	case connector.AllCleared:
 		k = AllBlocksCleared
 	}
-	return Event{Kind: k, Hashes: e.Hashes, Group: e.Group, BlockSize: blockSize}
+	if e.BlockSize > 0 {
+		blockSize = e.BlockSize
+	}
+	return Event{Kind: k, Hashes: e.Hashes, Parent: e.Parent, Tokens: e.Tokens, Group: e.Group, BlockSize: blockSize}
 }
 
 // validate returns an error naming the first field of e that cannot be

@@ -330,6 +330,7 @@ func TestFromConnector(t *testing.T) {
 		want Event
 	}{
 		{connector.KVEvent{Kind: connector.BlockStored, Generation: 3, Group: 1, Hashes: hs}, Event{Kind: BlockStored, Hashes: hs, Group: 1, BlockSize: 16}},
+		{connector.KVEvent{Kind: connector.BlockStored, Hashes: hs[1:], Parent: hs[0], BlockSize: 2, Tokens: []hashing.Token{5, 6}}, Event{Kind: BlockStored, Hashes: hs[1:], Parent: hs[0], BlockSize: 2, Tokens: []hashing.Token{5, 6}}},
 		{connector.KVEvent{Kind: connector.BlockRemoved, Hashes: hs[:1]}, Event{Kind: BlockRemoved, Hashes: hs[:1], BlockSize: 16}},
 		{connector.KVEvent{Kind: connector.AllCleared}, Event{Kind: AllBlocksCleared, BlockSize: 16}},
 	}
