@@ -347,3 +347,39 @@ func TestKindString(t *testing.T) {
 		}
 	}
 }
+
+// TestStalledSubscriber: a subscriber that never reads loses messages past
+// its HWM (counted), delays neither Publish nor another subscriber, and
+// Close still returns within its bound and joins every goroutine.
+func TestStalledSubscriber(t *testing.T) {
+	base := runtime.NumGoroutine()
+	p, err := Open(context.Background(), Config{Endpoint: "tcp://127.0.0.1:0", Medium: MediumCPU, HWM: 4, CloseTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled := subscribe(t, p, "")
+	reader := subscribe(t, p, "")
+	tokens := make([]hashing.Token, 64*1024) // 64 Ki tokens: socket buffers fill after a few batches
+	ev := Event{Kind: BlockStored, Hashes: []hashing.BlockHash{testHash(0, 1)}, BlockSize: len(tokens), Tokens: tokens}
+	const n = 200
+	for i := range n {
+		mustPublish(t, p, ev)
+		// The reader keeps up, so its queue never reaches the HWM.
+		if got := seqOf(t, recv(t, reader)[1]); got != uint64(i) {
+			t.Fatalf("reader: seq %d, want %d", got, i)
+		}
+	}
+	if st := p.Stats(); st.SubscriberDrops == 0 || st.Batches != n {
+		t.Errorf("Stats() = %+v, want %d batches and drops for the stalled subscriber", st, n)
+	}
+	start := time.Now()
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Close took %v with a stalled subscriber, want about 2 x CloseTimeout", d)
+	}
+	stalled.Close()
+	reader.Close()
+	waitFor(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+}
