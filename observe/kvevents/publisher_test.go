@@ -3,6 +3,7 @@ package kvevents
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"runtime"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
 )
@@ -382,4 +384,22 @@ func TestStalledSubscriber(t *testing.T) {
 	stalled.Close()
 	reader.Close()
 	waitFor(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+// TestConfigFromVLLMJSON: the JSON of vLLM's --kv-events-config decodes,
+// its enable_kv_cache_events and publisher ignored.
+func TestConfigFromVLLMJSON(t *testing.T) {
+	var c Config
+	in := `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557",
+		"replay_endpoint": null, "buffer_steps": 500, "hwm": 1000, "max_queue_size": 2000, "topic": "kv@pod@m", "medium": "STORAGE"}`
+	if err := json.Unmarshal([]byte(in), &c); err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Endpoint: "tcp://127.0.0.1:5557", BufferSteps: 500, HWM: 1000, MaxQueueSize: 2000, Topic: "kv@pod@m", Medium: MediumStorage}
+	if diff := cmp.Diff(want, c, cmpopts.IgnoreFields(Config{}, "Logger")); diff != "" {
+		t.Errorf("json.Unmarshal(%s) (-want +got):\n%s", in, diff)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate() = %v", err)
+	}
 }
