@@ -28,11 +28,14 @@
 // its last 8 bytes, big-endian (hashing/SPEC.md, section 11).
 //
 // With [Config.ReplayEndpoint] set, a ROUTER socket resends the latest
-// [Config.BufferSteps] batches: a client (DEALER or REQ) sends
-// ["", start] (a REQ socket adds the empty frame itself), start the first
-// wanted seq as 8 bytes big-endian, and receives ["", seq, payload] for
-// each buffered batch from start on, then ["", -1 as 8 bytes, ""]. A
-// subscriber that sees a gap in seq, or that joined late, fills it so.
+// [Config.BufferSteps] batches: a DEALER client sends ["", start], start
+// the first wanted seq as 8 bytes big-endian, and receives
+// ["", seq, payload] for each buffered batch from start on, then
+// ["", -1 as 8 bytes, ""] (the frames of vLLM's replay; a replay reply has
+// no topic frame). A REQ client may send [start], as its socket adds the
+// empty frame, but it then receives only the first reply. A subscriber
+// that sees a gap in seq, or that joined late, fills it so: a batch is
+// buffered before it is sent, so every batch seen live can be replayed.
 //
 // # Usage
 //

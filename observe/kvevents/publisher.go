@@ -244,7 +244,7 @@ func (p *Publisher) buffered(start uint64) []entry {
 }
 
 // replayLoop answers replay requests until Close: a request is
-// [identity, "", start] (a DEALER sends ["", start], a REQ [start]), start
+// [identity, "", start] (a DEALER sends ["", start]), start
 // the first wanted sequence number, big-endian; the replies are
 // [identity, "", seq, payload] for each buffered batch from start on, then
 // [identity, "", -1, ""].

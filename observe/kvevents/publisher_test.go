@@ -3,6 +3,7 @@ package kvevents
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"runtime"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
 )
@@ -346,5 +348,59 @@ func TestKindString(t *testing.T) {
 		if got := k.String(); got != want {
 			t.Errorf("Kind(%d).String() = %q, want %q", uint8(k), got, want)
 		}
+	}
+}
+
+// TestStalledSubscriber: a subscriber that never reads loses messages past
+// its HWM (counted), delays neither Publish nor another subscriber, and
+// Close still returns within its bound and joins every goroutine.
+func TestStalledSubscriber(t *testing.T) {
+	base := runtime.NumGoroutine()
+	p, err := Open(context.Background(), Config{Endpoint: "tcp://127.0.0.1:0", Medium: MediumCPU, HWM: 4, CloseTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled := subscribe(t, p, "")
+	reader := subscribe(t, p, "")
+	tokens := make([]hashing.Token, 64*1024) // 64 Ki tokens: socket buffers fill after a few batches
+	ev := Event{Kind: BlockStored, Hashes: []hashing.BlockHash{testHash(0, 1)}, BlockSize: len(tokens), Tokens: tokens}
+	const n = 200
+	for i := range n {
+		mustPublish(t, p, ev)
+		// The reader keeps up, so its queue never reaches the HWM.
+		if got := seqOf(t, recv(t, reader)[1]); got != uint64(i) {
+			t.Fatalf("reader: seq %d, want %d", got, i)
+		}
+	}
+	if st := p.Stats(); st.SubscriberDrops == 0 || st.Batches != n {
+		t.Errorf("Stats() = %+v, want %d batches and drops for the stalled subscriber", st, n)
+	}
+	start := time.Now()
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Close took %v with a stalled subscriber, want about 2 x CloseTimeout", d)
+	}
+	stalled.Close()
+	reader.Close()
+	waitFor(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+// TestConfigFromVLLMJSON: the JSON of vLLM's --kv-events-config decodes,
+// its enable_kv_cache_events and publisher ignored.
+func TestConfigFromVLLMJSON(t *testing.T) {
+	var c Config
+	in := `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557",
+		"replay_endpoint": null, "buffer_steps": 500, "hwm": 1000, "max_queue_size": 2000, "topic": "kv@pod@m", "medium": "STORAGE"}`
+	if err := json.Unmarshal([]byte(in), &c); err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Endpoint: "tcp://127.0.0.1:5557", BufferSteps: 500, HWM: 1000, MaxQueueSize: 2000, Topic: "kv@pod@m", Medium: MediumStorage}
+	if diff := cmp.Diff(want, c, cmpopts.IgnoreFields(Config{}, "Logger")); diff != "" {
+		t.Errorf("json.Unmarshal(%s) (-want +got):\n%s", in, diff)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate() = %v", err)
 	}
 }
