@@ -416,6 +416,27 @@ type StatsReporter interface {
 	Stats() Stats
 }
 
+// Waker is an optional interface of a Scheduler or Worker: a way for an
+// engine with nothing to compute to block until the connector has news,
+// instead of stepping idle. Wake returns a channel, the same on every
+// call, that receives a value once something happened that the half's
+// next calls may report: for a Worker, a transfer ended (the next Poll
+// reports it); for a Scheduler, a lookup answered or reached its deadline
+// (a Match that answered Pending may answer now), or work waits that only
+// a step can start (an out-of-space retry due in a later step). Values
+// coalesce: the channel holds at most one, so a value means "call again",
+// and a call may find nothing new.
+//
+// An engine waits only when it has nothing to compute and has called the
+// halves since its last receive (a value sent before that call is still
+// in the channel, so no news is lost between the call and the wait), on
+// the channels of the Scheduler and of every Worker together, and on its
+// own arrivals. A half that is not a Waker cannot be waited on: the
+// fallback is to step, polling, as without Waker.
+type Waker interface {
+	Wake() <-chan struct{}
+}
+
 // Rotator is an optional interface of a Scheduler: after an online weight
 // update, Rotate moves the connector to a new weights generation. From the
 // next Plan on no key of an older generation is looked up, loaded or saved,

@@ -108,10 +108,10 @@
 // # Optional capabilities
 //
 // A half may implement [StatsReporter], [HealthReporter], [Rotator],
-// [EventSource], [Preempter] or [TransferParamsSource]; callers check with a
-// type assertion once, after opening. Each has a documented fallback: no
-// stats, no health, no rotation (reopen the connector with a new
-// identity), no events, Finish, no parameters.
+// [EventSource], [Preempter], [TransferParamsSource] or [Waker]; callers
+// check with a type assertion once, after opening. Each has a documented
+// fallback: no stats, no health, no rotation (reopen the connector with a
+// new identity), no events, Finish, no parameters, stepping to poll.
 //
 // # Errors and misuse
 //

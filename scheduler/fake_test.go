@@ -113,6 +113,7 @@ type fakeConn struct {
 
 	inject    map[string]error      // method name -> error it returns, with no effect
 	matches   int                   // Match calls
+	answered  int                   // lookups answered: Match calls that ended a pending lookup with a number
 	stepMatch []connector.RequestID // requests matched since the last Update
 	finishes  int
 	allocated int // Allocated calls with external > 0
@@ -271,6 +272,7 @@ func (c *fakeConn) Match(r *connector.Request, computed int) (connector.Match, e
 			}
 		}
 		q.lookup = n
+		c.answered++
 	}
 	return connector.Match{Tokens: q.lookup * c.bs}, nil
 }

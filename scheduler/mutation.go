@@ -22,11 +22,12 @@ const (
 	mutStateOffByOne          // a state at a block boundary is kept in the entry of the next boundary
 	mutNoAlign                // prefill chunks end anywhere: a state left inside a block stays in the table as the state at its end
 	mutFreeBusy               // a sliding-window block out of the table is freed while a transfer names it
+	mutIdleNoNews             // a load or release the connector reports does not end Idle
 	mutCount
 )
 
 func (m mutation) String() string {
 	return [...]string{"none", "ignore-keep", "over-reserve", "lookup-always", "keep-cache", "no-rotate",
 		"trust-failed", "requeue-early", "double-release", "last-token", "pending-blocks",
-		"keep-window", "window-short", "state-off-by-one", "no-align", "free-busy"}[m]
+		"keep-window", "window-short", "state-off-by-one", "no-align", "free-busy", "idle-no-news"}[m]
 }

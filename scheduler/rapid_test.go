@@ -163,9 +163,18 @@ func (m *machine) Step(t *rapid.T) {
 		m.unchanged(t, ErrStepInFlight, "Step", func() error { _, err := m.h.s.Step(); return err })
 		return
 	}
+	idle, answered := m.h.s.Idle(), 0
+	if m.h.conn != nil {
+		answered = m.h.conn.answered
+	}
 	p, err := m.h.s.Step()
 	if err != nil {
 		t.Fatalf("Step: %v", err)
+	}
+	// Idle promises that only news from outside makes a request
+	// runnable: here, a lookup that answered in this step.
+	if idle && len(p.Items) > 0 && (m.h.conn == nil || m.h.conn.answered == answered) {
+		t.Fatalf("Idle() was true, but step %d plans %d items (%v) with no lookup answered", p.Step, len(p.Items), spans(p))
 	}
 	if err := m.h.compute(p); err != nil {
 		t.Fatal(err)

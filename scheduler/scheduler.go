@@ -39,6 +39,8 @@ type Scheduler struct {
 
 	step        uint64
 	inFlight    bool
+	lastEmpty   bool // the last step planned no item
+	news        bool // since the last step, something may have made a request runnable (see Idle)
 	epoch       uint64
 	nextSeq     uint64
 	pendingFree []int // per group: blocks that held requests alone hold, free once released
@@ -294,6 +296,7 @@ func (s *Scheduler) Add(req Request) error {
 	r.m = Metrics{Added: s.step}
 	s.reqs[req.ID] = r
 	s.waiting = append(s.waiting, r) // the newest: last in arrival order
+	s.news = true
 	return nil
 }
 
@@ -456,6 +459,7 @@ func (s *Scheduler) Step() (*Plan, error) {
 		p.Metadata = s.conn.Plan()
 		s.busy.plan(p.Metadata)
 	}
+	s.lastEmpty, s.news = len(p.Items) == 0, false
 	s.inFlight = true
 	s.stats.Step = s.step
 	return p, nil
@@ -1081,6 +1085,7 @@ func (s *Scheduler) requeue(r *request) {
 // end ends r in state (Finished, Failed or Aborted): the connector's Finish
 // decides whether its blocks are freed now or held until released.
 func (s *Scheduler) end(r *request, state State, err error) {
+	s.news = true // its blocks, or its place in MaxRunning, go to others
 	keep := r.held
 	if !r.held {
 		var ferr error
@@ -1328,6 +1333,9 @@ func (s *Scheduler) sweep(r *request) {
 // ErrConnector for entries that contradict the scheduler's state, which it
 // skips.
 func (s *Scheduler) progress(p *connector.Progress) error {
+	if (len(p.Loaded) > 0 || len(p.Failed) > 0 || len(p.Released) > 0) && s.mut != mutIdleNoNews {
+		s.news = true
+	}
 	var bad []error
 	for _, id := range p.Loaded {
 		r := s.reqs[id]
@@ -1518,6 +1526,7 @@ func (s *Scheduler) Invalidate(gen uint64) error {
 	for len(s.loading) > 0 {
 		s.preempt(s.loading[len(s.loading)-1])
 	}
+	s.news = true
 	return nil
 }
 

@@ -50,6 +50,13 @@ func e2eIdentity(bs int) hashing.Identity {
 // per rank.
 func newMiniEngine(t *testing.T, st store.Store, cfg Config) *miniEngine {
 	t.Helper()
+	return newMiniEngineLookup(t, st, cfg, "sync")
+}
+
+// newMiniEngineLookup is newMiniEngine with the connector's lookups run
+// as lookup says: "sync" inside Match, "async" on the connector's pool.
+func newMiniEngineLookup(t *testing.T, st store.Store, cfg Config, lookup string) *miniEngine {
+	t.Helper()
 	bs := cfg.Identity.Layout.BlockSize
 	e := &miniEngine{loop: loop{t: t, prompts: map[connector.RequestID]*modelReq{}}, bs: bs}
 	e.kv = connector.KVCache{Layers: e2eLayers, Blocks: cfg.Blocks, KV: e2eKV, BlockBytes: 8 * bs, Order: connector.BlockMajor}
@@ -69,7 +76,7 @@ func newMiniEngine(t *testing.T, st store.Store, cfg Config) *miniEngine {
 		e.mems = append(e.mems, m)
 	}
 	if st != nil {
-		ccfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
+		ccfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": lookup}}
 		env := connector.Env{Identity: cfg.Identity, Store: st}
 		sc, err := connector.OpenScheduler(ccfg, env)
 		if err != nil {

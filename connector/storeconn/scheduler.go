@@ -30,6 +30,13 @@ type Scheduler struct {
 	plain    bool            // one full-attention group: a match is the present prefix
 	perBlock int             // keys a lookup probes per block: every shard of every group
 
+	// connector.Waker: wake holds a value once the engine should call
+	// again; timer sends one when a pending lookup may have reached its
+	// deadline (see waitLookup), armed while it runs.
+	wake  chan struct{}
+	timer *time.Timer
+	armed atomic.Bool
+
 	reqs        map[connector.RequestID]*request
 	transfers   *connector.Tally[*transfer]
 	saving      map[groupHash]int // blocks with a save in flight, this generation
@@ -66,6 +73,7 @@ var (
 	_ connector.Scheduler      = (*Scheduler)(nil)
 	_ connector.Rotator        = (*Scheduler)(nil)
 	_ connector.EventSource    = (*Scheduler)(nil)
+	_ connector.Waker          = (*Scheduler)(nil)
 	_ connector.StatsReporter  = (*Scheduler)(nil)
 )
 
@@ -168,6 +176,7 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 		saving:    make(map[groupHash]int),
 		h:         health{log: log},
 		failed:    failedKeys{m: make(map[groupHash]time.Time)},
+		wake:      make(chan struct{}, 1),
 	}
 	for g, spec := range s.groups {
 		if spec.BlockSize != s.bs {
@@ -222,6 +231,7 @@ func (s *Scheduler) lookupLoop() {
 			s.mu.Lock()
 			s.mu.done = append(s.mu.done, lk)
 			s.mu.Unlock()
+			s.signal()
 		}
 	}
 }
@@ -302,6 +312,41 @@ func (s *Scheduler) collect() {
 		s.stats.LookupNanos += lk.nanos
 	}
 }
+
+// waitLookup is Match's answer while a lookup runs or waits for the pool. It
+// arms the wake-up timer: within the store timeout from now the lookup
+// has answered (and signalled) or passed its deadline, where Match
+// answers a miss, for a deadline runs from when the pool took the lookup
+// up or, queued behind a stuck pool, from its last answer, both before
+// now.
+func (s *Scheduler) waitLookup() connector.Match {
+	if !s.armed.Swap(true) {
+		if s.timer == nil {
+			s.timer = time.AfterFunc(s.opt.storeTimeout, s.fire)
+		} else {
+			s.timer.Reset(s.opt.storeTimeout)
+		}
+	}
+	return connector.Match{Pending: true}
+}
+
+func (s *Scheduler) fire() {
+	s.armed.Store(false)
+	s.signal()
+}
+
+// signal tells a waiting engine to call again (connector.Waker).
+func (s *Scheduler) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Wake implements connector.Waker: a value arrives once a lookup answered
+// or may have passed its deadline, and after an Update that leaves
+// out-of-space retries waiting for a later step.
+func (s *Scheduler) Wake() <-chan struct{} { return s.wake }
 
 // stuck reports whether the pool has owed a lookup for longer than the
 // store timeout: the store hangs, ignoring its deadlines. New lookups then
@@ -397,7 +442,7 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 				// The queue is full: try again next step.
 				s.stats.Lookups--
 				s.stats.LookupKeys -= int64(len(lk.hashes) * s.perBlock)
-				return connector.Match{Pending: true}, nil
+				return s.waitLookup(), nil
 			}
 		}
 		q.lk = lk
@@ -414,7 +459,7 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 			q.lk = &lookup{req: r.ID, gen: s.meta.Generation, from: from, done: true, err: context.DeadlineExceeded}
 			return connector.Match{}, nil
 		}
-		return connector.Match{Pending: true}, nil
+		return s.waitLookup(), nil
 	}
 	if q.lk.err != nil {
 		// A failed lookup is a miss, not an error: recompute is always safe.
@@ -912,6 +957,10 @@ func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error
 	}
 	s.progress.Released = append(s.progress.Released, s.released...)
 	s.released = s.released[:0]
+	if len(s.retries) > 0 {
+		// Only steps bring a retry's turn: no reason to wait.
+		s.signal()
+	}
 	return &s.progress, nil
 }
 
@@ -1158,6 +1207,9 @@ func (s *Scheduler) Close() error {
 	}
 	s.closed = true
 	s.cancel()
+	if s.timer != nil {
+		s.timer.Stop()
+	}
 	if !waitGroup(&s.wg, s.opt.storeTimeout) {
 		// Lookups hold only their own keys: nothing of the engine's.
 		return fmt.Errorf("storeconn: Close: lookups still inside store calls %v after cancellation: the store ignores its deadlines; they end when it answers", s.opt.storeTimeout)

@@ -66,6 +66,7 @@ type Worker struct {
 		retired []*rdma.HostMemory
 	}
 	polled    connector.Output // handed out by the last Poll
+	wake      chan struct{}    // connector.Waker: a value once a report awaits Poll
 	closeOnce sync.Once
 	drained   chan struct{} // closed once every transfer has ended and the regions are unregistered
 	unregErr  error         // from unregistering the regions; read after drained
@@ -95,6 +96,7 @@ var (
 	_ connector.HealthReporter = (*Worker)(nil)
 	_ connector.Worker         = (*Worker)(nil)
 	_ connector.StatsReporter  = (*Worker)(nil)
+	_ connector.Waker          = (*Worker)(nil)
 )
 
 type workerStats struct {
@@ -132,6 +134,7 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 		ns:     ns,
 		copier: env.Copier,
 		h:      health{log: log},
+		wake:   make(chan struct{}, 1),
 	}
 	w.vec, _ = env.Store.(store.Vectored)
 	w.pinner, _ = env.Copier.(connector.HostPinner)
@@ -411,7 +414,20 @@ func (w *Worker) report(id uint64, blocks []connector.BlockID, failFrom int, rea
 		w.mu.out.Failed = append(w.mu.out.Failed, connector.Failure{Transfer: id, Index: i, Reason: reason})
 	}
 	w.mu.out.Done = append(w.mu.out.Done, id)
+	w.signal()
 }
+
+// signal tells a waiting engine that Poll has news (connector.Waker).
+func (w *Worker) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Wake implements connector.Waker: a value arrives once a transfer ended,
+// which the next Poll reports.
+func (w *Worker) Wake() <-chan struct{} { return w.wake }
 
 func (w *Worker) loop() {
 	defer w.wg.Done()
@@ -442,6 +458,7 @@ func (w *Worker) loop() {
 		w.mu.out.Failed = append(w.mu.out.Failed, fails...)
 		w.mu.out.Done = append(w.mu.out.Done, j.t.ID)
 		w.mu.Unlock()
+		w.signal()
 	}
 }
 

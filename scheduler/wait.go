@@ -1,0 +1,69 @@
+package scheduler
+
+import (
+	"context"
+	"reflect"
+
+	"github.com/kvconnect/kvconnect/connector"
+)
+
+// Idle reports whether the next Step would plan nothing to compute until
+// news comes: the last step planned no item, and nothing that could make
+// a request runnable happened since (an Add, an Abort, an Invalidate, or
+// a Done whose connector Progress reported a load or a release, or that
+// ended a request). What it then waits for comes from outside: a lookup
+// of the connector, a transfer of a worker, a new request. An engine that
+// finds it idle may block ([Scheduler.Wait]) instead of stepping. With no
+// request at all it is true; between Step and Done it is false.
+func (s *Scheduler) Idle() bool {
+	if s.inFlight {
+		return false
+	}
+	return len(s.reqs) == 0 || s.step > 0 && s.lastEmpty && !s.news
+}
+
+// Wake returns the connector's wake-up channel ([connector.Waker]), or nil
+// when the scheduler has no connector, or one that is not a Waker, or
+// Invalidate detached it.
+func (s *Scheduler) Wake() <-chan struct{} {
+	if s.conn == nil || s.detached {
+		return nil
+	}
+	if w, ok := s.conn.(connector.Waker); ok {
+		return w.Wake()
+	}
+	return nil
+}
+
+// Wait blocks while the scheduler is [Scheduler.Idle], until the
+// connector's Waker, one of wake, or ctx fires, and returns ctx's error if
+// ctx ended it. It returns at once when the scheduler is not idle, and
+// when it has a connector that is not a Waker: the engine then steps to
+// poll, as without Wait. wake must hold the Wake channels of every worker
+// of the engine that drives transfers ([connector.Waker]; a worker that is
+// not a Waker cannot be waited on: do not call Wait then) and whatever
+// brings the engine new requests. After Wait returns the engine steps:
+// the step polls the workers and asks the connector again.
+func (s *Scheduler) Wait(ctx context.Context, wake ...<-chan struct{}) error {
+	if !s.Idle() {
+		return nil
+	}
+	conn := s.Wake()
+	if conn == nil && s.conn != nil && !s.detached {
+		return nil
+	}
+	cases := make([]reflect.SelectCase, 0, len(wake)+2)
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
+	if conn != nil {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(conn)})
+	}
+	for _, c := range wake {
+		if c != nil {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)})
+		}
+	}
+	if i, _, _ := reflect.Select(cases); i == 0 {
+		return ctx.Err()
+	}
+	return nil
+}
