@@ -1,6 +1,9 @@
 package prom_test
 
-import dto "github.com/prometheus/client_model/go"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
 
 // labels returns the label pairs as a map.
 func labels(pairs []*dto.LabelPair) map[string]string {
@@ -9,4 +12,13 @@ func labels(pairs []*dto.LabelPair) map[string]string {
 		m[p.GetName()] = p.GetValue()
 	}
 	return m
+}
+
+// gather registers c alone on a pedantic registry and gathers it.
+func gather(c prometheus.Collector) ([]*dto.MetricFamily, error) {
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		return nil, err
+	}
+	return reg.Gather()
 }
