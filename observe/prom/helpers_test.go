@@ -1,8 +1,12 @@
 package prom_test
 
 import (
+	"strings"
+	"testing"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 )
 
 // labels returns the label pairs as a map.
@@ -21,4 +25,20 @@ func gather(c prometheus.Collector) ([]*dto.MetricFamily, error) {
 		return nil, err
 	}
 	return reg.Gather()
+}
+
+// scrape returns what a scrape of c alone reads, in the text format.
+func scrape(t *testing.T, c prometheus.Collector) string {
+	t.Helper()
+	mfs, err := gather(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, mf := range mfs {
+		if _, err := expfmt.MetricFamilyToText(&b, mf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.String()
 }
