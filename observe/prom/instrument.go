@@ -126,13 +126,17 @@ func (c *countCell) add(n int) {
 
 // storeMetrics are the series of an instrumented store.
 type storeMetrics struct {
+	// epoch is when the metrics were made: calls are timed as durations
+	// since it, which read only the monotonic clock (time.Now reads the
+	// wall clock too, and costs twice as much).
+	epoch time.Time
 	dur   [numOps][numStatus]histCell
 	keys  [numOps][numStatus]countCell
 	bytes [numOps]prometheus.Counter // put and get only
 }
 
 func newStoreMetrics(opts Options) *storeMetrics {
-	m := &storeMetrics{}
+	m := &storeMetrics{epoch: time.Now()}
 	for o := range numOps {
 		for st := range numStatus {
 			labels := opts.labels(prometheus.Labels{"operation": opNames[o], "status": statusNames[st]})
@@ -196,10 +200,13 @@ func (m *storeMetrics) collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// batch records a batch call of o over n keys that started at start and
-// returned err, with results res.
-func (m *storeMetrics) batch(o op, start time.Time, err error, n int, res []store.Result) {
-	seconds := time.Since(start).Seconds()
+// now returns the time since the epoch, from the monotonic clock.
+func (m *storeMetrics) now() time.Duration { return time.Since(m.epoch) }
+
+// batch records a batch call of o over n keys that started at start (from
+// now) and returned err, with results res.
+func (m *storeMetrics) batch(o op, start time.Duration, err error, n int, res []store.Result) {
+	seconds := (m.now() - start).Seconds()
 	cs := statusOf(err)
 	m.dur[o][cs].observe(seconds)
 	if err != nil {
@@ -225,10 +232,10 @@ func (m *storeMetrics) batch(o op, start time.Time, err error, n int, res []stor
 	}
 }
 
-// removal records a removal call of o that started at start, removed n
-// keys and returned err.
-func (m *storeMetrics) removal(o op, start time.Time, n int, err error) {
-	seconds := time.Since(start).Seconds()
+// removal records a removal call of o that started at start (from now),
+// removed n keys and returned err.
+func (m *storeMetrics) removal(o op, start time.Duration, n int, err error) {
+	seconds := (m.now() - start).Seconds()
 	cs := statusOf(err)
 	m.dur[o][cs].observe(seconds)
 	switch {
@@ -319,7 +326,7 @@ func (i *instrumented) Collect(ch chan<- prometheus.Metric) { i.m.collect(ch) }
 
 // Exists implements [store.Store].
 func (i *instrumented) Exists(ctx context.Context, keys []string, res []store.Result) error {
-	start := time.Now()
+	start := i.m.now()
 	err := i.s.Exists(ctx, keys, res)
 	i.m.batch(opExists, start, err, len(keys), res)
 	return err
@@ -327,7 +334,7 @@ func (i *instrumented) Exists(ctx context.Context, keys []string, res []store.Re
 
 // Put implements [store.Store].
 func (i *instrumented) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
-	start := time.Now()
+	start := i.m.now()
 	err := i.s.Put(ctx, keys, src, res)
 	i.m.batch(opPut, start, err, len(keys), res)
 	return err
@@ -335,7 +342,7 @@ func (i *instrumented) Put(ctx context.Context, keys []string, src []rdma.Region
 
 // Get implements [store.Store].
 func (i *instrumented) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
-	start := time.Now()
+	start := i.m.now()
 	err := i.s.Get(ctx, keys, dst, res)
 	i.m.batch(opGet, start, err, len(keys), res)
 	return err
@@ -343,7 +350,7 @@ func (i *instrumented) Get(ctx context.Context, keys []string, dst []rdma.Region
 
 // Remove implements [store.Store].
 func (i *instrumented) Remove(ctx context.Context, key string) error {
-	start := time.Now()
+	start := i.m.now()
 	err := i.s.Remove(ctx, key)
 	i.m.removal(opRemove, start, 0, err)
 	return err
@@ -351,7 +358,7 @@ func (i *instrumented) Remove(ctx context.Context, key string) error {
 
 // RemovePrefix implements [store.Store].
 func (i *instrumented) RemovePrefix(ctx context.Context, prefix string) (int, error) {
-	start := time.Now()
+	start := i.m.now()
 	n, err := i.s.RemovePrefix(ctx, prefix)
 	i.m.removal(opRemovePrefix, start, n, err)
 	return n, err
@@ -359,7 +366,7 @@ func (i *instrumented) RemovePrefix(ctx context.Context, prefix string) (int, er
 
 // RemoveAll implements [store.Store].
 func (i *instrumented) RemoveAll(ctx context.Context) (int, error) {
-	start := time.Now()
+	start := i.m.now()
 	n, err := i.s.RemoveAll(ctx)
 	i.m.removal(opRemoveAll, start, n, err)
 	return n, err
@@ -379,7 +386,7 @@ func (i *instrumented) Close() error { return i.s.Close() }
 
 // PutV implements [store.Vectored], counted as a put.
 func (i *instrumentedVectored) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
-	start := time.Now()
+	start := i.m.now()
 	err := i.v.PutV(ctx, keys, src, res)
 	i.m.batch(opPut, start, err, len(keys), res)
 	return err
@@ -387,7 +394,7 @@ func (i *instrumentedVectored) PutV(ctx context.Context, keys []string, src [][]
 
 // GetV implements [store.Vectored], counted as a get.
 func (i *instrumentedVectored) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
-	start := time.Now()
+	start := i.m.now()
 	err := i.v.GetV(ctx, keys, dst, res)
 	i.m.batch(opGet, start, err, len(keys), res)
 	return err

@@ -276,6 +276,9 @@ kvconnect_store_operation_keys_total{operation="exists",status=%q} 1
 			if err := testutil.CollectAndCompare(s, strings.NewReader(want), "kvconnect_store_operation_keys_total"); err != nil {
 				t.Error(err)
 			}
+			if out := scrape(t, s); strings.Contains(out, "secret") {
+				t.Errorf("the scrape holds the key of the error:\n%s", out)
+			}
 		})
 	}
 }

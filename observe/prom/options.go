@@ -14,9 +14,9 @@ type Options struct {
 	// Labels are constant labels added to every metric of the collector:
 	// the engine's or the connector's name, the model, the instance.
 	// They are fixed at construction; never put a request, a key, a
-	// token or a tenant in one. A name the collector uses itself (role,
-	// rank, operation, status, result, direction, source, reason, or "le") is a
-	// programming error: the constructor panics.
+	// token or a tenant in one. A name the package uses itself (role,
+	// rank, operation, status, result, direction, source, reason or
+	// "le") is a programming error: the constructor panics.
 	Labels prometheus.Labels
 }
 
