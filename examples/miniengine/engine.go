@@ -57,6 +57,7 @@ type Engine struct {
 	metrics *engineMetrics
 	events  *engineEvents
 	evbuf   []connector.KVEvent
+	idle    int // steps that computed nothing
 }
 
 // live is the engine's record of a running request.
@@ -186,11 +187,44 @@ func (e *Engine) Submit(id connector.RequestID, prompt []hashing.Token, maxToken
 // step with nothing to compute still polls the workers).
 func (e *Engine) Busy() bool { return len(e.reqs) > 0 || e.sched.Stats().Held > 0 }
 
+// Idle reports whether the engine has nothing to compute until its
+// connector has news, and can wait for it: the scheduler is idle
+// (scheduler.Scheduler.Idle) and both connector halves are
+// connector.Wakers (or there is no connector).
+func (e *Engine) Idle() bool {
+	if !e.sched.Idle() {
+		return false
+	}
+	if e.conn == nil {
+		return true
+	}
+	_, ok := e.worker.(connector.Waker)
+	return ok && e.sched.Wake() != nil
+}
+
+// Wakes appends to dst the channels on which the engine's connector
+// halves report news (connector.Waker).
+func (e *Engine) Wakes(dst []<-chan struct{}) []<-chan struct{} {
+	if c := e.sched.Wake(); c != nil {
+		dst = append(dst, c)
+	}
+	if w, ok := e.worker.(connector.Waker); ok {
+		dst = append(dst, w.Wake())
+	}
+	return dst
+}
+
+// IdleSteps returns the steps so far that computed nothing.
+func (e *Engine) IdleSteps() int { return e.idle }
+
 // Step runs one engine step: plan, start loads, compute, save, report.
 func (e *Engine) Step(ctx context.Context) error {
 	plan, err := e.sched.Step()
 	if err != nil {
 		return err
+	}
+	if len(plan.Items) == 0 {
+		e.idle++
 	}
 	if e.worker != nil && plan.Metadata != nil {
 		if err := e.worker.Start(ctx, plan.Metadata); err != nil {

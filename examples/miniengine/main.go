@@ -41,6 +41,7 @@ import (
 	"github.com/kvconnect/kvconnect/connector/p2p"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/observe/kvevents"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
@@ -56,13 +57,14 @@ type Options struct {
 	Window   int // the hybrid model's sliding window in tokens
 	Block    int // tokens per block
 
-	Blocks         int     // KV pool without pressure; 0: every session's history fits
-	PressureBlocks int     // KV pool under pressure; 0: a third of Blocks
-	StoreBytes     int64   // embedded store capacity; 0: everything fits
-	Batch          int     // max batched tokens per step
-	Par            int     // goroutines per step
-	FaultRate      float64 // store faults per key, for the faults scenario
-	Verify         string  // kv_connector_extra_config "verify": "checksum" or "none"
+	Blocks         int           // KV pool without pressure; 0: every session's history fits
+	PressureBlocks int           // KV pool under pressure; 0: a third of Blocks
+	StoreBytes     int64         // embedded store capacity; 0: everything fits
+	Batch          int           // max batched tokens per step
+	Par            int           // goroutines per step
+	FaultRate      float64       // store faults per key, for the faults scenario
+	StoreLatency   time.Duration // added to every store call of the ON runs, as a remote store's round trip
+	Verify         string        // kv_connector_extra_config "verify": "checksum" or "none"
 
 	Store          string // "memstore" (embedded) or "mooncake"
 	MooncakeConfig string // Mooncake client config file; "" reads MOONCAKE_CONFIG_PATH, then MOONCAKE_MASTER
@@ -75,6 +77,7 @@ type Options struct {
 	PD             bool // run disaggregated prefill and decode over the p2p connector
 	WeightUpdateAt int  // rotate the weights after this many requests end (0: never)
 
+	Wait     bool   // block while every engine waits for its connector (connector.Waker), instead of stepping
 	Metrics  string // -metrics: serve the ON runs' Prometheus metrics on this address
 	KVEvents string // -kv-events: publish the ON runs' KV events on this ZMQ endpoint
 
@@ -89,6 +92,8 @@ type Options struct {
 	runs      *int                          // ON runs so far, naming their tenants
 	obs       *observer                     // with -metrics
 	sink      *eventSink                    // with -kv-events
+	onRun     func(*observer)               // tests: called at the end of each ON run, its engines still open
+	events    *kvevents.Stats               // tests: the publisher's counters when it closed
 }
 
 func defaultOptions() Options {
@@ -105,6 +110,7 @@ func defaultOptions() Options {
 		Store:     "memstore",
 		Repeat:    1,
 		Progress:  true,
+		Wait:      true,
 	}
 }
 
@@ -141,6 +147,8 @@ func main() {
 	fs.IntVar(&o.WeightUpdateAt, "weight-update-at", o.WeightUpdateAt, "rotate to new weights after this many requests end (0: never)")
 	fs.StringVar(&o.Verify, "verify", o.Verify, "check every loaded block against the trailer saved with it (checksum) or not (none)")
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
+	fs.DurationVar(&o.StoreLatency, "store-latency", o.StoreLatency, "add this latency to every store call of the ON runs, as a remote store's round trip (lookups then run beside the engine, as with Mooncake)")
+	fs.BoolVar(&o.Wait, "wait", o.Wait, "while every engine has nothing to compute, block until a connector has news (connector.Waker) instead of stepping to poll")
 	fs.StringVar(&o.Metrics, "metrics", o.Metrics, "serve the Prometheus metrics of the run in progress (connector on) at http://ADDR/metrics, for example 127.0.0.1:9400")
 	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "publish the KV events of the runs with the connector on, as vLLM does, on a ZMQ PUB socket bound at this endpoint, for example tcp://127.0.0.1:5557 (replay on the next port)")
 	fs.IntVar(&o.Repeat, "repeat", o.Repeat, "run each configuration this many times, OFF and ON interleaved; the table shows each one's median-duration run")
@@ -208,6 +216,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Keep && o.Tenant == "" {
 		return fmt.Errorf("-keep needs -tenant NAME: another process finds the kept keys under that tenant")
+	}
+	if o.StoreLatency < 0 {
+		return fmt.Errorf("-store-latency = %v, want >= 0", o.StoreLatency)
 	}
 	if o.FaultRate < 0 || o.FaultRate > 1 {
 		return fmt.Errorf("-fault-rate = %v, want [0, 1]", o.FaultRate)
@@ -310,7 +321,7 @@ func (o Options) rotate(e *Engine, gen uint64) error {
 // ("async", the default).
 func (o Options) connectorConfig() connector.Config {
 	lookup := "sync"
-	if o.Store == "mooncake" {
+	if o.Store == "mooncake" || o.StoreLatency > 0 {
 		lookup = "async"
 	}
 	return connector.Config{
@@ -330,7 +341,7 @@ func (o Options) newStore() (store.Store, func() error, error) {
 		if o.wrapStore != nil {
 			st = o.wrapStore(st)
 		}
-		if o.FaultRate > 0 {
+		if o.FaultRate > 0 || o.StoreLatency > 0 {
 			st = storetest.NewFaulty(st, o.faults())
 		}
 		purge := func() error {
@@ -357,7 +368,7 @@ func (o Options) newStore() (store.Store, func() error, error) {
 	if o.wrapStore != nil {
 		st = o.wrapStore(st)
 	}
-	if o.FaultRate > 0 {
+	if o.FaultRate > 0 || o.StoreLatency > 0 {
 		st = storetest.NewFaulty(st, o.faults())
 	}
 	return st, m.Close, nil
@@ -365,7 +376,7 @@ func (o Options) newStore() (store.Store, func() error, error) {
 
 // faults are the store faults of -fault-rate.
 func (o Options) faults() storetest.FaultOptions {
-	return storetest.FaultOptions{Seed: o.Workload.Seed, KeyRate: o.FaultRate, Ops: storetest.OpGet | storetest.OpPut | storetest.OpExists, Scribble: true}
+	return storetest.FaultOptions{Seed: o.Workload.Seed, KeyRate: o.FaultRate, Ops: storetest.OpGet | storetest.OpPut | storetest.OpExists, Scribble: true, Latency: o.StoreLatency}
 }
 
 // forRun gives an ON run over a shared Mooncake cluster a tenant of its
@@ -446,6 +457,7 @@ type Run struct {
 	LookupMs     float64 `json:"lookup_ms"`    // of which lookups
 	Lookups      int64   `json:"lookups"`
 	LoadBytes    int64   `json:"bytes_loaded"`
+	IdleSteps    float64 `json:"idle_steps_per_request"` // steps that computed nothing, per request
 	stats        Stats
 }
 
@@ -461,7 +473,8 @@ func newRun(name string, on bool, blocks int, st Stats) Run {
 		Computed: st.ComputedTokens, BlocksLoaded: st.ConnLoads, BlocksSaved: st.ConnSaves, Failures: st.ConnFailures,
 		ConnectorMs: float64(st.ConnNanos) / 1e6, LoadBytes: st.ConnLoadBytes,
 		LookupMs: float64(st.ConnLookupNanos) / 1e6, Lookups: st.ConnLookups,
-		stats: st,
+		IdleSteps: float64(st.IdleSteps) / float64(max(1, st.Succeeded+st.Failed)),
+		stats:     st,
 	}
 }
 
@@ -517,7 +530,7 @@ func runOnce(ctx context.Context, o Options, on bool, blocks int, progress func(
 	}
 	o.obs.serve(rm)
 	route := func(session, turn int) int { return (session + turn) % len(engines) }
-	var h hooks
+	h := hooks{wait: o.Wait}
 	if o.WeightUpdateAt > 0 {
 		h.onEnd = func(ended int) error {
 			if ended != o.WeightUpdateAt {
@@ -531,7 +544,11 @@ func runOnce(ctx context.Context, o Options, on bool, blocks int, progress func(
 			return nil
 		}
 	}
-	return run(ctx, engines, o.Workload, route, h, progress)
+	stats, err := run(ctx, engines, o.Workload, route, h, progress)
+	if on && o.onRun != nil && o.obs != nil {
+		o.onRun(o.obs)
+	}
+	return stats, err
 }
 
 // Main runs the default comparison and the scenarios o asks for, writing
@@ -555,7 +572,12 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 		if o.sink, err = newEventSink(ctx, o, errw); err != nil {
 			return err
 		}
-		defer o.sink.Close()
+		defer func() {
+			o.sink.Close()
+			if o.events != nil {
+				*o.events = o.sink.pub.Stats()
+			}
+		}()
 	}
 	type job struct {
 		name   string
@@ -694,7 +716,7 @@ func coldStart(ctx context.Context, o Options) (Run, error) {
 	if err != nil {
 		return Run{}, err
 	}
-	_, err = run(ctx, []*Engine{first}, o.Workload, func(int, int) int { return 0 }, hooks{}, nil)
+	_, err = run(ctx, []*Engine{first}, o.Workload, func(int, int) int { return 0 }, hooks{wait: o.Wait}, nil)
 	first.Close()
 	if err != nil {
 		return Run{}, err
@@ -704,7 +726,7 @@ func coldStart(ctx context.Context, o Options) (Run, error) {
 		return Run{}, err
 	}
 	defer second.Close()
-	s, err := run(ctx, []*Engine{second}, o.Workload, func(int, int) int { return 0 }, hooks{}, nil)
+	s, err := run(ctx, []*Engine{second}, o.Workload, func(int, int) int { return 0 }, hooks{wait: o.Wait}, nil)
 	if err != nil {
 		return Run{}, err
 	}
@@ -754,7 +776,7 @@ func runPD(ctx context.Context, o Options) (Run, error) {
 	if err != nil {
 		return Run{}, err
 	}
-	st, err := run(ctx, []*Engine{decode}, o.Workload, func(int, int) int { return 0 }, hooks{prefill: prefill}, nil)
+	st, err := run(ctx, []*Engine{decode}, o.Workload, func(int, int) int { return 0 }, hooks{prefill: prefill, wait: o.Wait}, nil)
 	if err != nil {
 		return Run{}, err
 	}
@@ -822,4 +844,5 @@ func printTable(out io.Writer, o Options, runs []Run) {
 	row("blocks loaded", func(r Run) float64 { return float64(r.BlocksLoaded) }, "%9.0f", false)
 	row("blocks saved", func(r Run) float64 { return float64(r.BlocksSaved) }, "%9.0f", false)
 	row("connector time (ms)", func(r Run) float64 { return r.ConnectorMs }, "%9.1f", false)
+	row("idle steps / request", func(r Run) float64 { return r.IdleSteps }, "%9.1f", false)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -65,6 +66,7 @@ type Stats struct {
 	TTFT, TPOT        time.Duration // means
 	LaterTTFT         time.Duration // mean TTFT of turns after the first
 	Steps             int
+	IdleSteps         int   // steps that computed nothing
 	ConnLoads         int64 // blocks loaded by the connector
 	ConnLoadBytes     int64 // bytes loaded
 	ConnSaves         int64 // blocks saved
@@ -94,6 +96,9 @@ type hooks struct {
 	// onEnd is called after every request that ends, with the number
 	// ended so far.
 	onEnd func(ended int) error
+	// wait, when set, blocks while every engine is idle (Engine.Idle)
+	// until one of their connectors has news, instead of stepping.
+	wait bool
 	// prefill, when set, runs each turn's prefill first (generating one
 	// token), and hands the request on to the routed engine with the
 	// transfer parameters prefill's connector returns: disaggregated
@@ -142,16 +147,34 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 	}
 	total := w.Sessions * w.Turns
 	ended := 0
+	var wakes []<-chan struct{}
+	woken := false // a connector had news: every engine steps once
 	for ended < total {
+		stepped := false
 		for _, e := range all {
-			if !e.Busy() {
+			if !e.Busy() || h.wait && !woken && e.Idle() {
 				continue
 			}
 			if err := e.Step(ctx); err != nil {
 				return st, err
 			}
 			st.Steps++
+			stepped = true
 		}
+		if !stepped && h.wait {
+			// Every engine waits for its connector: block until one
+			// has news.
+			wakes = wakes[:0]
+			for _, e := range all {
+				if e.Busy() {
+					wakes = e.Wakes(wakes)
+				}
+			}
+			if err := waitAny(ctx, wakes); err != nil {
+				return st, fmt.Errorf("waiting for the connectors (%d requests of %d ended): %w", ended, total, err)
+			}
+		}
+		woken = !stepped && h.wait
 		for len(prefilled) > 0 {
 			f := <-prefilled
 			k := turnOf[f.ID]
@@ -216,6 +239,7 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 		st.LaterTTFT = later / time.Duration(nlater)
 	}
 	for _, e := range all {
+		st.IdleSteps += e.IdleSteps()
 		s, wk := e.ConnStats()
 		st.ConnLoads += wk.Loads
 		st.ConnLoadBytes += wk.LoadBytes
@@ -247,4 +271,17 @@ func sameOutputs(a, b Stats) (turnKey, bool) {
 		}
 	}
 	return turnKey{}, true
+}
+
+// waitAny blocks until one of chans receives or ctx ends.
+func waitAny(ctx context.Context, chans []<-chan struct{}) error {
+	cases := make([]reflect.SelectCase, 0, len(chans)+1)
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
+	for _, c := range chans {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)})
+	}
+	if i, _, _ := reflect.Select(cases); i == 0 {
+		return ctx.Err()
+	}
+	return nil
 }
