@@ -45,11 +45,12 @@
 //	if err != nil {
 //		return err // wraps shm.ErrUnsupported off Linux
 //	}
-//	defer e.Close()
 //	kv, err := e.Alloc(64 << 20) // the KV memory, shared
 //	...
-//	defer kv.Free() // after Close, or after Unregister
 //	err = e.Register(kv.Region())
+//	...
+//	// At the end: Close (or Unregister) first, then Free: registered
+//	// memory is not freed.
 //	// Tell peers e.Segment() and kv.Region().Addr (out of band).
 //
 // In the peer process, with its own engine p and registered memory:

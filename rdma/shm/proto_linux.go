@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"syscall"
+	"time"
 )
 
 // The protocol between an engine that submits requests (the client) and
@@ -44,7 +45,10 @@ func (e *Engine) accept() {
 			return
 		}
 		if err != nil {
+			// Out of descriptors, say: wait a little, as net/http does,
+			// rather than spin.
 			e.opts.Logger.Warn("shm: accept", "segment", e.name, "err", err)
+			time.Sleep(10 * time.Millisecond)
 			continue
 		}
 		if uid, err := peerUID(c); err != nil || uid != e.uid {
