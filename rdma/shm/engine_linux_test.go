@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -346,11 +347,15 @@ type child struct {
 	addr uintptr
 }
 
-// startChild starts the child and waits (30 s at most) for its READY line.
-func startChild(t *testing.T) *child {
+// startChild starts the child and waits (30 s at most) for its READY
+// line. edit, if not nil, edits the command first.
+func startChild(t *testing.T, edit func(*exec.Cmd)) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChild$", "-test.count=1", "-test.v=false")
 	cmd.Env = append(os.Environ(), childEnv+"=1")
+	if edit != nil {
+		edit(cmd)
+	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -403,18 +408,24 @@ func (c *child) line(t *testing.T, what string) string {
 // do sends a command to the child and fails unless it answers OK.
 func (c *child) do(t *testing.T, cmd string) {
 	t.Helper()
+	if got := c.ask(t, cmd); got != "OK" {
+		t.Fatalf("child: %s: %s", cmd, got)
+	}
+}
+
+// ask sends a command to the child and returns its answer.
+func (c *child) ask(t *testing.T, cmd string) string {
+	t.Helper()
 	if _, err := fmt.Fprintln(c.in, cmd); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.line(t, "answer to "+cmd); got != "OK" {
-		t.Fatalf("child: %s: %s", cmd, got)
-	}
+	return c.line(t, "answer to "+cmd)
 }
 
 // TestCrossProcess moves bytes both ways between two processes, each
 // side reading and writing the other's memory, and checks every byte.
 func TestCrossProcess(t *testing.T) {
-	c := startChild(t)
+	c := startChild(t, nil)
 	e := newEngine(t, nil)
 	m := alloc(t, e, childLen)
 	if err := e.Register(m.Region()); err != nil {
@@ -463,7 +474,7 @@ func TestCrossProcess(t *testing.T) {
 // fails, and no process holds a segment file of either afterwards.
 func TestKilledPeer(t *testing.T) {
 	shmBefore := devShm(t)
-	c := startChild(t)
+	c := startChild(t, nil)
 	pid := c.cmd.Process.Pid
 	e := newEngine(t, nil)
 	m := alloc(t, e, childLen)
@@ -543,3 +554,77 @@ func devShm(t *testing.T) []string {
 }
 
 func slicesEqual(a, b []string) bool { return strings.Join(a, "\n") == strings.Join(b, "\n") }
+
+// TestOtherUser starts the child as another user (nobody) and checks that
+// neither side reaches the other's memory: each refuses the other's
+// connection (SO_PEERCRED).
+func TestOtherUser(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root, to start a child process as another user (nobody, uid 65534)")
+	}
+	// A copy of the test binary that the other user can run.
+	dir, err := os.MkdirTemp("", "kvconnect-shm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	bin, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "shm.test")
+	if err := os.WriteFile(exe, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const nobody = 65534
+	c := startChild(t, func(cmd *exec.Cmd) {
+		cmd.Path, cmd.Args[0], cmd.Dir = exe, exe, dir
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	})
+
+	refused := make(chan struct{}, 16)
+	e := newEngine(t, &shm.Options{Logger: slog.New(&notify{msg: "shm: refused a peer of another user", ch: refused})})
+	m := alloc(t, e, 4096)
+	if err := e.Register(m.Region()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Open(context.Background(), c.seg); !errors.Is(err, rdma.ErrUnknownSegment) || !strings.Contains(err.Error(), "not of user 0") {
+		t.Errorf("Open(a segment of user %d) = %v, want ErrUnknownSegment saying it is not of user 0", nobody, err)
+	}
+	got := c.ask(t, fmt.Sprintf("PULL %s %d %d 4", e.Segment(), m.Region().Addr, 1024))
+	if !strings.HasPrefix(got, "ERR") || !strings.Contains(got, fmt.Sprintf("not of user %d", nobody)) {
+		t.Errorf("the child's read of user 0's memory: %s, want an error saying the segment is not of user %d", got, nobody)
+	}
+	select {
+	case <-refused:
+	case <-time.After(30 * time.Second):
+		t.Errorf("waited 30 s for the engine to log that it refused the child's connection")
+	}
+}
+
+// notify is a slog.Handler that signals ch for each record whose message
+// is msg.
+type notify struct {
+	msg string
+	ch  chan struct{}
+}
+
+func (n *notify) Enabled(context.Context, slog.Level) bool { return true }
+func (n *notify) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == n.msg {
+		select {
+		case n.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+func (n *notify) WithAttrs([]slog.Attr) slog.Handler { return n }
+func (n *notify) WithGroup(string) slog.Handler      { return n }
