@@ -201,6 +201,9 @@ func (e *Engine) run(t *task) {
 			grants[k].ok = false
 		}
 	}
+	if e.hooks.granted != nil {
+		e.hooks.granted()
+	}
 	p.mm.RLock()
 	for k, g := range grants {
 		m, ok := p.mm.maps[g.mem]

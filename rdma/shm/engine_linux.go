@@ -66,6 +66,12 @@ type Engine struct {
 		closed bool
 	}
 	workers sync.WaitGroup
+
+	// hooks let this package's tests stop the engine at fixed points;
+	// nil outside tests.
+	hooks struct {
+		granted func() // a worker holds a grant and is about to copy
+	}
 }
 
 var _ rdma.Engine = (*Engine)(nil)
