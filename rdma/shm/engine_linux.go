@@ -285,8 +285,11 @@ func (e *Engine) Unregister(r rdma.Region) error {
 
 // Open connects to the engine whose segment name is name, in this process
 // or another of the same user on this host, and returns its handle. It
-// blocks until the peer accepted the connection or ctx ends. A name no
-// engine listens under, and an engine of another user, are errors
+// blocks until the peer accepted the connection or ctx ends. Opening a
+// name twice returns the same handle, unless the connection failed (the
+// peer closed or died) meanwhile: then it connects anew, under a new
+// handle, and the old one fails every request until CloseSegment. A name
+// no engine listens under, and an engine of another user, are errors
 // wrapping [rdma.ErrUnknownSegment].
 func (e *Engine) Open(ctx context.Context, name string) (rdma.SegmentID, error) {
 	if err := ctx.Err(); err != nil {
