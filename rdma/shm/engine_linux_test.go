@@ -628,3 +628,53 @@ func (n *notify) Handle(_ context.Context, r slog.Record) error {
 }
 func (n *notify) WithAttrs([]slog.Attr) slog.Handler { return n }
 func (n *notify) WithGroup(string) slog.Handler      { return n }
+
+// TestReopen closes a peer and starts another under its name: the old
+// handle fails, and Open of the name reaches the new peer under a new
+// handle.
+func TestReopen(t *testing.T) {
+	name := fmt.Sprintf("kvconnect-shm-reopen-%d", os.Getpid())
+	a := newEngine(t, nil)
+	am := alloc(t, a, 4096)
+	if err := a.Register(am.Region()); err != nil {
+		t.Fatal(err)
+	}
+	local := sub(t, am.Region(), 0, 64)
+	peer := func(fill byte) (*shm.Engine, uintptr) {
+		e := newEngine(t, &shm.Options{Name: name})
+		m := alloc(t, e, 4096)
+		copy(m.Bytes(), bytes.Repeat([]byte{fill}, 4096))
+		if err := e.Register(m.Region()); err != nil {
+			t.Fatal(err)
+		}
+		return e, m.Region().Addr
+	}
+	b, baddr := peer(1)
+	old, err := a.Open(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, a, rdma.Request{Op: rdma.Read, Local: local, Segment: old, Remote: baddr}); got[0].Status != rdma.Completed || am.Bytes()[0] != 1 {
+		t.Fatalf("read from the first peer = %+v, byte %d", got[0], am.Bytes()[0])
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, caddr := peer(2)
+	if got := run(t, a, rdma.Request{Op: rdma.Read, Local: local, Segment: old, Remote: caddr}); got[0].Status != rdma.Failed {
+		t.Errorf("read through the closed peer's handle = %+v, want failed", got[0])
+	}
+	seg, err := a.Open(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seg == old {
+		t.Errorf("Open after the peer closed = the old handle %d, want a new one", seg)
+	}
+	if got := run(t, a, rdma.Request{Op: rdma.Read, Local: local, Segment: seg, Remote: caddr}); got[0].Status != rdma.Completed || am.Bytes()[0] != 2 {
+		t.Errorf("read from the new peer = %+v, byte %d, want completed, 2", got[0], am.Bytes()[0])
+	}
+	if err := a.CloseSegment(old); err != nil {
+		t.Errorf("CloseSegment(the old handle) = %v", err)
+	}
+}
