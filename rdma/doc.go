@@ -34,8 +34,10 @@
 // memory its peers registered with theirs, in batches of [Request]s, with
 // a [Result] per request ([Completed], [Failed], [Timeout], [Canceled]).
 // [Loopback] engines are peers through a [Fabric] in one process (every
-// test uses them); package rdma/mooncake binds Mooncake Transfer Engine
-// across processes and hosts.
+// test uses them); package rdma/shm moves bytes between processes of one
+// host through shared memory, and package rdma/mooncake binds Mooncake
+// Transfer Engine across processes and hosts. Package rdma/rdmatest
+// checks an engine against the promises of Engine and Batch.
 //
 //	f := rdma.NewFabric()
 //	prod, _ := f.NewEngine("prefill", nil)

@@ -40,8 +40,10 @@ import (
 // or written.
 //
 // Engines are safe for concurrent use. [Loopback] (this package) moves
-// bytes between engines of one process; package rdma/mooncake binds
-// Mooncake Transfer Engine (TCP, RDMA) across processes and hosts.
+// bytes between engines of one process; package rdma/shm between
+// processes of one host, through shared memory; package rdma/mooncake
+// binds Mooncake Transfer Engine (TCP, RDMA) across processes and hosts.
+// Package rdma/rdmatest checks an implementation.
 type Engine interface {
 	// Segment returns the name under which peers open this engine's
 	// segment with Open.

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/rdma/rdmatest"
 )
 
 // alloc maps n bytes of host memory, filled with fill, freed at the end of
@@ -568,4 +570,17 @@ func TestLoopbackConcurrent(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestLoopbackConformance runs rdmatest's checks on two loopback engines,
+// and on a pair whose first engine times out every request in its queue,
+// before it moves a byte.
+func TestLoopbackConformance(t *testing.T) {
+	rdmatest.Run(t, func(t testing.TB) (rdma.Engine, rdma.Engine) {
+		f := rdma.NewFabric()
+		return newEngine(t, f, "a", nil), newEngine(t, f, "b", nil)
+	}, rdmatest.Options{Late: func(t testing.TB) (rdma.Engine, rdma.Engine) {
+		f := rdma.NewFabric()
+		return newEngine(t, f, "a", &rdma.LoopbackOptions{Timeout: time.Nanosecond}), newEngine(t, f, "b", nil)
+	}})
 }

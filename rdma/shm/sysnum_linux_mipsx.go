@@ -1,0 +1,7 @@
+//go:build linux && (mips || mipsle)
+
+package shm
+
+// sysMemfdCreate is memfd_create's system call number; package syscall,
+// frozen before the call existed, lacks it on this architecture.
+const sysMemfdCreate = 4354
