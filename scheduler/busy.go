@@ -20,7 +20,8 @@ type busy struct {
 // busyXfer is one followed transfer.
 type busyXfer struct {
 	group  int
-	left   int // workers that have not reported it Done
+	left   int      // workers that have not reported it Done
+	seen   []uint64 // bit r: the worker of rank r reported it
 	blocks []BlockID
 }
 
@@ -57,6 +58,12 @@ func (b *busy) plan(m *connector.Metadata) {
 			}
 			x := b.take()
 			x.group, x.left = t.Group, b.workers
+			if n := (b.workers + 63) / 64; cap(x.seen) >= n {
+				x.seen = x.seen[:n]
+				clear(x.seen)
+			} else {
+				x.seen = make([]uint64, n)
+			}
 			refs := b.refs[t.Group]
 			for _, blk := range t.Blocks {
 				if blk >= 0 && int(blk) < len(refs) {
@@ -69,20 +76,23 @@ func (b *busy) plan(m *connector.Metadata) {
 	}
 }
 
-// done counts the Done reports of outs, which the connector accepted.
+// done counts the Done reports of outs, which the connector accepted: one
+// per rank and transfer, whatever the connector tolerates.
 func (b *busy) done(outs []*connector.Output) {
 	if b == nil {
 		return
 	}
 	for _, o := range outs {
-		if o == nil {
+		if o == nil || o.Rank < 0 || o.Rank >= b.workers {
 			continue
 		}
+		w, bit := o.Rank/64, uint64(1)<<(o.Rank%64)
 		for _, id := range o.Done {
 			x := b.xfers[id]
-			if x == nil {
+			if x == nil || x.seen[w]&bit != 0 {
 				continue
 			}
+			x.seen[w] |= bit
 			if x.left--; x.left > 0 {
 				continue
 			}

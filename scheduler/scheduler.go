@@ -384,6 +384,9 @@ func (s *Scheduler) Step() (*Plan, error) {
 		return nil, fmt.Errorf("%w: Step called before Done of step %d", ErrStepInFlight, s.step)
 	}
 	s.step++
+	// What ends while this step is planned (a failed Scheduled, say)
+	// frees room for the next one: news for Idle.
+	s.news = false
 	p := &s.plan
 	p.Step = s.step
 	p.Items = p.Items[:0]
@@ -459,7 +462,7 @@ func (s *Scheduler) Step() (*Plan, error) {
 		p.Metadata = s.conn.Plan()
 		s.busy.plan(p.Metadata)
 	}
-	s.lastEmpty, s.news = len(p.Items) == 0, false
+	s.lastEmpty = len(p.Items) == 0
 	s.inFlight = true
 	s.stats.Step = s.step
 	return p, nil

@@ -23,10 +23,11 @@ func (s *Scheduler) Idle() bool {
 }
 
 // Wake returns the connector's wake-up channel ([connector.Waker]), or nil
-// when the scheduler has no connector, or one that is not a Waker, or
-// Invalidate detached it.
+// when the scheduler has no connector or one that is not a Waker. A
+// connector Invalidate detached still plans and updates what it holds, so
+// its channel counts too.
 func (s *Scheduler) Wake() <-chan struct{} {
-	if s.conn == nil || s.detached {
+	if s.conn == nil {
 		return nil
 	}
 	if w, ok := s.conn.(connector.Waker); ok {
@@ -49,7 +50,7 @@ func (s *Scheduler) Wait(ctx context.Context, wake ...<-chan struct{}) error {
 		return nil
 	}
 	conn := s.Wake()
-	if conn == nil && s.conn != nil && !s.detached {
+	if conn == nil && s.conn != nil {
 		return nil
 	}
 	cases := make([]reflect.SelectCase, 0, len(wake)+2)

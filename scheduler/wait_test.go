@@ -49,6 +49,34 @@ func TestIdle(t *testing.T) {
 	}
 }
 
+// TestIdleAfterScheduledFailure: a request that ends while a step is
+// planned (its Scheduled failed) frees its place for the next step: the
+// scheduler is not Idle after that step, though it planned nothing.
+func TestIdleAfterScheduledFailure(t *testing.T) {
+	cfg := testConfig(16, 4, 16)
+	cfg.MaxRunning = 1
+	h := newHarness(t, cfg, withConn)
+	h.mustAdd("a", seq(1, 6), 8)
+	for range 3 {
+		p := h.step()
+		h.done(p, h.results(p))
+	}
+	h.mustAdd("b", seq(100, 6), 1)
+	h.conn.inject = map[string]error{"Scheduled": errors.New("injected")}
+	p := h.step()
+	if len(p.Items) != 0 {
+		t.Fatalf("step %d plans %v; want a dropped by its failed Scheduled, b not yet admitted", p.Step, spans(p))
+	}
+	h.done(p, nil)
+	h.conn.inject = nil
+	idle := h.s.Idle()
+	p = h.step()
+	if idle && len(p.Items) > 0 {
+		t.Fatalf("Idle() was true, but the next step plans %v with no news", spans(p))
+	}
+	h.done(p, h.results(p))
+}
+
 // waitStore returns a memstore behind 2 ms of latency per call, so that
 // lookups and transfers take long enough for an engine to step idle.
 func waitStore(t *testing.T) *memstore.Store {
