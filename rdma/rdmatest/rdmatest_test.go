@@ -42,7 +42,7 @@ func loopbackPair(bug string) PairFunc {
 // failure recorded for a broken engine is the bug's.
 func TestRunLoopback(t *testing.T) {
 	got := runRecorded(t, loopbackPair(""), Options{}, "")
-	if failed := got.failedUnder("Run"); len(failed) > 0 {
+	if failed := got.FailedUnder("Run"); len(failed) > 0 {
 		t.Errorf("Run failed %v for correct loopback engines; it recorded:\n%s", failed, got)
 	}
 }
@@ -67,7 +67,7 @@ func TestRunAlloc(t *testing.T) {
 		mu.Unlock()
 		return m.Region()
 	}}, "ReadWrite")
-	if failed := got.failedUnder("Run"); len(failed) > 0 {
+	if failed := got.FailedUnder("Run"); len(failed) > 0 {
 		t.Errorf("Run with Options.Alloc failed %v; it recorded:\n%s", failed, got)
 	}
 	if len(allocated) != 2 {
@@ -97,9 +97,9 @@ func TestRunCatchesBrokenEngines(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := runRecorded(t, loopbackPair(tc.bug), Options{}, tc.caught)
-			if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
+			if failed := got.FailedUnder("Run/" + tc.caught); len(failed) == 0 {
 				t.Errorf("Run did not fail in %s for an engine with bug %s; it recorded:\n%s", tc.caught, tc.bug, got)
-			} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
+			} else if !got.SaidUnder("Run/"+tc.caught, tc.reason) {
 				t.Errorf("Run failed in %s for an engine with bug %s, but never said %q; it recorded:\n%s", failed, tc.bug, tc.reason, got)
 			}
 		})

@@ -2,123 +2,31 @@ package storetest
 
 import (
 	"flag"
-	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvconnect/kvconnect/internal/tbrecord"
 	"github.com/kvconnect/kvconnect/store"
 )
 
 // recorder is a tester that records failures instead of failing the test
-// it runs in, so that the harness can be run against broken stores. Like
-// testing.T, it runs each subtest on its own goroutine and ends it with
-// runtime.Goexit on FailNow and SkipNow. Methods it does not override
-// (TempDir, Context, ...) go to the enclosing test.
-type recorder struct {
-	testing.TB
-	name   string
-	parent *recorder
-	log    *recording
+// it runs in (internal/tbrecord), so that the harness can be run against
+// broken stores.
+type recorder struct{ *tbrecord.Recorder }
 
-	mu       sync.Mutex
-	failed   bool
-	cleanups []func()
-}
+func newRecorder(t testing.TB, name string) recorder { return recorder{tbrecord.New(t, name)} }
 
-// recording is what a tree of recorders saw.
-type recording struct {
-	mu     sync.Mutex
-	lines  []string
-	failed map[string]bool // names of the (sub)tests that failed themselves
-}
-
-func newRecorder(t testing.TB, name string) *recorder {
-	return &recorder{TB: t, name: name, log: &recording{failed: map[string]bool{}}}
-}
-
-func (r *recorder) Helper()      {}
-func (r *recorder) Name() string { return r.name }
-
-func (r *recorder) Logf(format string, args ...any) { r.Log(fmt.Sprintf(format, args...)) }
-func (r *recorder) Log(args ...any) {
-	r.log.mu.Lock()
-	defer r.log.mu.Unlock()
-	r.log.lines = append(r.log.lines, r.name+": "+strings.TrimSuffix(fmt.Sprintln(args...), "\n"))
-}
-
-func (r *recorder) Errorf(format string, args ...any) { r.Logf(format, args...); r.Fail() }
-func (r *recorder) Error(args ...any)                 { r.Log(args...); r.Fail() }
-func (r *recorder) Fatalf(format string, args ...any) { r.Logf(format, args...); r.FailNow() }
-func (r *recorder) Fatal(args ...any)                 { r.Log(args...); r.FailNow() }
-func (r *recorder) FailNow()                          { r.Fail(); runtime.Goexit() }
-func (r *recorder) Skipf(format string, args ...any)  { r.Logf(format, args...); r.SkipNow() }
-func (r *recorder) Skip(args ...any)                  { r.Log(args...); r.SkipNow() }
-func (r *recorder) SkipNow()                          { runtime.Goexit() }
-func (r *recorder) Skipped() bool                     { return false }
-
-func (r *recorder) Fail() {
-	r.log.mu.Lock()
-	r.log.failed[r.name] = true
-	r.log.mu.Unlock()
-	for p := r; p != nil; p = p.parent {
-		p.mu.Lock()
-		p.failed = true
-		p.mu.Unlock()
-	}
-}
-
-func (r *recorder) Failed() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.failed
-}
-
-func (r *recorder) Cleanup(f func()) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cleanups = append(r.cleanups, f)
-}
-
-func (r *recorder) run(name string, f func(t tester)) bool {
-	c := &recorder{TB: r.TB, name: r.name + "/" + name, parent: r, log: r.log}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer c.runCleanups()
-		f(c)
-	}()
-	<-done
-	return !c.Failed()
-}
-
-func (r *recorder) runCleanups() {
-	for {
-		r.mu.Lock()
-		n := len(r.cleanups)
-		if n == 0 {
-			r.mu.Unlock()
-			return
-		}
-		f := r.cleanups[n-1]
-		r.cleanups = r.cleanups[:n-1]
-		r.mu.Unlock()
-		done := make(chan struct{}) // a cleanup may call FailNow
-		go func() {
-			defer close(done)
-			f()
-		}()
-		<-done
-	}
+func (r recorder) run(name string, f func(t tester)) bool {
+	return r.Recorder.Run(name, func(c *tbrecord.Recorder) { f(recorder{c}) })
 }
 
 // runRecorded runs the harness against the stores newStore returns, under
 // a recorder, and returns what it recorded. With only, it runs only the
 // subtest of that name (the first element of a name such as
 // "BadInput/Keys").
-func runRecorded(t *testing.T, newStore func(testing.TB) store.Store, opts Options, only ...string) *recording {
+func runRecorded(t *testing.T, newStore func(testing.TB) store.Store, opts Options, only ...string) *tbrecord.Recording {
 	r := newRecorder(t, "Run")
 	sub := ""
 	if len(only) > 0 {
@@ -127,43 +35,11 @@ func runRecorded(t *testing.T, newStore func(testing.TB) store.Store, opts Optio
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer r.runCleanups()
+		defer r.RunCleanups()
 		run(r, newStore, opts, sub)
 	}()
 	<-done
-	return r.log
-}
-
-// failedUnder returns the failed tests whose names start with prefix.
-func (g *recording) failedUnder(prefix string) []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var out []string
-	for name := range g.failed {
-		if strings.HasPrefix(name, prefix) {
-			out = append(out, name)
-		}
-	}
-	return out
-}
-
-// saidUnder reports whether a test whose name starts with prefix logged a
-// line containing text.
-func (g *recording) saidUnder(prefix, text string) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, l := range g.lines {
-		if strings.HasPrefix(l, prefix) && strings.Contains(l, text) {
-			return true
-		}
-	}
-	return false
-}
-
-func (g *recording) String() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return strings.Join(g.lines, "\n")
+	return r.Recording()
 }
 
 // fastRapid shortens rapid's shrinking for tests that expect a failure.
@@ -299,9 +175,9 @@ func (tc brokenCase) run(t *testing.T) {
 		s.needsReg = opts.Registration
 		return s.store()
 	}, opts, tc.caught)
-	if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
+	if failed := got.FailedUnder("Run/" + tc.caught); len(failed) == 0 {
 		t.Errorf("Run did not fail in %s for a store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
-	} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
+	} else if !got.SaidUnder("Run/"+tc.caught, tc.reason) {
 		t.Errorf("Run failed in %s for a store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
 	}
 }
@@ -328,9 +204,9 @@ func TestRunCatchesBrokenVectored(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := Options{Capacity: 256 << 10, MaxValueSize: 2048}
 			got := runRecorded(t, func(testing.TB) store.Store { return newVecStore(tc.bug) }, opts, tc.caught)
-			if failed := got.failedUnder("Run/" + tc.caught); len(failed) == 0 {
+			if failed := got.FailedUnder("Run/" + tc.caught); len(failed) == 0 {
 				t.Errorf("Run did not fail in %s for a Vectored store with bug %s; it recorded:\n%s", tc.caught, tc.name, got)
-			} else if !got.saidUnder("Run/"+tc.caught, tc.reason) {
+			} else if !got.SaidUnder("Run/"+tc.caught, tc.reason) {
 				t.Errorf("Run failed in %s for a Vectored store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
 			}
 		})
@@ -385,8 +261,8 @@ func TestRunPassesCorrectStores(t *testing.T) {
 			return s
 		}
 		t.Run(tc.name, func(t *testing.T) {
-			if got := runRecorded(t, newStore, tc.opts); len(got.failedUnder("")) > 0 {
-				t.Errorf("Run under a recorder failed %v for a correct store:\n%s", got.failedUnder(""), got)
+			if got := runRecorded(t, newStore, tc.opts); len(got.FailedUnder("")) > 0 {
+				t.Errorf("Run under a recorder failed %v for a correct store:\n%s", got.FailedUnder(""), got)
 			}
 			Run(t, newStore, tc.opts)
 		})
@@ -428,7 +304,7 @@ func TestRunRefusesContradictoryLeases(t *testing.T) {
 				n++
 				return tc.newStore(n)
 			}, o, "RepeatedKeys")
-			if failed := got.failedUnder("Run"); len(failed) == 0 || !got.saidUnder("Run", tc.reason) {
+			if failed := got.FailedUnder("Run"); len(failed) == 0 || !got.SaidUnder("Run", tc.reason) {
 				t.Errorf("Run failed %v for a store that declares leases it may not, and did not say %q; it recorded:\n%s", failed, tc.reason, got)
 			}
 		})
@@ -453,37 +329,11 @@ func TestWaitNamesWhatHangs(t *testing.T) {
 	if msg, _ := got.(string); !strings.Contains(msg, "the hanging calls") {
 		t.Errorf("wait for a WaitGroup never done panicked with %v, want a message naming what it waited for", got)
 	}
-	if !r.Failed() || !r.log.saidUnder("R", "the hanging calls: not done after") {
-		t.Errorf("wait for a WaitGroup never done: failed %v, recorded:\n%s", r.Failed(), r.log)
+	if !r.Failed() || !r.Recording().SaidUnder("R", "the hanging calls: not done after") {
+		t.Errorf("wait for a WaitGroup never done: failed %v, recorded:\n%s", r.Failed(), r.Recording())
 	}
 
 	var done sync.WaitGroup // goroutines that end: wait returns
 	done.Go(func() {})
 	wait(t, "nothing", &done)
-}
-
-// TestRecorder checks the recorder itself: failures propagate to parents,
-// FailNow ends only its subtest, cleanups run.
-func TestRecorder(t *testing.T) {
-	r := newRecorder(t, "R")
-	var after, cleaned bool
-	ok := r.run("a", func(t tester) {
-		t.Cleanup(func() { cleaned = true })
-		t.Fatal("boom")
-		after = true
-	})
-	okB := r.run("b", func(t tester) { t.Log("fine") })
-	switch {
-	case ok || !okB:
-		t.Errorf("run results = %v, %v; want false, true", ok, okB)
-	case after:
-		t.Error("code after Fatal ran")
-	case !cleaned:
-		t.Error("cleanup did not run")
-	case !r.Failed():
-		t.Error("a failed subtest did not fail its parent")
-	}
-	if got := r.log.failedUnder(""); len(got) != 1 || got[0] != "R/a" {
-		t.Errorf("failed tests = %q, want [R/a]", got)
-	}
 }
