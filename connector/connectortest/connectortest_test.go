@@ -77,6 +77,8 @@ func open(broken string) connectortest.OpenFunc {
 			s = &announcesFailed{Scheduler: inner, workers: env.Identity.Layout.TPSize, bs: env.Identity.Layout.BlockSize, saves: make(map[uint64]*planned)}
 		case "valid-off-by-one":
 			s = validOffByOne{inner, env.Identity.Layout.BlockSize}
+		case "never-wakes":
+			s = neverWakesScheduler{inner}
 		case "events-parent-self":
 			s = rewritesEvents{inner, func(ev *connector.KVEvent) { ev.Parent = ev.Hashes[0] }}
 		case "events-tokens-shifted":
@@ -135,6 +137,8 @@ func open(broken string) connectortest.OpenFunc {
 				w = &lateWrite{Worker: inner, loads: make(map[uint64][]connector.BlockID)}
 			case "state-wrong-position":
 				w = stateOfBlockBefore{inner, groupOf(env.Identity, hashing.RecurrentState)}
+			case "never-wakes":
+				w = neverWakesWorker{inner}
 			}
 			p.Workers = append(p.Workers, w)
 		}
@@ -310,6 +314,19 @@ func (s *announcesFailed) TakeEvents(dst []connector.KVEvent) []connector.KVEven
 	s.events = s.events[:0]
 	return dst
 }
+
+// never is a wake-up channel nothing sends on.
+var never = make(chan struct{})
+
+// neverWakesScheduler and neverWakesWorker are connector.Wakers whose
+// channel never receives.
+type neverWakesScheduler struct{ *storeconn.Scheduler }
+
+func (neverWakesScheduler) Wake() <-chan struct{} { return never }
+
+type neverWakesWorker struct{ *storeconn.Worker }
+
+func (neverWakesWorker) Wake() <-chan struct{} { return never }
 
 // rewritesEvents changes every BlockStored event with edit.
 type rewritesEvents struct {
@@ -785,6 +802,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"announces-failed", "only saves that succeeded in every shard are announced"},
 		{"events-parent-self", "an event's blocks are consecutive blocks of a request, after Parent"},
 		{"events-tokens-shifted", "whose tokens are"},
+		{"never-wakes", "the halves are Wakers, but none signalled"},
 		{"ignores-layout", "the store holds it under heads4's namespace"},
 		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
 		{"early-read-raw", "a save read a block the step was still computing"},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -265,6 +266,16 @@ func (w *world) drainWith(es []*engine, handoff func() bool, chunk int) {
 			if d := time.Since(began); d > waitBound {
 				w.gaveUp("waited %v for %s; %s", d.Round(time.Second), what, describe(es))
 			}
+			if wakes := wakesOf(es); wakes != nil {
+				// Every half is a connector.Waker: block on them, as an
+				// engine with nothing to compute does. What it waits
+				// for is the connectors' own work, so one must signal.
+				if !waitWake(wakes, waitBound-time.Since(began)) {
+					w.gaveUp("waited %v for a wake-up (connector.Waker) while waiting for %s: the halves are Wakers, but none signalled, so an engine blocked on them would wait for ever; %s",
+						time.Since(began).Round(time.Second), what, describe(es))
+				}
+				continue
+			}
 			p.sleep()
 			continue
 		}
@@ -276,6 +287,42 @@ func (w *world) drainWith(es []*engine, handoff func() bool, chunk int) {
 			w.t.Fatalf("%d steps in a row changed nothing, with nothing in flight (no lookup pending, no transfer unreported): %s; %s", idleSteps, strings.Join(why, "; "), describe(es))
 		}
 	}
+}
+
+// wakesOf returns the wake-up channels of the halves of the busy engines
+// of es, or nil unless every one of those halves is a connector.Waker.
+func wakesOf(es []*engine) []<-chan struct{} {
+	var chans []<-chan struct{}
+	for _, e := range es {
+		if !e.busy() {
+			continue
+		}
+		halves := []any{e.pair.Scheduler}
+		for _, wk := range e.pair.Workers {
+			halves = append(halves, wk)
+		}
+		for _, h := range halves {
+			wk, ok := h.(connector.Waker)
+			if !ok {
+				return nil
+			}
+			chans = append(chans, wk.Wake())
+		}
+	}
+	return chans
+}
+
+// waitWake waits up to d for a value on one of chans, and reports whether
+// one came.
+func waitWake(chans []<-chan struct{}, d time.Duration) bool {
+	timer := time.NewTimer(max(d, 0))
+	defer timer.Stop()
+	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)}}
+	for _, c := range chans {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)})
+	}
+	i, _, _ := reflect.Select(cases)
+	return i != 0
 }
 
 // ended counts the requests of es that finished, and those released.
