@@ -149,7 +149,7 @@ func main() {
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
 	fs.DurationVar(&o.StoreLatency, "store-latency", o.StoreLatency, "add this latency to every store call of the ON runs, as a remote store's round trip (lookups then run beside the engine, as with Mooncake)")
 	fs.BoolVar(&o.Wait, "wait", o.Wait, "while every engine has nothing to compute, block until a connector has news (connector.Waker) instead of stepping to poll")
-	fs.StringVar(&o.Metrics, "metrics", o.Metrics, "serve the Prometheus metrics of the run in progress (connector on) at http://ADDR/metrics, for example 127.0.0.1:9400")
+	fs.StringVar(&o.Metrics, "metrics", o.Metrics, "serve the Prometheus metrics of the latest run with the connector on, from its start, at http://ADDR/metrics, for example 127.0.0.1:9400")
 	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "publish the KV events of the runs with the connector on, as vLLM does, on a ZMQ PUB socket bound at this endpoint, for example tcp://127.0.0.1:5557 (replay on the next port)")
 	fs.IntVar(&o.Repeat, "repeat", o.Repeat, "run each configuration this many times, OFF and ON interleaved; the table shows each one's median-duration run")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the results as JSON")

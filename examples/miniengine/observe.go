@@ -22,11 +22,11 @@ import (
 	"github.com/kvconnect/kvconnect/store"
 )
 
-// observer serves the metrics of the run in progress on -metrics: each
-// run with the connector on gets a registry of its own (its engines'
+// observer serves on -metrics the metrics of the latest run with the
+// connector on: each such run gets a registry of its own (its engines'
 // connector halves, its prompt tokens by source, its store), which the
-// handler serves from the moment the run starts; counters start at zero
-// with each run.
+// handler serves from the moment the run starts, and on through the
+// connector-off runs after it; counters start at zero with each run.
 type observer struct {
 	srv  *http.Server
 	addr string

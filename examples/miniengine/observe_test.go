@@ -37,7 +37,7 @@ func TestWaitIdleSteps(t *testing.T) {
 }
 
 // TestMetricsAndEvents: with -metrics and -kv-events the report is
-// unchanged, /metrics serves the run in progress, and the publisher
+// unchanged, /metrics serves the connector-on run, and the publisher
 // announced the blocks the runs saved.
 func TestMetricsAndEvents(t *testing.T) {
 	o := small(t)
