@@ -39,7 +39,6 @@ type Scheduler struct {
 
 	step        uint64
 	inFlight    bool
-	lastEmpty   bool // the last step planned no item
 	news        bool // since the last step, something may have made a request runnable (see Idle)
 	epoch       uint64
 	nextSeq     uint64
@@ -462,7 +461,6 @@ func (s *Scheduler) Step() (*Plan, error) {
 		p.Metadata = s.conn.Plan()
 		s.busy.plan(p.Metadata)
 	}
-	s.lastEmpty = len(p.Items) == 0
 	s.inFlight = true
 	s.stats.Step = s.step
 	return p, nil
@@ -1317,12 +1315,13 @@ func (s *Scheduler) sweep(r *request) {
 		}
 		gs := &r.gs[g]
 		kept := gs.retired[:0]
-		for _, b := range gs.retired {
+		for i, b := range gs.retired {
 			if s.busy.named(g, b) && s.mut != mutFreeBusy {
 				kept = append(kept, b)
 				continue
 			}
-			if err := s.pools[g].Release([]BlockID{b}); err != nil {
+			// kept has not reached i yet: entry i still holds b.
+			if err := s.pools[g].Release(gs.retired[i : i+1]); err != nil {
 				panic("scheduler: " + err.Error()) // r holds the block
 			}
 			gs.refs--

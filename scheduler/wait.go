@@ -19,7 +19,8 @@ func (s *Scheduler) Idle() bool {
 	if s.inFlight {
 		return false
 	}
-	return len(s.reqs) == 0 || s.step > 0 && s.lastEmpty && !s.news
+	// The plan's Items are the last step's until the next Step.
+	return len(s.reqs) == 0 || s.step > 0 && len(s.plan.Items) == 0 && !s.news
 }
 
 // Wake returns the connector's wake-up channel ([connector.Waker]), or nil

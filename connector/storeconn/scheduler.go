@@ -916,10 +916,7 @@ func (s *Scheduler) heldRuns(rt retry, plan func(first int, blocks []connector.B
 			s.stats.SaveFailures++
 		}
 		if k > start {
-			prev := rt.prev
-			if start > 0 {
-				prev = rt.hashes[start-1]
-			}
+			prev := parentAt(rt.prev, rt.hashes, start)
 			var tokens []hashing.Token
 			if rt.tokens != nil {
 				tokens = rt.tokens[start*s.bs : k*s.bs : k*s.bs]
@@ -1078,11 +1075,15 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 }
 
 // parent returns the hash of the block before block i of save x.
-func (x *transfer) parent(i int) hashing.BlockHash {
+func (x *transfer) parent(i int) hashing.BlockHash { return parentAt(x.prev, x.hashes, i) }
+
+// parentAt returns the hash of the block before block i of a run of
+// consecutive blocks whose hashes are hashes, after the block of prev.
+func parentAt(prev hashing.BlockHash, hashes []hashing.BlockHash, i int) hashing.BlockHash {
 	if i == 0 {
-		return x.prev
+		return prev
 	}
-	return x.hashes[i-1]
+	return hashes[i-1]
 }
 
 // stored announces blocks [i, j) of save x, which every worker stored, in
@@ -1093,7 +1094,8 @@ func (s *Scheduler) stored(x *transfer, i, j int) {
 	}
 	ev := connector.KVEvent{Kind: connector.BlockStored, Generation: x.gen, Group: x.group, Hashes: slices.Clone(x.hashes[i:j]), Parent: x.parent(i), BlockSize: s.bs}
 	if x.tokens != nil {
-		ev.Tokens = slices.Clone(x.tokens[i*s.bs : j*s.bs])
+		// x's own copy, which nothing else reads or writes.
+		ev.Tokens = x.tokens[i*s.bs : j*s.bs : j*s.bs]
 	}
 	s.events = append(s.events, ev)
 }
