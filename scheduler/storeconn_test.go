@@ -45,6 +45,25 @@ func e2eIdentity(bs int) hashing.Identity {
 	return id
 }
 
+// e2eStore returns an empty memstore of 4 MiB, closed at the end of the
+// test.
+func e2eStore(t *testing.T) *memstore.Store {
+	t.Helper()
+	st, err := memstore.New(memstore.Config{Capacity: 4 << 20})
+	if errors.Is(err, rdma.ErrUnsupported) {
+		t.Skipf("no host memory for the store on this platform: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := st.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return st
+}
+
 // newMiniEngine opens a scheduler with blocks blocks over st (nil: no
 // connector) and, with a store, a storeconn scheduler half and one worker
 // per rank.
@@ -254,18 +273,7 @@ func workload(e *miniEngine, tag string) {
 }
 
 func TestStoreconnEndToEnd(t *testing.T) {
-	st, err := memstore.New(memstore.Config{Capacity: 4 << 20})
-	if errors.Is(err, rdma.ErrUnsupported) {
-		t.Skipf("no host memory for the store on this platform: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := st.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	st := e2eStore(t)
 	cfg := Config{Identity: e2eIdentity(4), Blocks: 96, MaxBatchedTokens: 48, PrefixCaching: true}
 
 	// The reference: no connector, no prefix cache.

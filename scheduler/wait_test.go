@@ -9,8 +9,6 @@ import (
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
-	"github.com/kvconnect/kvconnect/rdma"
-	"github.com/kvconnect/kvconnect/store/memstore"
 	"github.com/kvconnect/kvconnect/store/storetest"
 )
 
@@ -77,24 +75,6 @@ func TestIdleAfterScheduledFailure(t *testing.T) {
 	h.done(p, h.results(p))
 }
 
-// waitStore returns a memstore behind 2 ms of latency per call, so that
-// lookups and transfers take long enough for an engine to step idle.
-func waitStore(t *testing.T) *memstore.Store {
-	t.Helper()
-	st, err := memstore.New(memstore.Config{Capacity: 4 << 20})
-	if errors.Is(err, rdma.ErrUnsupported) {
-		t.Skipf("no host memory for the store on this platform: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := st.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return st
-}
 
 // TestWaitEndToEnd: an engine over storeconn with lookups on the
 // connector's pool and a store that takes 2 ms a call. Stepping without
@@ -102,7 +82,7 @@ func waitStore(t *testing.T) *memstore.Store {
 // blocks instead, each idle step then answers a wake-up, at most one per
 // lookup and per transfer, and the outputs are the same.
 func TestWaitEndToEnd(t *testing.T) {
-	st := waitStore(t)
+	st := e2eStore(t)
 	slow := storetest.NewFaulty(st, storetest.FaultOptions{Latency: 2 * time.Millisecond})
 	cfg := Config{Identity: e2eIdentity(4), Blocks: 96, MaxBatchedTokens: 48, PrefixCaching: true}
 	type result struct {
@@ -141,7 +121,7 @@ func TestWaitEndToEnd(t *testing.T) {
 		return r
 	}
 	spin := drive("s", false)
-	st2 := waitStore(t)
+	st2 := e2eStore(t)
 	slow = storetest.NewFaulty(st2, storetest.FaultOptions{Latency: 2 * time.Millisecond})
 	waited := drive("s", true)
 	t.Logf("12 requests: without Wait %d idle steps of %d (%.1f per request); with Wait %d of %d (%.1f per request), for %d lookups and %d transfers",
