@@ -75,7 +75,6 @@ func TestIdleAfterScheduledFailure(t *testing.T) {
 	h.done(p, h.results(p))
 }
 
-
 // TestWaitEndToEnd: an engine over storeconn with lookups on the
 // connector's pool and a store that takes 2 ms a call. Stepping without
 // Wait it steps idle while lookups and transfers run; with Wait it
