@@ -50,6 +50,11 @@ func TestMisuse(t *testing.T) {
 			_, err := s.Match(short, 0)
 			return err
 		}, "3 hashes for a 17-token prompt"},
+		{"Scheduled with too few tokens", func(s connector.Scheduler) error {
+			few := *ok
+			few.ID, few.Tokens = "few", make([]hashing.Token, 3*bs)
+			return s.Scheduled(&few, few.Prompt, blocks(5))
+		}, "Request.Tokens holds 12 tokens, fewer than the 16 of its 4 full blocks"},
 		{"Match more hashes than the prompt", func(s connector.Scheduler) error {
 			_, err := s.Match(long, 0)
 			return err

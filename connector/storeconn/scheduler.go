@@ -581,6 +581,9 @@ func (s *Scheduler) checkRequest(op string, r *connector.Request) error {
 	if r.Prompt <= 0 {
 		return fmt.Errorf("storeconn: %s(%q): Request.Prompt = %d, want > 0", op, r.ID, r.Prompt)
 	}
+	if r.Tokens != nil && len(r.Tokens) < len(r.Hashes)*s.bs {
+		return fmt.Errorf("storeconn: %s(%q): Request.Tokens holds %d tokens, fewer than the %d of its %d full blocks (Hashes): give every token of them, or none", op, r.ID, len(r.Tokens), len(r.Hashes)*s.bs, len(r.Hashes))
+	}
 	return nil
 }
 
