@@ -37,7 +37,9 @@
 // test uses them); package rdma/shm moves bytes between processes of one
 // host through shared memory, and package rdma/mooncake binds Mooncake
 // Transfer Engine across processes and hosts. Package rdma/rdmatest
-// checks an engine against the promises of Engine and Batch.
+// checks an engine against the promises of Engine and Batch, and
+// [BatchState] keeps a Batch's results for an engine that completes its
+// requests itself (Loopback and rdma/shm do).
 //
 //	f := rdma.NewFabric()
 //	prod, _ := f.NewEngine("prefill", nil)

@@ -218,7 +218,7 @@ func (e *Loopback) Unregister(r Region) error {
 		}
 		e.mu.Unlock()
 		for _, b := range batches {
-			if i := b.pendingIn(r); i >= 0 {
+			if i := b.PendingIn(r); i >= 0 {
 				return fmt.Errorf("rdma: loopback %q: unregister %d bytes at %#x: request %d of a batch still uses it: %w", e.name, r.Len, r.Addr, i, ErrBusy)
 			}
 		}
@@ -273,7 +273,7 @@ func (e *Loopback) NewBatch(size int) (Batch, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("rdma: loopback %q: batch size %d, want > 0", e.name, size)
 	}
-	b := &loopBatch{e: e, cap: size}
+	b := &loopBatch{e: e, BatchState: NewBatchState(size)}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.mu.closed {
@@ -307,7 +307,7 @@ func (e *Loopback) Close() error {
 	e.q.cond.Broadcast()
 	e.q.Unlock()
 	for _, t := range queued {
-		t.b.finish(t.i, Canceled, 0)
+		t.b.Finish(t.i, Canceled, 0)
 	}
 	if e.hooks.canceled != nil {
 		e.hooks.canceled()
@@ -320,9 +320,7 @@ func (e *Loopback) Close() error {
 	e.reg.Unlock()
 
 	for b := range batches {
-		b.mu.Lock()
-		b.mu.released = true
-		b.mu.Unlock()
+		b.Close()
 	}
 	return nil
 }
@@ -371,7 +369,7 @@ func (e *Loopback) submit(b *loopBatch, reqs []Request) error {
 	if e.q.closed {
 		e.q.Unlock()
 		for i := range reqs {
-			b.finish(first+i, Canceled, 0)
+			b.Finish(first+i, Canceled, 0)
 		}
 		return nil
 	}
@@ -392,7 +390,7 @@ func (e *Loopback) submit(b *loopBatch, reqs []Request) error {
 	e.q.Unlock()
 	for i, req := range reqs {
 		if req.Local.Len == 0 {
-			b.finish(first+i, Completed, 0)
+			b.Finish(first+i, Completed, 0)
 		}
 	}
 	return nil
@@ -425,7 +423,7 @@ func (e *Loopback) work() {
 			e.hooks.beforeRun()
 		}
 		status, n := e.run(&t)
-		t.b.finish(t.i, status, n)
+		t.b.Finish(t.i, status, n)
 	}
 }
 
@@ -472,120 +470,32 @@ func (e *Loopback) run(t *task) (Status, int64) {
 
 // loopBatch is a Batch of a Loopback engine.
 type loopBatch struct {
-	e   *Loopback
-	cap int
-	mu  struct {
-		sync.Mutex
-		results  []Result
-		locals   []Region // each request's local memory
-		pending  int
-		done     chan struct{} // closed when pending drops to 0; nil while 0
-		released bool
-	}
+	e *Loopback
+	*BatchState
 }
 
 var _ Batch = (*loopBatch)(nil)
-
-func (b *loopBatch) Cap() int { return b.cap }
-
-func (b *loopBatch) Len() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.mu.results)
-}
 
 func (b *loopBatch) Submit(reqs []Request) error { return b.e.submit(b, reqs) }
 
 // add reserves results for reqs and returns the index of the first.
 func (b *loopBatch) add(reqs []Request) (int, error) {
-	n := len(reqs)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.mu.released {
-		return 0, fmt.Errorf("rdma: loopback %q: submit: batch released: %w", b.e.name, ErrClosed)
+	first, err := b.Add(reqs)
+	if err != nil {
+		return 0, fmt.Errorf("rdma: loopback %q: %w", b.e.name, err)
 	}
-	if have := len(b.mu.results); have+n > b.cap {
-		return 0, fmt.Errorf("rdma: loopback %q: submit %d requests to a batch of %d holding %d: %w", b.e.name, n, b.cap, have, ErrBatchFull)
-	}
-	first := len(b.mu.results)
-	for _, req := range reqs {
-		b.mu.results = append(b.mu.results, Result{})
-		b.mu.locals = append(b.mu.locals, req.Local)
-	}
-	if b.mu.pending == 0 {
-		b.mu.done = make(chan struct{})
-	}
-	b.mu.pending += n
 	return first, nil
 }
 
-// finish records the end of request i.
-func (b *loopBatch) finish(i int, s Status, n int64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.mu.results[i] = Result{Status: s, Bytes: n}
-	b.mu.pending--
-	if b.mu.pending == 0 {
-		close(b.mu.done)
-		b.mu.done = nil
-	}
-}
-
-// pendingIn returns the index of a pending request whose local memory
-// overlaps r, or -1.
-func (b *loopBatch) pendingIn(r Region) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for i, l := range b.mu.locals {
-		if b.mu.results[i].Status == Pending && l.Len > 0 && l.Loc == r.Loc && l.Addr < r.End() && r.Addr < l.End() {
-			return i
-		}
-	}
-	return -1
-}
-
-func (b *loopBatch) Poll() (bool, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.mu.pending == 0, nil
-}
-
-func (b *loopBatch) Wait(ctx context.Context) error {
-	b.mu.Lock()
-	done := b.mu.done
-	b.mu.Unlock()
-	if done == nil {
-		return nil
-	}
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (b *loopBatch) Result(i int) Result {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.mu.results[i]
-}
-
 func (b *loopBatch) Release() error {
-	b.mu.Lock()
-	if b.mu.released {
-		b.mu.Unlock()
-		return nil
+	released, err := b.BatchState.Release()
+	if err != nil {
+		return fmt.Errorf("rdma: loopback %q: %w", b.e.name, err)
 	}
-	if b.mu.pending > 0 {
-		n, total := b.mu.pending, len(b.mu.results)
-		b.mu.Unlock()
-		return fmt.Errorf("rdma: loopback %q: release: %d of %d requests pending: %w", b.e.name, n, total, ErrBusy)
+	if released {
+		b.e.mu.Lock()
+		delete(b.e.mu.batches, b)
+		b.e.mu.Unlock()
 	}
-	b.mu.released = true
-	b.mu.Unlock()
-	b.e.mu.Lock()
-	delete(b.e.mu.batches, b)
-	b.e.mu.Unlock()
 	return nil
 }

@@ -1,9 +1,7 @@
 package shm
 
 import (
-	"context"
 	"fmt"
-	"sync"
 
 	"github.com/kvconnect/kvconnect/rdma"
 )
@@ -20,7 +18,7 @@ type task struct {
 // end finishes every request of t with s.
 func (t *task) end(s rdma.Status) {
 	for _, i := range t.idx {
-		t.b.finish(i, s, 0)
+		t.b.Finish(i, s, 0)
 	}
 	t.p.refs.Done()
 }
@@ -69,7 +67,7 @@ func (e *Engine) submit(b *batch, reqs []rdma.Request) error {
 	var order []*peer
 	for i, req := range reqs {
 		if req.Local.Len == 0 {
-			b.finish(first+i, rdma.Completed, 0)
+			b.Finish(first+i, rdma.Completed, 0)
 			continue
 		}
 		if byPeer[peers[i]] == nil {
@@ -101,7 +99,7 @@ func (e *Engine) submit(b *batch, reqs []rdma.Request) error {
 		}
 		if e.mu.segments[t.reqs[0].Segment] != t.p {
 			for _, j := range t.idx {
-				b.finish(j, rdma.Failed, 0)
+				b.Finish(j, rdma.Failed, 0)
 			}
 			tasks[i] = nil
 			continue
@@ -114,7 +112,7 @@ func (e *Engine) submit(b *batch, reqs []rdma.Request) error {
 		for _, t := range tasks {
 			if t != nil {
 				for _, j := range t.idx {
-					b.finish(j, rdma.Canceled, 0)
+					b.Finish(j, rdma.Canceled, 0)
 				}
 			}
 		}
@@ -184,7 +182,7 @@ func (e *Engine) run(t *task) {
 			if statuses[k] == rdma.Completed {
 				n = int64(t.reqs[k].Local.Len)
 			}
-			t.b.finish(i, statuses[k], n)
+			t.b.Finish(i, statuses[k], n)
 		}
 	}()
 	id, grants, err := p.grant(t.reqs)
@@ -236,120 +234,32 @@ func (e *Engine) dropPeer(p *peer, cause error) {
 
 // batch is a Batch of an Engine.
 type batch struct {
-	e   *Engine
-	cap int
-	mu  struct {
-		sync.Mutex
-		results  []rdma.Result
-		locals   []rdma.Region
-		pending  int
-		done     chan struct{} // closed when pending drops to 0; nil while 0
-		released bool
-	}
+	e *Engine
+	*rdma.BatchState
 }
 
 var _ rdma.Batch = (*batch)(nil)
-
-func (b *batch) Cap() int { return b.cap }
-
-func (b *batch) Len() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.mu.results)
-}
 
 func (b *batch) Submit(reqs []rdma.Request) error { return b.e.submit(b, reqs) }
 
 // add reserves results for reqs and returns the index of the first.
 func (b *batch) add(reqs []rdma.Request) (int, error) {
-	n := len(reqs)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.mu.released {
-		return 0, fmt.Errorf("shm: %q: submit: batch released: %w", b.e.name, rdma.ErrClosed)
+	first, err := b.Add(reqs)
+	if err != nil {
+		return 0, fmt.Errorf("shm: %q: %w", b.e.name, err)
 	}
-	if have := len(b.mu.results); have+n > b.cap {
-		return 0, fmt.Errorf("shm: %q: submit %d requests to a batch of %d holding %d: %w", b.e.name, n, b.cap, have, rdma.ErrBatchFull)
-	}
-	first := len(b.mu.results)
-	for _, req := range reqs {
-		b.mu.results = append(b.mu.results, rdma.Result{})
-		b.mu.locals = append(b.mu.locals, req.Local)
-	}
-	if b.mu.pending == 0 {
-		b.mu.done = make(chan struct{})
-	}
-	b.mu.pending += n
 	return first, nil
 }
 
-// finish records the end of request i.
-func (b *batch) finish(i int, s rdma.Status, n int64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.mu.results[i] = rdma.Result{Status: s, Bytes: n}
-	b.mu.pending--
-	if b.mu.pending == 0 {
-		close(b.mu.done)
-		b.mu.done = nil
-	}
-}
-
-// pendingIn returns the index of a pending request whose local memory
-// overlaps r, or -1.
-func (b *batch) pendingIn(r rdma.Region) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for i, l := range b.mu.locals {
-		if b.mu.results[i].Status == rdma.Pending && l.Len > 0 && l.Loc == r.Loc && l.Addr < r.End() && r.Addr < l.End() {
-			return i
-		}
-	}
-	return -1
-}
-
-func (b *batch) Poll() (bool, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.mu.pending == 0, nil
-}
-
-func (b *batch) Wait(ctx context.Context) error {
-	b.mu.Lock()
-	done := b.mu.done
-	b.mu.Unlock()
-	if done == nil {
-		return nil
-	}
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (b *batch) Result(i int) rdma.Result {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.mu.results[i]
-}
-
 func (b *batch) Release() error {
-	b.mu.Lock()
-	if b.mu.released {
-		b.mu.Unlock()
-		return nil
+	released, err := b.BatchState.Release()
+	if err != nil {
+		return fmt.Errorf("shm: %q: %w", b.e.name, err)
 	}
-	if b.mu.pending > 0 {
-		n, total := b.mu.pending, len(b.mu.results)
-		b.mu.Unlock()
-		return fmt.Errorf("shm: %q: release: %d of %d requests pending: %w", b.e.name, n, total, rdma.ErrBusy)
+	if released {
+		b.e.mu.Lock()
+		delete(b.e.mu.batches, b)
+		b.e.mu.Unlock()
 	}
-	b.mu.released = true
-	b.mu.Unlock()
-	b.e.mu.Lock()
-	delete(b.e.mu.batches, b)
-	b.e.mu.Unlock()
 	return nil
 }

@@ -268,7 +268,7 @@ func (e *Engine) Unregister(r rdma.Region) error {
 		}
 		e.mu.Unlock()
 		for _, b := range batches {
-			if i := b.pendingIn(r); i >= 0 {
+			if i := b.PendingIn(r); i >= 0 {
 				return fmt.Errorf("shm: %q: unregister %d bytes at %#x: request %d of a batch still uses it: %w", e.name, r.Len, r.Addr, i, rdma.ErrBusy)
 			}
 		}
@@ -364,7 +364,7 @@ func (e *Engine) NewBatch(size int) (rdma.Batch, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("shm: %q: batch size %d, want > 0", e.name, size)
 	}
-	b := &batch{e: e, cap: size}
+	b := &batch{e: e, BatchState: rdma.NewBatchState(size)}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.mu.closed {
@@ -418,9 +418,7 @@ func (e *Engine) Close() error {
 		err = errors.Join(err, p.close())
 	}
 	for b := range batches {
-		b.mu.Lock()
-		b.mu.released = true
-		b.mu.Unlock()
+		b.Close()
 	}
 	if err != nil {
 		return fmt.Errorf("shm: %q: close: %w", e.name, err)
