@@ -123,7 +123,12 @@ type Scheduler interface {
 	// one per KV cache group (see "Block tables" in the package doc):
 	// with one group, blocks[0][i] holds tokens [i*B, (i+1)*B), for every
 	// block of the request so far. A load is planned in the next Plan; the
-	// engine must not run r until Progress lists it as loaded or failed.
+	// engine must not run r until Progress lists it as loaded or failed,
+	// unless every worker is a [LayerWorker]: r may then run in the step
+	// whose Metadata carries the load, layer by layer after WaitLayer, and
+	// what that step computed for r counts only once a Progress lists r
+	// as loaded (see LayerWorker). The connector then saves the blocks
+	// that step computed only after every worker reported the load.
 	Allocated(r *Request, external int, blocks ...[]BlockID) error
 
 	// Scheduled tells the connector that after this step the first computed
@@ -229,6 +234,60 @@ type Worker interface {
 	// resources. It is idempotent. Transfers it cancels are never reported:
 	// close the scheduler half together with its workers.
 	Close() error
+}
+
+// LayerWorker is an optional interface of a [Worker] that moves KV layer
+// by layer, so that a step's compute overlaps its transfers: the forward
+// pass starts on layer 0 while later layers still load, and each layer is
+// saved as soon as it is computed (vLLM's wait_for_layer_load and
+// save_kv_layer). Layers are the model's, [0, hashing.Layout.Layers), in
+// the order the forward pass computes them; with several KV cache groups
+// a layer belongs to the group that lists it (hashing.Group.Layers).
+//
+// An engine whose workers are all LayerWorkers may run a request in the
+// step whose Metadata carries its load, instead of waiting for a Progress
+// that lists it loaded (see [Scheduler].Allocated). Each step it calls,
+// after Start:
+//
+//	for l := range layers {
+//		w.WaitLayer(ctx, l)        // layer l of the step's loads is in
+//		... compute layer l ...
+//		w.SaveLayer(ctx, l, ready) // layer l's saves may start once ready fires
+//	}
+//	w.Save(ctx, ready)              // saves what SaveLayer did not start
+//	out := w.Poll()
+//
+// The Poll after WaitLayer of the last layer reports every load of the
+// step, Done or Failed. A load that failed in any worker (Progress.Failed)
+// leaves its request's KV unknown for that step on every rank (tensor
+// parallelism mixes the ranks' results): the engine discards what the
+// step computed for the request and rolls it back to LoadFailure.Valid. A
+// scheduler half therefore saves nothing a request computed in the step
+// of its load until every worker reported the load: it plans those saves
+// once the load is confirmed, in a later Metadata.
+//
+// Fallback: a Worker that is not a LayerWorker loads a request's blocks
+// whole before the request runs, and saves them after the step.
+type LayerWorker interface {
+	Worker
+
+	// WaitLayer blocks until layer l, and every layer before it, of every
+	// load the last Start began is in KV memory, or its load failed (the
+	// next Poll reports the failure). It returns ctx's error once ctx is
+	// done, and [ErrClosed] once the worker is closed. Within a step,
+	// layers are waited on in increasing order, each at most once;
+	// skipping layers is allowed (waiting for l waits for every layer
+	// before it). A layer out of range, or waited on again or out of
+	// order, is an error naming the layer.
+	WaitLayer(ctx context.Context, l int) error
+
+	// SaveLayer starts the saves of layer l, and of every layer before it
+	// not yet started, of the last Started Metadata; they read the blocks
+	// only once ready reports done (ready is kept as [Worker].Save keeps
+	// it). Within a step, layers are saved in increasing order, each at
+	// most once, and Save afterwards starts what is left. A layer out of
+	// range, or saved again or out of order, is an error naming the layer.
+	SaveLayer(ctx context.Context, l int, ready Event) error
 }
 
 // Event is a step's readiness signal: on a GPU, a CUDA event recorded after

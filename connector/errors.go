@@ -24,4 +24,7 @@ var (
 	// that is not newer than one already in force. Generations only move
 	// forward: going back would serve KV of weights that were replaced.
 	ErrGeneration = errors.New("connector: generation not newer")
+	// ErrLayer: a layer index out of range, or a layer waited on or saved
+	// again or out of order ([LayerWorker]).
+	ErrLayer = errors.New("connector: invalid layer")
 )

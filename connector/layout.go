@@ -189,13 +189,22 @@ func (kv KVCache) Contiguous() bool {
 // value holds them (layer by layer, K before V), and returns it. The
 // KVCache must be valid and b in range.
 func (kv KVCache) Spans(dst []rdma.Region, b BlockID) []rdma.Region {
+	return kv.LayerSpans(dst, b, 0, kv.Layers)
+}
+
+// LayerSpans appends to dst the memory spans of layers [lo, hi) of block
+// b, in the order a store value holds them (layer by layer, K before V),
+// and returns it: the part of [KVCache.Spans] that those layers cover,
+// with BlockMajor one span. The KVCache must be valid, b in range and
+// 0 <= lo < hi <= Layers.
+func (kv KVCache) LayerSpans(dst []rdma.Region, b BlockID, lo, hi int) []rdma.Region {
 	n := kv.BlockBytes
 	if kv.Order == BlockMajor {
 		r := kv.Regions[0]
-		size := kv.BlockSize()
-		return append(dst, rdma.Region{Addr: r.Addr + uintptr(int(b)*size), Len: size, Loc: r.Loc})
+		off := int(b)*kv.BlockSize() + lo*kv.KV*n
+		return append(dst, rdma.Region{Addr: r.Addr + uintptr(off), Len: (hi - lo) * kv.KV * n, Loc: r.Loc})
 	}
-	for l := 0; l < kv.Layers; l++ {
+	for l := lo; l < hi; l++ {
 		for k := 0; k < kv.KV; k++ {
 			var r rdma.Region
 			var off int
