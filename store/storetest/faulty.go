@@ -69,6 +69,14 @@ type FaultOptions struct {
 	// during the wait fails the call with the context's error.
 	Latency time.Duration
 
+	// Bandwidth, when positive, is the bytes per second of the one link
+	// over which every put and get moves its values, after Latency: a
+	// call waits until its bytes (the lengths of its regions) have
+	// crossed, queued behind those of the calls before it, as on a
+	// saturated network. It models a store whose transfers take time in
+	// proportion to their size, which Latency alone does not.
+	Bandwidth int64
+
 	// Scribble makes a get whose key fails by injection overwrite its
 	// destination (host memory only) with garbage, as a failed transfer
 	// may: code under test must not use the bytes of a failed get.
@@ -121,9 +129,10 @@ type faulty struct {
 	ex   []error
 	call error
 
-	mu     sync.Mutex
-	counts map[uint64]uint64 // per (operation, keys): calls so far
-	faults FaultCounts
+	mu       sync.Mutex
+	counts   map[uint64]uint64 // per (operation, keys): calls so far
+	faults   FaultCounts
+	linkFree time.Time // when the link of Bandwidth has moved every byte asked of it so far
 }
 
 // faultyVectored is a Faulty store over a store with store.Vectored.
@@ -192,6 +201,9 @@ func newFaulty(s store.Store, opts FaultOptions) *faulty {
 	}
 	if opts.Latency < 0 {
 		panic(fmt.Sprintf("storetest: FaultOptions.Latency %v: must not be negative", opts.Latency))
+	}
+	if opts.Bandwidth < 0 {
+		panic(fmt.Sprintf("storetest: FaultOptions.Bandwidth %d: must not be negative", opts.Bandwidth))
 	}
 	if opts.Ops == 0 {
 		opts.Ops = OpAll
@@ -280,6 +292,43 @@ func (f *faulty) begin(ctx context.Context, op Op, keys ...string) error {
 	return nil
 }
 
+// wire waits until the bytes of regs (rdma.Region or []rdma.Region) have
+// crossed the link of FaultOptions.Bandwidth, behind the bytes of earlier
+// calls.
+func wire[R any](f *faulty, ctx context.Context, regs []R) error {
+	if f.opts.Bandwidth <= 0 {
+		return nil
+	}
+	n := 0
+	for _, r := range regs {
+		switch r := any(r).(type) {
+		case rdma.Region:
+			n += r.Len
+		case []rdma.Region:
+			for _, x := range r {
+				n += x.Len
+			}
+		}
+	}
+	d := time.Duration(float64(n) / float64(f.opts.Bandwidth) * float64(time.Second))
+	f.mu.Lock()
+	start := time.Now()
+	if f.linkFree.After(start) {
+		start = f.linkFree
+	}
+	end := start.Add(d)
+	f.linkFree = end
+	f.mu.Unlock()
+	timer := time.NewTimer(time.Until(end))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
+
 // keyFault returns the error injected into key, or nil.
 func (f *faulty) keyFault(op Op, key string, errs []error) error {
 	if f.opts.Ops&op == 0 || f.opts.KeyRate == 0 || store.ValidateKey(key) != nil {
@@ -355,6 +404,9 @@ func forward[R any](f *faulty, ctx context.Context, op Op, keys []string, regs [
 		return err
 	}
 	if err := f.begin(ctx, op, keys...); err != nil {
+		return err
+	}
+	if err := wire(f, ctx, regs); err != nil {
 		return err
 	}
 	errs := f.put

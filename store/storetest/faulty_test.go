@@ -306,8 +306,47 @@ func TestFaultyLatencyHonorsContext(t *testing.T) {
 	}
 }
 
+// TestFaultyBandwidth checks that calls share one link: two gets of 8
+// values of 64 bytes each, at 64 KiB/s, running together, cannot both end
+// before 2×512 bytes have crossed it (a lower bound only, which no load on
+// the machine can make fail), and that a context done while queued ends
+// the call.
+func TestFaultyBandwidth(t *testing.T) {
+	const bw = 64 << 10
+	r := newFaultRig(t, 16, FaultOptions{Bandwidth: bw})
+	keys := faultKeys(16)
+	if _, err := r.put(r.inner, keys); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for half := range 2 {
+		wg.Go(func() {
+			ks := keys[half*8 : (half+1)*8]
+			dst := make([]rdma.Region, len(ks))
+			for i := range ks {
+				dst[i] = r.mem.slot(half*8+i, 64)
+			}
+			res := make([]store.Result, len(ks))
+			if err := r.f.Get(background, ks, dst, res); err != nil {
+				t.Errorf("Get = %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if took, least := time.Since(start), time.Duration(float64(2*8*64)/bw*float64(time.Second)); took < least {
+		t.Errorf("two gets of 512 bytes at %d B/s took %v, want at least %v: they did not queue on one link", bw, took, least)
+	}
+	slow := NewFaulty(r.inner, FaultOptions{Bandwidth: 1})
+	ctx, cancel := context.WithCancel(background)
+	cancel()
+	if err := slow.Get(ctx, keys[:1], []rdma.Region{r.mem.slot(0, 64)}, make([]store.Result, 1)); !errors.Is(err, context.Canceled) {
+		t.Errorf("Get at 1 B/s with a canceled context = %v, want context.Canceled", err)
+	}
+}
+
 func TestNewFaultyRejectsBadOptions(t *testing.T) {
-	for _, opts := range []FaultOptions{{CallRate: -0.1}, {KeyRate: 1.5}, {VanishRate: 2}, {Latency: -1}} {
+	for _, opts := range []FaultOptions{{CallRate: -0.1}, {KeyRate: 1.5}, {VanishRate: 2}, {Latency: -1}, {Bandwidth: -1}} {
 		func() {
 			defer func() {
 				if recover() == nil {
