@@ -535,3 +535,32 @@ func TestPropLayerKey(t *testing.T) {
 		}
 	})
 }
+
+// TestPropLayerFieldCanonical appends random layer fields, canonical or
+// not, to a valid key: those that parse give back the string and a
+// range 0 <= lo < hi <= 65536.
+func TestPropLayerFieldCanonical(t *testing.T) {
+	ns := testNamespace(t, func(id *Identity) { *id = hybridIdentity() })
+	rapid.Check(t, func(t *rapid.T) {
+		base := rapid.SampledFrom([]string{ns.Key(1, BlockHash{7}), ns.GroupKey(1, 0, BlockHash{8})}).Draw(t, "block key")
+		field := rapid.OneOf(
+			rapid.StringOfN(rapid.RuneFrom([]rune("l0123456789-")), 0, 14, -1),
+			rapid.StringMatching(`l(0|[1-9][0-9]{0,5})-(0|[1-9][0-9]{0,5})`),
+			rapid.StringMatching(`[lL]0?[0-9]{1,3}-0?[0-9]{1,3}`),
+		).Draw(t, "field")
+		s := base + "/" + field
+		k, err := ParseKey(s)
+		if err != nil {
+			if !errors.Is(err, ErrMalformedKey) || k != (Key{}) {
+				t.Fatalf("ParseKey(%q) = %+v, %v", s, k, err)
+			}
+			return
+		}
+		if got := k.String(); got != s {
+			t.Fatalf("ParseKey(%q).String() = %q", s, got)
+		}
+		if r := k.Layers; r.Lo < 0 || r.Lo >= r.Hi || r.Hi > maxLayerEnd || k.Layers == (LayerRange{}) {
+			t.Fatalf("ParseKey(%q) = %+v, not a layer range's key", s, k)
+		}
+	})
+}
