@@ -302,9 +302,9 @@ func (ns Namespace) AppendLayerKey(dst []byte, group, shard int, h BlockHash, lo
 
 func appendLayers(dst []byte, r LayerRange) []byte {
 	dst = append(dst, "/l"...)
-	dst = strconv.AppendUint(dst, uint64(r.Lo), 10)
+	dst = strconv.AppendInt(dst, int64(r.Lo), 10)
 	dst = append(dst, '-')
-	return strconv.AppendUint(dst, uint64(r.Hi), 10)
+	return strconv.AppendInt(dst, int64(r.Hi), 10)
 }
 
 // groupLayers returns the number of layers of group group, read from the
