@@ -73,6 +73,18 @@
 // full-attention group: everything above holds unchanged for models that
 // are not hybrid.
 //
+// A connector that moves a block layer by layer (loading the first layers
+// while later ones still arrive, saving each range of layers as soon as it
+// is computed) stores it as several values, each of a contiguous range
+// [lo, hi) of the group's layers (positions in Group.Layers), under
+// [Namespace.LayerKey]:
+//
+//	key := ns.LayerKey(i, ns.GroupShard(i, rank), hash, lo, hi) // ".../<block hash>/l<lo>-<hi>"
+//
+// Each value holds its layers' bytes as the block's whole value holds
+// them, so the values of a split, in order, are the whole value. The range
+// of all the group's layers is the block's own key, GroupKey's.
+//
 // # What a key binds
 //
 // A key binds the stored bytes to the tenant, the model, its weights

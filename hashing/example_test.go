@@ -147,3 +147,35 @@ func ExampleBlockHash_Uint64() {
 	// Output:
 	// 8143099780738392411
 }
+
+func ExampleNamespace_LayerKey() {
+	// Worked example E's identity: group 1 holds layers 1 and 3 of the
+	// model, positions 0 and 1 of the group.
+	id := exampleIdentity()
+	id.Layout.Layers = 4
+	id.Layout.Groups = []hashing.Group{
+		{Kind: hashing.SlidingWindow, Layers: []int{0, 2}, BlockSize: 16, Window: 128},
+		{Kind: hashing.FullAttention, Layers: []int{1, 3}, BlockSize: 32},
+	}
+	ns, err := id.Namespace()
+	if err != nil {
+		panic(err)
+	}
+	tokens := make([]hashing.Token, 32)
+	for i := range tokens {
+		tokens[i] = hashing.Token(i + 1)
+	}
+	hashes, _ := hashing.HashBlocks(ns.BlockSize(), tokens, hashing.CacheSalt("s"))
+	h := hashes[ns.Groups()[1].HashIndex(0, ns.BlockSize())]
+	// Block 0 of group 1 stored one layer per value, then whole.
+	fmt.Println(ns.LayerKey(1, 1, h, 0, 1))
+	fmt.Println(ns.LayerKey(1, 1, h, 1, 2))
+	fmt.Println(ns.LayerKey(1, 1, h, 0, 2) == ns.GroupKey(1, 1, h))
+	k, err := hashing.ParseKey(ns.LayerKey(1, 1, h, 1, 2))
+	fmt.Println(k.Group, k.Layers, err)
+	// Output:
+	// acme/81026d70b4740da343efebdd4fcdffff/1/g1/3ff5f91e4cd8aafad9febcd1508690af2a95e1a079aaecdfc5bf727c2a1942a4/l0-1
+	// acme/81026d70b4740da343efebdd4fcdffff/1/g1/3ff5f91e4cd8aafad9febcd1508690af2a95e1a079aaecdfc5bf727c2a1942a4/l1-2
+	// true
+	// 1 {1 2} <nil>
+}

@@ -15,6 +15,13 @@ func FuzzParseKey(f *testing.F) {
 	f.Add(hy.GroupKey(1, 1, BlockHash{4, 5}))
 	f.Add("a/" + ns.ID() + "/0/g0/" + BlockHash{}.String())
 	f.Add("a/" + ns.ID() + "/0/g01/" + BlockHash{}.String())
+	f.Add(ns.LayerKey(0, 1, BlockHash{1, 2, 3}, 3, 17))
+	f.Add(hy.LayerKey(1, 0, BlockHash{4, 5}, 1, 2))
+	f.Add("a/" + ns.ID() + "/0/" + BlockHash{}.String() + "/l0-65536")
+	f.Add("a/" + ns.ID() + "/0/" + BlockHash{}.String() + "/l2-2")
+	f.Add("a/" + ns.ID() + "/0/" + BlockHash{}.String() + "/l02-3")
+	f.Add("a/" + ns.ID() + "/0/g1/" + BlockHash{}.String() + "/L2-3")
+	f.Add("a/" + ns.ID() + "/0/l1-2/" + BlockHash{}.String())
 	f.Add("a/b/c/d")
 	f.Add("a/b/c/d/e")
 	f.Add("a//0/")
@@ -34,7 +41,8 @@ func FuzzParseKey(f *testing.F) {
 		if got := k.String(); got != s {
 			t.Fatalf("ParseKey(%q).String() = %q", s, got)
 		}
-		if ValidateTenant(k.Tenant) != nil || k.Rank < 0 || k.Rank > maxShard || len(k.Namespace) != IDLen || k.Group < 0 || k.Group >= MaxGroups {
+		if ValidateTenant(k.Tenant) != nil || k.Rank < 0 || k.Rank > maxShard || len(k.Namespace) != IDLen || k.Group < 0 || k.Group >= MaxGroups ||
+			k.Layers != (LayerRange{}) && (k.Layers.Lo < 0 || k.Layers.Lo >= k.Layers.Hi || k.Layers.Hi > maxLayerEnd) {
 			t.Fatalf("ParseKey(%q) = %+v, an invalid key", s, k)
 		}
 	})

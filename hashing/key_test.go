@@ -167,6 +167,35 @@ func TestParseKeyErrors(t *testing.T) {
 		{"acme/" + id + "/99999999999999999999999/" + h, "above the largest shard"},
 		{"acme/" + id + "/1/" + h[:63], "has 63 characters, want 64"},
 		{"acme/" + id + "/1/" + h[:63] + "g", "'g' at 63"},
+		// Layer ranges.
+		{"acme/" + id + "/1/" + h + "/l2-2", `layers "l2-2": empty range: the first layer 2 is not below the end 2`},
+		{"acme/" + id + "/1/" + h + "/l3-2", `layers "l3-2": empty range`},
+		{"acme/" + id + "/1/g1/" + h + "/l0-0", "empty range"},
+		{"acme/" + id + "/1/" + h + "/l02-3", `layers "l02-3": first layer "02": leading zero`},
+		{"acme/" + id + "/1/" + h + "/l00-3", `first layer "00": leading zero`},
+		{"acme/" + id + "/1/" + h + "/l2-03", `layers "l2-03": end "03": leading zero`},
+		{"acme/" + id + "/1/" + h + "/l-1-2", `first layer "": empty`},
+		{"acme/" + id + "/1/" + h + "/l+1-2", `first layer "+1": character '+' at 0 is not a decimal digit`},
+		{"acme/" + id + "/1/" + h + "/l1-+2", `end "+2": character '+' at 0`},
+		{"acme/" + id + "/1/" + h + "/l1-2-3", `end "2-3": character '-' at 1`},
+		{"acme/" + id + "/1/" + h + "/l1-2a", `character 'a' at 1`},
+		{"acme/" + id + "/1/" + h + "/l2", `layers "l2": want <lo>-<hi> after 'l'`},
+		{"acme/" + id + "/1/" + h + "/l", `layers "l": want <lo>-<hi>`},
+		{"acme/" + id + "/1/" + h + "/l2-", `end "": empty`},
+		{"acme/" + id + "/1/" + h + "/l-", `first layer "": empty`},
+		{"acme/" + id + "/1/" + h + "/L2-3", `layers "L2-3": want 'l' and the layer range`},
+		{"acme/" + id + "/1/" + h + "/l0-65537", `end "65537": above the largest layer range end 65536`},
+		{"acme/" + id + "/1/" + h + "/l65536-65537", `first layer "65536": above the largest first layer 65535`},
+		{"acme/" + id + "/1/" + h + "/l0-99999999999999999999999", "above the largest layer range end 65536"},
+		{"acme/" + id + "/1/l2-3/" + h, `group "l2-3": want 'g'`},
+		{"acme/" + id + "/l2-3/" + h, `shard "l2-3": character 'l' at 0`},
+		{"acme/" + id + "/1/g1/l2-3/" + h, "have 6"},
+		{"acme/" + id + "/1/" + h + "/l2-3/l2-3", "group \"" + h + "\": want 'g'"},
+		{"acme/" + id + "/1/g1/" + h + "/l2-3/x", "have 7"},
+		{"acme/" + id + "/1/g0/" + h + "/l2-3", "group 0 has no group field"},
+		{"acme/" + id + "/1/" + h[:63] + "/l2-3", "hash: has 63 characters"},
+		{"acme/" + id + "/1/l2-3", "want 4 fields"},
+		{"acme/" + id + "/1/" + h + "/l2-3/", "have 6"},
 	}
 	for _, tt := range tests {
 		k, err := ParseKey(tt.key)
@@ -218,7 +247,12 @@ func genKey() *rapid.Generator[Key] {
 		var h BlockHash
 		copy(h[:], rapid.SliceOfN(rapid.Byte(), 32, 32).Draw(t, "hash"))
 		group := rapid.OneOf(rapid.Just(0), rapid.IntRange(0, MaxGroups-1)).Draw(t, "group")
-		return Key{Tenant: tenant, Namespace: id, Rank: rapid.IntRange(0, maxShard).Draw(t, "rank"), Group: group, Hash: h}
+		var layers LayerRange
+		if rapid.Bool().Draw(t, "layers?") {
+			layers.Lo = rapid.OneOf(rapid.IntRange(0, 9), rapid.IntRange(0, maxLayerEnd-1)).Draw(t, "lo")
+			layers.Hi = rapid.OneOf(rapid.IntRange(layers.Lo+1, min(layers.Lo+9, maxLayerEnd)), rapid.IntRange(layers.Lo+1, maxLayerEnd)).Draw(t, "hi")
+		}
+		return Key{Tenant: tenant, Namespace: id, Rank: rapid.IntRange(0, maxShard).Draw(t, "rank"), Group: group, Hash: h, Layers: layers}
 	})
 }
 
@@ -350,15 +384,183 @@ func TestAppendGroupKeyAllocs(t *testing.T) {
 	}
 }
 
-// TestLongestKey checks the bound that MaxKeyLen's doc gives: the longest
-// tenant, shard and group.
+// TestLongestKey checks the bounds that MaxKeyLen's doc gives: the longest
+// tenant, shard and group, then the longest layer range.
 func TestLongestKey(t *testing.T) {
 	k := Key{Tenant: strings.Repeat("a", 64), Namespace: strings.Repeat("f", IDLen), Rank: maxShard, Group: MaxGroups - 1, Hash: BlockHash{1}}
-	s := k.String()
-	if len(s) != 173 || len(s) > MaxKeyLen {
-		t.Errorf("the longest key %q has %d bytes, want 173 (MaxKeyLen %d)", s, len(s), MaxKeyLen)
+	for _, tt := range []struct {
+		layers LayerRange
+		want   int
+	}{{LayerRange{}, 173}, {LayerRange{maxLayerEnd - 1, maxLayerEnd}, 186}} {
+		k.Layers = tt.layers
+		s := k.String()
+		if len(s) != tt.want || len(s) > MaxKeyLen {
+			t.Errorf("the longest key %q has %d bytes, want %d (MaxKeyLen %d)", s, len(s), tt.want, MaxKeyLen)
+		}
+		if got, err := ParseKey(s); err != nil || got != k {
+			t.Errorf("ParseKey(%q) = %+v, %v", s, got, err)
+		}
 	}
-	if got, err := ParseKey(s); err != nil || got != k {
-		t.Errorf("ParseKey(%q) = %+v, %v", s, got, err)
+}
+
+func TestLayerKey(t *testing.T) {
+	ns := testNamespace(t, func(id *Identity) { *id = hybridIdentity() }) // two groups of 4 layers
+	h := BlockHash{0xab, 0xcd}
+	hex := "abcd" + strings.Repeat("0", 60)
+	tests := []struct {
+		group, shard, lo, hi int
+		want                 string
+		layers               LayerRange
+	}{
+		{0, 1, 0, 1, "1/" + hex + "/l0-1", LayerRange{0, 1}},
+		{0, 0, 1, 4, "0/" + hex + "/l1-4", LayerRange{1, 4}},
+		{0, 1, 0, 3, "1/" + hex + "/l0-3", LayerRange{0, 3}},
+		{1, 1, 2, 3, "1/g1/" + hex + "/l2-3", LayerRange{2, 3}},
+		{1, 0, 3, 4, "0/g1/" + hex + "/l3-4", LayerRange{3, 4}},
+		{0, 1, 0, 4, "1/" + hex, LayerRange{}},    // the whole group: the block's key
+		{1, 1, 0, 4, "1/g1/" + hex, LayerRange{}}, // the same in group 1
 	}
+	for _, tt := range tests {
+		key := ns.LayerKey(tt.group, tt.shard, h, tt.lo, tt.hi)
+		if want := ns.Prefix() + tt.want; key != want {
+			t.Errorf("LayerKey(%d, %d, %d, %d) = %q, want %q", tt.group, tt.shard, tt.lo, tt.hi, key, want)
+		}
+		if got := string(ns.AppendLayerKey([]byte("x"), tt.group, tt.shard, h, tt.lo, tt.hi)); got != "x"+key {
+			t.Errorf("AppendLayerKey(%d, %d, %d, %d) = %q, want %q", tt.group, tt.shard, tt.lo, tt.hi, got, "x"+key)
+		}
+		if tt.layers == (LayerRange{}) {
+			if gk := ns.GroupKey(tt.group, tt.shard, h); key != gk {
+				t.Errorf("LayerKey(%d, %d, %d, %d) = %q, want GroupKey = %q", tt.group, tt.shard, tt.lo, tt.hi, key, gk)
+			}
+		}
+		k, err := ParseKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Key{Tenant: "acme", Namespace: ns.ID(), Rank: tt.shard, Group: tt.group, Hash: h, Layers: tt.layers}
+		if diff := cmp.Diff(want, k); diff != "" {
+			t.Errorf("ParseKey(%q) (-want +got):\n%s", key, diff)
+		}
+		if k.String() != key {
+			t.Errorf("String() = %q, want %q", k.String(), key)
+		}
+	}
+	// Every split of a group into ranges gives one key per range, distinct
+	// from the block's and from every other range's; the ranges of two
+	// splits that coincide share their key.
+	keys := map[string]LayerRange{ns.GroupKey(1, 0, h): {0, 4}}
+	for lo := range 4 {
+		for hi := lo + 1; hi <= 4; hi++ {
+			key := ns.LayerKey(1, 0, h, lo, hi)
+			if r, ok := keys[key]; ok && r != (LayerRange{lo, hi}) {
+				t.Errorf("LayerKey(1, 0, %d, %d) = %q, the key of layers %v too", lo, hi, key, r)
+			}
+			keys[key] = LayerRange{lo, hi}
+			if !strings.HasPrefix(key, ns.Prefix()) {
+				t.Errorf("LayerKey(1, 0, %d, %d) = %q does not start with the namespace prefix %q", lo, hi, key, ns.Prefix())
+			}
+		}
+	}
+	if len(keys) != 10 {
+		t.Errorf("%d distinct keys over the 10 layer ranges of 4 layers, want 10", len(keys))
+	}
+	// A layout without groups: the ranges are of all the model's layers.
+	plain := testNamespace(t, nil) // 32 layers
+	if got, want := plain.LayerKey(0, 1, h, 31, 32), plain.Key(1, h)+"/l31-32"; got != want {
+		t.Errorf("LayerKey(0, 1, 31, 32) = %q, want %q", got, want)
+	}
+	if got, want := plain.LayerKey(0, 1, h, 0, 32), plain.Key(1, h); got != want {
+		t.Errorf("LayerKey(0, 1, 0, 32) = %q, want Key(1) = %q", got, want)
+	}
+}
+
+func TestLayerKeyPanics(t *testing.T) {
+	ns := testNamespace(t, func(id *Identity) { *id = stateIdentity() }) // group 0: 7 state layers, 2 shards; group 1: 1 layer
+	h := BlockHash{}
+	mustPanic(t, "LayerKey(2, 0, 0, 1)", "Namespace.LayerKey: group 2 outside [0, 2)", func() { ns.LayerKey(2, 0, h, 0, 1) })
+	mustPanic(t, "LayerKey(-1, 0, 0, 1)", "Namespace.LayerKey: group -1 outside [0, 2)", func() { ns.LayerKey(-1, 0, h, 0, 1) })
+	mustPanic(t, "LayerKey(0, 2, 0, 1)", "Namespace.LayerKey: shard 2 outside [0, 2) of group 0", func() { ns.LayerKey(0, 2, h, 0, 1) })
+	mustPanic(t, "LayerKey(0, 0, 0, 8)", "Namespace.LayerKey: layers [0, 8) of group 0, want 0 <= lo < hi <= 7", func() { ns.LayerKey(0, 0, h, 0, 8) })
+	mustPanic(t, "LayerKey(0, 0, 3, 3)", "layers [3, 3) of group 0", func() { ns.LayerKey(0, 0, h, 3, 3) })
+	mustPanic(t, "LayerKey(0, 0, 4, 3)", "layers [4, 3) of group 0", func() { ns.LayerKey(0, 0, h, 4, 3) })
+	mustPanic(t, "LayerKey(0, 0, -1, 2)", "layers [-1, 2) of group 0", func() { ns.LayerKey(0, 0, h, -1, 2) })
+	mustPanic(t, "LayerKey(1, 0, 0, 2)", "layers [0, 2) of group 1, want 0 <= lo < hi <= 1", func() { ns.LayerKey(1, 0, h, 0, 2) })
+	mustPanic(t, "LayerKey(1, 0, 1, 1)", "layers [1, 1) of group 1", func() { ns.LayerKey(1, 0, h, 1, 1) })
+	mustPanic(t, "zero LayerKey", "group 0 outside [0, 0)", func() { (Namespace{}).LayerKey(0, 0, h, 0, 1) })
+}
+
+func TestAppendLayerKeyAllocs(t *testing.T) {
+	ns := testNamespace(t, func(id *Identity) { *id = hybridIdentity() })
+	buf := make([]byte, 0, MaxKeyLen)
+	if n := testing.AllocsPerRun(100, func() { buf = ns.AppendLayerKey(buf[:0], 1, 1, BlockHash{9}, 1, 3) }); n != 0 {
+		t.Errorf("AppendLayerKey allocates %v times, want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = ns.LayerKey(1, 1, BlockHash{9}, 1, 3) }); n != 1 {
+		t.Errorf("LayerKey allocates %v times, want 1 (the string)", n)
+	}
+}
+
+// TestPropLayerKey checks LayerKey against the groups of random
+// identities: every range but the whole group's gives a key with its
+// layer field, which parses back to it.
+func TestPropLayerKey(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		id := genIdentity().Draw(t, "identity")
+		ns, err := id.Namespace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		groups := ns.Groups()
+		g := rapid.IntRange(0, len(groups)-1).Draw(t, "group")
+		n := len(groups[g].Layers)
+		if got := ns.groupLayers(g); got != n {
+			t.Fatalf("groupLayers(%d) = %d, want %d", g, got, n)
+		}
+		shard := rapid.IntRange(0, ns.GroupShards(g)-1).Draw(t, "shard")
+		lo := rapid.IntRange(0, n-1).Draw(t, "lo")
+		hi := rapid.IntRange(lo+1, n).Draw(t, "hi")
+		var h BlockHash
+		copy(h[:], rapid.SliceOfN(rapid.Byte(), 32, 32).Draw(t, "hash"))
+		key := ns.LayerKey(g, shard, h, lo, hi)
+		want := Key{Tenant: id.Tenant, Namespace: ns.ID(), Rank: shard, Group: g, Hash: h, Layers: LayerRange{lo, hi}}
+		if lo == 0 && hi == n {
+			want.Layers = LayerRange{}
+		}
+		if want.String() != key {
+			t.Fatalf("LayerKey(%d, %d, %d, %d) = %q, want %q", g, shard, lo, hi, key, want.String())
+		}
+		got, err := ParseKey(key)
+		if err != nil || got != want {
+			t.Fatalf("ParseKey(%q) = %+v, %v; want %+v", key, got, err, want)
+		}
+	})
+}
+
+// TestPropLayerFieldCanonical appends random layer fields, canonical or
+// not, to a valid key: those that parse give back the string and a
+// range 0 <= lo < hi <= 65536.
+func TestPropLayerFieldCanonical(t *testing.T) {
+	ns := testNamespace(t, func(id *Identity) { *id = hybridIdentity() })
+	rapid.Check(t, func(t *rapid.T) {
+		base := rapid.SampledFrom([]string{ns.Key(1, BlockHash{7}), ns.GroupKey(1, 0, BlockHash{8})}).Draw(t, "block key")
+		field := rapid.OneOf(
+			rapid.StringOfN(rapid.RuneFrom([]rune("l0123456789-")), 0, 14, -1),
+			rapid.StringMatching(`l(0|[1-9][0-9]{0,5})-(0|[1-9][0-9]{0,5})`),
+			rapid.StringMatching(`[lL]0?[0-9]{1,3}-0?[0-9]{1,3}`),
+		).Draw(t, "field")
+		s := base + "/" + field
+		k, err := ParseKey(s)
+		if err != nil {
+			if !errors.Is(err, ErrMalformedKey) || k != (Key{}) {
+				t.Fatalf("ParseKey(%q) = %+v, %v", s, k, err)
+			}
+			return
+		}
+		if got := k.String(); got != s {
+			t.Fatalf("ParseKey(%q).String() = %q", s, got)
+		}
+		if r := k.Layers; r.Lo < 0 || r.Lo >= r.Hi || r.Hi > maxLayerEnd || k.Layers == (LayerRange{}) {
+			t.Fatalf("ParseKey(%q) = %+v, not a layer range's key", s, k)
+		}
+	})
 }

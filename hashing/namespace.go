@@ -13,9 +13,13 @@ import (
 const IDLen = 32
 
 // MaxKeyLen is the longest key this package produces or parses, in bytes.
-// Keys stay far below it (at most 168 bytes, 173 in a group's key); it
-// equals the limit stores must accept.
+// Keys stay far below it (at most 168 bytes, 173 in a group's key, 13 more
+// with a layer range); it equals the limit stores must accept.
 const MaxKeyLen = 512
+
+// maxLayerEnd is the largest end of a layer range in a key: the most
+// layers a group can have (Layout.Layers is at most 65536).
+const maxLayerEnd = maxLayoutValue
 
 // maxShard is the largest shard index (TPSize is at most 65536).
 const maxShard = maxLayoutValue - 1
@@ -248,6 +252,79 @@ func (ns Namespace) AppendGroupKey(dst []byte, group, shard int, h BlockHash) []
 	return ns.appendKey(dst, group, shard, h)
 }
 
+// LayerRange is a half-open range [Lo, Hi) of the layers of one KV cache
+// group: positions in the order of the group's [Group.Layers], 0 to
+// len(Layers)-1, not the model's layer indices. The zero LayerRange (Hi ==
+// 0) stands for the whole block, every layer of the group.
+type LayerRange struct {
+	Lo, Hi int
+}
+
+// LayerKey returns the store key of layers [lo, hi) of block h in shard
+// shard of group group of ns: the key [Namespace.GroupKey] returns, then
+// "/l<lo>-<hi>", with lo and hi in decimal. lo and hi are positions in the
+// group's layers (ns.Groups()[group].Layers), so 0 <= lo < hi <= n, n the
+// group's number of layers. The value under the key holds those layers'
+// bytes in the order of the block's whole value (layer by layer, K before
+// V): a contiguous slice of it. So a connector may store a block as
+// several values, each of a range of its layers, and load or save them
+// one by one; ranges of two splits that coincide have the same key, since
+// they name the same bytes. For the whole group, lo == 0 and hi == n, the
+// value is the block's own, and LayerKey returns exactly GroupKey(group,
+// shard, h): there is one key per block and layer range, and a key with
+// a layer field never covers the whole group. LayerKey panics unless 0 <=
+// group < len(ns.Groups()), 0 <= shard < ns.GroupShards(group) and 0 <=
+// lo < hi <= n.
+func (ns Namespace) LayerKey(group, shard int, h BlockHash, lo, hi int) string {
+	var buf [MaxKeyLen]byte
+	return string(ns.AppendLayerKey(buf[:0], group, shard, h, lo, hi))
+}
+
+// AppendLayerKey appends the key that [Namespace.LayerKey] returns to dst
+// and returns the extended slice; it does not allocate when dst has room.
+func (ns Namespace) AppendLayerKey(dst []byte, group, shard int, h BlockHash, lo, hi int) []byte {
+	if group < 0 || group >= len(ns.kinds) {
+		panic(fmt.Sprintf("hashing: Namespace.LayerKey: group %d outside [0, %d)", group, len(ns.kinds)))
+	}
+	if n := ns.groupShards(group); shard < 0 || shard >= n {
+		panic(fmt.Sprintf("hashing: Namespace.LayerKey: shard %d outside [0, %d) of group %d", shard, n, group))
+	}
+	n := ns.groupLayers(group)
+	if lo < 0 || lo >= hi || hi > n {
+		panic(fmt.Sprintf("hashing: Namespace.LayerKey: layers [%d, %d) of group %d, want 0 <= lo < hi <= %d (its layers)", lo, hi, group, n))
+	}
+	dst = ns.appendKey(dst, group, shard, h)
+	if lo == 0 && hi == n {
+		return dst
+	}
+	return appendLayers(dst, LayerRange{lo, hi})
+}
+
+func appendLayers(dst []byte, r LayerRange) []byte {
+	dst = append(dst, "/l"...)
+	dst = strconv.AppendInt(dst, int64(r.Lo), 10)
+	dst = append(dst, '-')
+	return strconv.AppendInt(dst, int64(r.Hi), 10)
+}
+
+// groupLayers returns the number of layers of group group, read from the
+// groups' encoding without decoding it.
+func (ns Namespace) groupLayers(group int) int {
+	if ns.groups == "" {
+		return ns.layers
+	}
+	u32 := func(i int) int {
+		return int(uint32(ns.groups[i]) | uint32(ns.groups[i+1])<<8 | uint32(ns.groups[i+2])<<16 | uint32(ns.groups[i+3])<<24)
+	}
+	// After the count, each group is kind (1 byte), block size, window
+	// and state bytes (4 each), the number of layers (4), then its layers.
+	off := 4
+	for range group {
+		off += 17 + 4*u32(off+13)
+	}
+	return u32(off + 13)
+}
+
 func (ns Namespace) appendKey(dst []byte, group, shard int, h BlockHash) []byte {
 	dst = append(dst, ns.prefix...)
 	dst = strconv.AppendUint(dst, uint64(shard), 10)
@@ -262,19 +339,21 @@ func (ns Namespace) appendKey(dst []byte, group, shard int, h BlockHash) []byte 
 
 // Key is a parsed store key.
 type Key struct {
-	Tenant    string    // the tenant
-	Namespace string    // the namespace ID: IDLen lowercase hex digits
-	Rank      int       // the shard index (see Namespace.GroupShard); the TP rank when Replication is 1
-	Group     int       // the KV cache group: 0, or 1 to MaxGroups-1 (see Namespace.GroupKey)
-	Hash      BlockHash // the block hash
+	Tenant    string     // the tenant
+	Namespace string     // the namespace ID: IDLen lowercase hex digits
+	Rank      int        // the shard index (see Namespace.GroupShard); the TP rank when Replication is 1
+	Group     int        // the KV cache group: 0, or 1 to MaxGroups-1 (see Namespace.GroupKey)
+	Hash      BlockHash  // the block hash
+	Layers    LayerRange // the layers of a layer range's key (see Namespace.LayerKey); zero for a whole block's
 }
 
 // String formats k as a key: "tenant/namespace/rank/hash" for group 0,
-// "tenant/namespace/rank/g<group>/hash" for another group. For a k that
-// [ParseKey] returned it gives back the parsed string.
+// "tenant/namespace/rank/g<group>/hash" for another group, followed by
+// "/l<lo>-<hi>" when k.Layers is not zero. For a k that [ParseKey]
+// returned it gives back the parsed string.
 func (k Key) String() string {
 	var b strings.Builder
-	b.Grow(len(k.Tenant) + len(k.Namespace) + 80)
+	b.Grow(len(k.Tenant) + len(k.Namespace) + 96)
 	b.WriteString(k.Tenant)
 	b.WriteByte('/')
 	b.WriteString(k.Namespace)
@@ -287,15 +366,24 @@ func (k Key) String() string {
 		b.WriteByte('/')
 	}
 	b.WriteString(k.Hash.String())
+	if k.Layers != (LayerRange{}) {
+		var buf [32]byte
+		b.Write(appendLayers(buf[:0], k.Layers))
+	}
 	return b.String()
 }
 
-// ParseKey parses a key of the form [Namespace.Key] or
-// [Namespace.GroupKey] returns. It never panics; a malformed key gives an
-// error that wraps [ErrMalformedKey] and says which part is wrong. Only
+// ParseKey parses a key of the form [Namespace.Key], [Namespace.GroupKey]
+// or [Namespace.LayerKey] returns. It never panics; a malformed key gives
+// an error that wraps [ErrMalformedKey] and says which part is wrong. Only
 // the canonical form is accepted (lowercase hex, no leading zeros or sign
-// in the shard or the group, no group field for group 0), so
-// ParseKey(s).String() == s whenever ParseKey succeeds.
+// in the shard, the group or the layer numbers, no group field for group
+// 0, a layer field only last, with 0 <= lo < hi <= 65536), so
+// ParseKey(s).String() == s whenever ParseKey succeeds. A key's layer
+// range is set in Key.Layers, which is zero for a whole block's key.
+// ParseKey does not know the identity, so it cannot reject a layer range
+// that covers its whole group (or reaches past its layers): LayerKey never
+// produces one, giving the block's key instead.
 func ParseKey(s string) (Key, error) {
 	bad := func(format string, args ...any) (Key, error) {
 		return Key{}, fmt.Errorf("%w: %s: %s", ErrMalformedKey, quoteTrunc(s), fmt.Sprintf(format, args...))
@@ -303,7 +391,13 @@ func ParseKey(s string) (Key, error) {
 	if len(s) > MaxKeyLen {
 		return bad("%d bytes, longer than %d", len(s), MaxKeyLen)
 	}
-	tenant, rest, ok1 := strings.Cut(s, "/")
+	// A layer field is the last and starts with 'l', which no hash does
+	// (nor with 'L', which gets its own error).
+	block, layers, layered := s, "", false
+	if i := strings.LastIndexByte(s, '/'); i >= 0 && i+1 < len(s) && (s[i+1] == 'l' || s[i+1] == 'L') {
+		block, layers, layered = s[:i], s[i+1:], true
+	}
+	tenant, rest, ok1 := strings.Cut(block, "/")
 	id, rest, ok2 := strings.Cut(rest, "/")
 	shard, rest, ok3 := strings.Cut(rest, "/")
 	group, hash, grouped := strings.Cut(rest, "/")
@@ -311,7 +405,7 @@ func ParseKey(s string) (Key, error) {
 		group, hash = "", rest
 	}
 	if !ok1 || !ok2 || !ok3 || strings.Contains(hash, "/") {
-		return bad("want 4 fields separated by '/' (tenant/namespace/shard/hash), or 5 in a group's key (tenant/namespace/shard/g<group>/hash), have %d", strings.Count(s, "/")+1)
+		return bad("want 4 fields separated by '/' (tenant/namespace/shard/hash), or 5 in a group's key (tenant/namespace/shard/g<group>/hash), and one more in a layer range's key (.../hash/l<lo>-<hi>), have %d", strings.Count(s, "/")+1)
 	}
 	if err := ValidateTenant(tenant); err != nil {
 		return bad("tenant: %v", err.(*FieldError).Reason)
@@ -334,7 +428,38 @@ func ParseKey(s string) (Key, error) {
 	if err := parseHex(h[:], hash); err != nil {
 		return bad("hash: %v", err)
 	}
-	return Key{Tenant: tenant, Namespace: id, Rank: r, Group: g, Hash: h}, nil
+	var lr LayerRange
+	if layered {
+		if lr, err = parseLayers(layers); err != nil {
+			return bad("layers %s: %v", quoteTrunc(layers), err)
+		}
+	}
+	return Key{Tenant: tenant, Namespace: id, Rank: r, Group: g, Hash: h, Layers: lr}, nil
+}
+
+// parseLayers parses the layer field of a layer range's key: 'l', then lo
+// "-" hi in canonical decimal, 0 <= lo < hi <= maxLayerEnd.
+func parseLayers(s string) (LayerRange, error) {
+	digits, ok := strings.CutPrefix(s, "l")
+	if !ok {
+		return LayerRange{}, fmt.Errorf("want 'l' and the layer range <lo>-<hi>")
+	}
+	los, his, ok := strings.Cut(digits, "-")
+	if !ok {
+		return LayerRange{}, fmt.Errorf("want <lo>-<hi> after 'l'")
+	}
+	lo, err := parseDecimal(los, maxLayerEnd-1, "first layer")
+	if err != nil {
+		return LayerRange{}, fmt.Errorf("first layer %s: %v", quoteTrunc(los), err)
+	}
+	hi, err := parseDecimal(his, maxLayerEnd, "layer range end")
+	if err != nil {
+		return LayerRange{}, fmt.Errorf("end %s: %v", quoteTrunc(his), err)
+	}
+	if lo >= hi {
+		return LayerRange{}, fmt.Errorf("empty range: the first layer %d is not below the end %d", lo, hi)
+	}
+	return LayerRange{Lo: lo, Hi: hi}, nil
 }
 
 // parseGroup parses the group field of a group's key: 'g' and a canonical
@@ -367,7 +492,11 @@ func parseGroup(s string) (int, error) {
 }
 
 // parseShard parses a canonical decimal shard index.
-func parseShard(s string) (int, error) {
+func parseShard(s string) (int, error) { return parseDecimal(s, maxShard, "shard") }
+
+// parseDecimal parses a canonical decimal from 0 to max, the largest
+// value of what.
+func parseDecimal(s string, max int, what string) (int, error) {
 	if s == "" {
 		return 0, fmt.Errorf("empty")
 	}
@@ -381,8 +510,8 @@ func parseShard(s string) (int, error) {
 			return 0, fmt.Errorf("character %q at %d is not a decimal digit", c, i)
 		}
 		n = n*10 + int(c-'0')
-		if n > maxShard {
-			return 0, fmt.Errorf("above the largest shard %d", maxShard)
+		if n > max {
+			return 0, fmt.Errorf("above the largest %s %d", what, max)
 		}
 	}
 	return n, nil

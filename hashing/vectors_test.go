@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -74,13 +75,14 @@ type chainVector struct {
 }
 
 type keyVector struct {
-	Identity  string `json:"identity"`   // name of an identity vector
-	Chain     string `json:"chain"`      // name of a chain vector
-	Group     int    `json:"group"`      // KV cache group
-	Block     int    `json:"block"`      // index of the group's block
-	HashIndex int    `json:"hash_index"` // index into the chain's hashes of the hash that names the block
-	Rank      int    `json:"rank"`       // TP rank
-	Shard     int    `json:"shard"`      // the group's shard of the rank
+	Identity  string `json:"identity"`         // name of an identity vector
+	Chain     string `json:"chain"`            // name of a chain vector
+	Group     int    `json:"group"`            // KV cache group
+	Block     int    `json:"block"`            // index of the group's block
+	HashIndex int    `json:"hash_index"`       // index into the chain's hashes of the hash that names the block
+	Rank      int    `json:"rank"`             // TP rank
+	Shard     int    `json:"shard"`            // the group's shard of the rank
+	Layers    []int  `json:"layers,omitempty"` // a layer range [lo, hi) of the group's layers, or none for the whole block
 	Key       string `json:"key"`
 }
 
@@ -355,6 +357,41 @@ func generateVectors(t testing.TB) vectorFile {
 				Rank: r, Shard: s, Key: ns.GroupKey(k.group, s, hashes[k.chain][i])})
 		}
 	}
+	// Keys of layer ranges: positions in the group's layers. The range of
+	// the whole group is the block's key.
+	layerKeys := []struct {
+		identity, chain    string
+		group, block, rank int
+		lo, hi             int
+	}{
+		{"basic", "bs16", 0, 1, 1, 0, 1},
+		{"basic", "bs16", 0, 1, 1, 1, 32},
+		{"basic", "bs16", 0, 1, 0, 8, 16},
+		{"basic", "bs16", 0, 1, 1, 31, 32},
+		{"basic", "bs16", 0, 1, 1, 0, 32},                  // the whole group: basic's key
+		{"explicit-default-group", "bs16", 0, 1, 0, 8, 16}, // basic's key of the range
+		{"gpt-oss", "bs16", 0, 1, 3, 0, 9},
+		{"gpt-oss", "bs16", 0, 1, 3, 9, 18},
+		{"gpt-oss", "bs16", 1, 0, 2, 0, 6},
+		{"gpt-oss", "bs16", 1, 0, 2, 6, 12},
+		{"gpt-oss", "bs16", 1, 0, 2, 12, 18},
+		{"gpt-oss", "bs16", 1, 0, 2, 0, 18}, // the whole group
+		{"jamba", "bs16", 0, 1, 1, 2, 5},
+		{"jamba", "bs16", 1, 0, 0, 3, 4},
+		{"qwen3-next", "bs64", 0, 0, 3, 11, 12}, // state, sharded by rank
+		{"qwen3-next", "bs64", 3, 2, 1, 0, 1},   // full attention, shard = rank / 2
+		{"mamba2", "bs256", 0, 0, 1, 10, 64},
+		{"largest", "bs4096", 0, 0, maxLayoutValue - 1, 0, maxLayerEnd - 1},
+		{"largest", "bs4096", 0, 0, maxLayoutValue - 1, maxLayerEnd - 1, maxLayerEnd}, // the longest layer range
+		{"most-groups", "bs4096", MaxGroups - 1, 0, maxLayoutValue - 1, 0, 1},         // one layer: the whole group
+	}
+	for _, k := range layerKeys {
+		ns := nss[k.identity]
+		i := ns.Groups()[k.group].HashIndex(k.block, ns.BlockSize())
+		s := ns.GroupShard(k.group, k.rank)
+		vf.Keys = append(vf.Keys, keyVector{Identity: k.identity, Chain: k.chain, Group: k.group, Block: k.block, HashIndex: i,
+			Rank: k.rank, Shard: s, Layers: []int{k.lo, k.hi}, Key: ns.LayerKey(k.group, s, hashes[k.chain][i], k.lo, k.hi)})
+	}
 
 	generateRejects(t, &vf, basic, mla, hy)
 	vf.Worked = workedExample(t, basic, nss["basic"], workedHybrid(basic))
@@ -563,6 +600,17 @@ func workedExample(t testing.TB, basicID Identity, basic Namespace, hybridID Ide
 	g := nsE.Groups()[1]
 	keyF := nsE.GroupKey(1, nsE.GroupShard(1, 1), stepsF[g.HashIndex(0, nsE.BlockSize())].hash)
 	w = append(w, workedValue{"F.key", hex.EncodeToString([]byte(keyF))})
+
+	// G: layer-range keys of E. Layers [1, 2) of F's block, the second of
+	// group 1's layers (the model's layer 3); layers [0, 1) of block 0 of
+	// group 0, whose hash is D's block 0 hash (the model's layer 0).
+	keyG := nsE.LayerKey(1, nsE.GroupShard(1, 1), stepsF[g.HashIndex(0, nsE.BlockSize())].hash, 1, 2)
+	if keyG != keyF+"/l1-2" {
+		t.Fatalf("worked example G: %q is not F's key and /l1-2", keyG)
+	}
+	w = append(w, workedValue{"G.key", hex.EncodeToString([]byte(keyG))})
+	keyG0 := nsE.LayerKey(0, nsE.GroupShard(0, 1), stepsD[0].hash, 0, 1)
+	w = append(w, workedValue{"G.group0.key", hex.EncodeToString([]byte(keyG0))})
 	return w
 }
 
@@ -661,13 +709,34 @@ func TestVectors(t *testing.T) {
 			t.Errorf("key vector %+v: GroupShard(%d, %d) = %d", v, v.Group, v.Rank, s)
 		}
 		hash := h[v.HashIndex]
-		if k := ns.GroupKey(v.Group, v.Shard, hash); k != v.Key {
+		blockKey, layers := v.Key, LayerRange{}
+		if v.Layers != nil {
+			n := len(ns.Groups()[v.Group].Layers)
+			if len(v.Layers) != 2 || v.Layers[0] < 0 || v.Layers[0] >= v.Layers[1] || v.Layers[1] > n {
+				t.Errorf("key vector %+v: layers are not a range [lo, hi) of the group's %d layers", v, n)
+				continue
+			}
+			lo, hi := v.Layers[0], v.Layers[1]
+			if k := ns.LayerKey(v.Group, v.Shard, hash, lo, hi); k != v.Key {
+				t.Errorf("key vector %+v: LayerKey = %q", v, k)
+			}
+			if lo != 0 || hi != n {
+				// SPEC.md, section 7: the block's key, then /l<lo>-<hi>.
+				layers = LayerRange{lo, hi}
+				suffix := "/l" + strconv.Itoa(lo) + "-" + strconv.Itoa(hi)
+				var ok bool
+				if blockKey, ok = strings.CutSuffix(v.Key, suffix); !ok {
+					t.Errorf("key vector %+v: the key does not end with %q", v, suffix)
+				}
+			}
+		}
+		if k := ns.GroupKey(v.Group, v.Shard, hash); k != blockKey {
 			t.Errorf("key vector %+v: GroupKey = %q", v, k)
 		}
-		if k := ns.Key(v.Shard, hash); v.Group == 0 && k != v.Key {
+		if k := ns.Key(v.Shard, hash); v.Group == 0 && k != blockKey {
 			t.Errorf("key vector %+v: Key = %q", v, k)
 		}
-		if k, err := ParseKey(v.Key); err != nil || k.String() != v.Key || k.Hash != hash || k.Rank != v.Shard || k.Group != v.Group {
+		if k, err := ParseKey(v.Key); err != nil || k.String() != v.Key || k.Hash != hash || k.Rank != v.Shard || k.Group != v.Group || k.Layers != layers {
 			t.Errorf("key vector %+v: ParseKey = %+v, %v", v, k, err)
 		}
 	}

@@ -420,11 +420,29 @@ def canonical_decimal(s):
     return s != "" and s.isascii() and s.isdigit() and (len(s) == 1 or s[0] != "0")
 
 
+LAYER_END = 65536  # section 7: the largest end of a layer range
+
+
+def parse_layers(f):
+    """The layer field of a layer range's key, l<lo>-<hi>: (lo, hi), or raises Reject."""
+    m = re.fullmatch(r"l(0|[1-9][0-9]*)-(0|[1-9][0-9]*)", f)
+    if m is None:
+        raise Reject("key", "not a canonical layer field l<lo>-<hi>")
+    lo, hi = int(m.group(1)), int(m.group(2))
+    if not lo < hi <= LAYER_END:
+        raise Reject("key", f"not a layer range 0 <= lo < hi <= {LAYER_END}")
+    return lo, hi
+
+
 def parse_key(k):
-    """Returns (tenant, ID, shard, group, hash) or raises Reject."""
+    """Returns (tenant, ID, shard, group, hash, layers) or raises Reject;
+    layers is (lo, hi) for a layer range's key, else None."""
     if len(k.encode("utf-8")) > 512:
         raise Reject("key", "too long")
     parts = k.split("/")
+    layers = None
+    if len(parts) in (5, 6) and parts[-1].startswith("l"):  # a hash never starts with l
+        layers = parse_layers(parts.pop())
     if len(parts) == 4:
         t, i, sh, h = parts
         g = 0
@@ -440,12 +458,18 @@ def parse_key(k):
         raise Reject("key", "not lowercase hex")
     if not canonical_decimal(sh) or int(sh) > 65535:
         raise Reject("key", "not a canonical shard")
-    return t, i, int(sh), g, h
+    return t, i, int(sh), g, h, layers
 
 
-def key(tenant, ns_id, shard, group, h):
-    """Section 7."""
-    return f"{tenant}/{ns_id}/{shard}/{h}" if group == 0 else f"{tenant}/{ns_id}/{shard}/g{group}/{h}"
+def key(tenant, ns_id, shard, group, h, layers=None, n=None):
+    """Section 7; layers is a range (lo, hi) of the group's n layers, or None for the whole block."""
+    k = f"{tenant}/{ns_id}/{shard}/{h}" if group == 0 else f"{tenant}/{ns_id}/{shard}/g{group}/{h}"
+    if layers is None:
+        return k
+    lo, hi = layers
+    if not 0 <= lo < hi <= n:
+        raise Reject("layers", f"[{lo}, {hi}) is not a range of {n} layers")
+    return k if (lo, hi) == (0, n) else f"{k}/l{lo}-{hi}"
 
 
 def effective_groups(x):
@@ -514,11 +538,15 @@ def main():
         g = effective_groups(x)[v["group"]]
         index = (v["block"] + 1) * (g["block_size"] // n) - 1  # section 7: the hash ending with the group block
         shard = v["rank"] if g["kind"] == STATE else v["rank"] // x["replication"]  # section 6
-        k = key(x["tenant"].decode(), d[:16].hex(), shard, v["group"], hs[index])
+        n_layers = len(g["layers"])
+        layers = tuple(v["layers"]) if "layers" in v else None
+        k = key(x["tenant"].decode(), d[:16].hex(), shard, v["group"], hs[index], layers, n_layers)
         expect(v["hash_index"] == index and v["shard"] == shard and v["key"] == k,
                f"key {v}: computed hash index {index}, shard {shard}, key {k}")
-        expect(parse_key(k) == (x["tenant"].decode(), d[:16].hex(), shard, v["group"], hs[index]), f"key {k}: parse")
-    print(f"keys: {len(vf['keys'])} ok")
+        parsed_layers = None if layers in (None, (0, n_layers)) else layers  # the whole group's range is the block's key
+        expect(parse_key(k) == (x["tenant"].decode(), d[:16].hex(), shard, v["group"], hs[index], parsed_layers), f"key {k}: parse")
+    n_layer_keys = sum("layers" in v for v in vf["keys"])
+    print(f"keys: {len(vf['keys'])} ok ({n_layer_keys} of layer ranges)")
 
     for v in vf["dtypes"]:
         if "dtype" in v:
@@ -562,6 +590,10 @@ def main():
         "E.encoding": enc_e, "E.digest": d_e,
         "F.block1_message": steps_f[1][2], "F.block1_hash": steps_f[1][3],
         "F.key": key("acme", d_e[:16].hex(), 1, 1, steps_f[(0 + 1) * (32 // 16) - 1][3].hex()).encode(),
+        # G: layers [1, 2) of F's block (group 1 has 2 layers), and layers
+        # [0, 1) of block 0 of group 0 (2 layers; block size 16, D's hash).
+        "G.key": key("acme", d_e[:16].hex(), 1, 1, steps_f[(0 + 1) * (32 // 16) - 1][3].hex(), (1, 2), 2).encode(),
+        "G.group0.key": key("acme", d_e[:16].hex(), 1, 0, steps_f[0][3].hex(), (0, 1), 2).encode(),
         "A.content_hash": img, "A.seed_message": seed_msg, "A.seed": seed, "A.block0_message": steps[0][2],
         "A.block0_hash": steps[0][3], "A.block1_extras_message": steps[1][0], "A.block1_extras_digest": H(steps[1][0]),
         "A.block1_message": steps[1][2], "A.block1_hash": steps[1][3],
