@@ -55,6 +55,34 @@
 // older than one it has run, return an error wrapping
 // [connector.ErrGeneration] and change nothing.
 //
+// # Layer-wise transfers
+//
+// The Worker is a [connector.LayerWorker]. With "layer_chunks": n > 1,
+// each block is stored as n values (per group, min(n, its layers)), each
+// holding a range of consecutive layers under its layer-range key
+// (hashing.Namespace.LayerKey), with its own trailer. A step's loads then
+// go chunk after chunk in layer order, on one transfer goroutine, so that
+// the first layers arrive first at the store's full speed: WaitLayer(l)
+// returns once the chunks holding layers up to l are in, while the
+// forward pass computes them and later chunks load. SaveLayer(l) queues
+// the chunks whose last layer is l or earlier, each read once its own
+// ready event fires. A lookup probes every chunk of every block: a block
+// is present only when all its values are.
+//
+// A request that runs in the step of its load has the blocks it computed
+// in that step saved only once every worker reported the load, in the
+// next Metadata; a failed load drops them, since they were computed over
+// KV that did not arrive.
+//
+// With layer_chunks 1 (the default) a block is one value under its plain
+// key: WaitLayer waits for the whole of the step's loads and SaveLayer
+// queues a block once its last layer is saved. The two layouts use
+// different keys: engines sharing a namespace use the same layer_chunks,
+// or they miss each other's blocks (never read wrong bytes). Coinciding
+// layer ranges share keys across settings. Many chunks cost a store call
+// per chunk (BenchmarkLayerwiseTTFT and BenchmarkLayerChunksSave measure
+// the trade).
+//
 // # Verification
 //
 // With "verify": "checksum" (the default) every value the connector saves
@@ -111,7 +139,9 @@
 // value is checked while it is still in the CPU's cache; 0 asks for
 // batch_blocks values at once, for a store whose calls are round trips),
 // "failed_ttl" ("15s", how long a
-// block whose load failed is not planned again). Any other key is an error
+// block whose load failed is not planned again), "layer_chunks" (1: the
+// values a block is stored as, for layer-wise transfers; see Layer-wise
+// transfers). Any other key is an error
 // naming it, with the nearest known key.
 //
 // # When the store fails

@@ -26,6 +26,7 @@ type options struct {
 	storeTimeout   time.Duration // "store_timeout": the deadline of every store call
 	failedTTL      time.Duration // "failed_ttl": how long a block whose load failed is not planned again
 	verifyChunk    int           // "verify_chunk": bytes per verified load call over a gathering store; 0: batch_blocks
+	layerChunks    int           // "layer_chunks": values per block, each a range of its layers, for layer-wise transfers
 }
 
 // open checks what both halves need: the options, a store, and a valid
@@ -52,7 +53,7 @@ func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, 
 // extraKeys are the kv_connector_extra_config keys the connector reads;
 // any other key is an error.
 var extraKeys = []string{
-	"batch_blocks", "event_poll", "failed_ttl", "lookup", "lookup_queue", "lookup_workers",
+	"batch_blocks", "event_poll", "failed_ttl", "layer_chunks", "lookup", "lookup_queue", "lookup_workers",
 	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify", "verify_chunk",
 }
 
@@ -83,6 +84,7 @@ func parseOptions(cfg connector.Config) (options, error) {
 		{"save_retries", &o.saveRetries, 3, 0},
 		{"retry_steps", &o.retryDelay, 1, 1},
 		{"verify_chunk", &o.verifyChunk, 1 << 20, 0},
+		{"layer_chunks", &o.layerChunks, 1, 1},
 	}
 	for _, f := range ints {
 		v, err := cfg.ExtraInt(f.key, f.def)

@@ -28,7 +28,8 @@ type Scheduler struct {
 	shards   int             // distinct KV shards (TP size / replication)
 	groups   []hashing.Group // the KV cache groups, explicit
 	plain    bool            // one full-attention group: a match is the present prefix
-	perBlock int             // keys a lookup probes per block: every shard of every group
+	perBlock int             // keys a lookup probes per block: every chunk of every shard of every group
+	chunks   [][]chunk       // per group: the values a block is stored as (layer_chunks)
 
 	// connector.Waker: wake holds a value once the engine should call
 	// again; timer sends one when a pending lookup may have reached its
@@ -104,6 +105,11 @@ type request struct {
 	loadEnd  int // the block boundary those loads resume at
 	loadFail int // blocks valid after the failures of those loads so far; -1 while none failed
 	loadFrom int // the local blocks when those loads were planned: all that survives a failed hybrid load
+	// deferred are the saves of blocks the request computed in the step
+	// of its load (a layer-wise engine), held until every worker reported
+	// the load; deferNext is saveNext once they are planned.
+	deferred  []retry
+	deferNext []int
 }
 
 // lookup is one batch exists probe for a request, run by the pool.
@@ -154,6 +160,9 @@ type retry struct {
 	after  uint64 // the step from which it may be planned
 	prev   hashing.BlockHash
 	tokens []hashing.Token
+	// deferred: the first try of a save held back while the request's
+	// load ran (deferSaves), not a retry.
+	deferred bool
 }
 
 func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) {
@@ -184,8 +193,9 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 		}
 	}
 	s.plain = len(s.groups) == 1 && s.groups[0].Kind == hashing.FullAttention
+	s.chunks = chunksOf(s.groups, opt.layerChunks)
 	for g := range s.groups {
-		s.perBlock += ns.GroupShards(g)
+		s.perBlock += ns.GroupShards(g) * len(s.chunks[g])
 	}
 	if env.Blocks < 0 {
 		return nil, fmt.Errorf("%w: Env.Blocks = %d, want >= 0", connector.ErrConfig, env.Blocks)
@@ -250,9 +260,12 @@ func (s *Scheduler) probe(lk *lookup, sc *probeScratch) {
 	sc.kb.reset()
 	for g := range lk.groups {
 		shards := lk.ns.GroupShards(g)
+		cs := s.chunks[g]
 		for _, h := range lk.hashes {
 			for sh := 0; sh < shards; sh++ {
-				sc.kb.add(lk.ns, g, sh, h)
+				for c := range cs {
+					sc.kb.addChunk(lk.ns, g, sh, h, cs, c)
+				}
 			}
 		}
 	}
@@ -271,16 +284,16 @@ func (s *Scheduler) probe(lk *lookup, sc *probeScratch) {
 		lk.all = true
 		k := 0
 		for g := range lk.groups {
-			shards := lk.ns.GroupShards(g)
+			n := lk.ns.GroupShards(g) * len(s.chunks[g]) // every chunk of every shard
 			has := make([]bool, len(lk.hashes))
 			for b := range lk.hashes {
 				has[b] = true
-				for sh := range shards {
-					if res[k+sh].Err != nil {
+				for _, r := range res[k : k+n] {
+					if r.Err != nil {
 						has[b] = false
 					}
 				}
-				k += shards
+				k += n
 				lk.all = lk.all && has[b]
 			}
 			lk.has[g] = has
@@ -481,7 +494,7 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 
 // newRequest starts tracking request id.
 func (s *Scheduler) newRequest(id connector.RequestID) *request {
-	q := &request{id: id, saveNext: make([]int, len(s.groups)), noSave: make([]int, len(s.groups)), loadFail: -1}
+	q := &request{id: id, saveNext: make([]int, len(s.groups)), noSave: make([]int, len(s.groups)), deferNext: make([]int, len(s.groups)), loadFail: -1}
 	if !s.plain {
 		q.held = make([][]connector.BlockID, len(s.groups))
 	}
@@ -829,6 +842,13 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 			}
 		}
 	}
+	if q.loads > 0 {
+		// r computes in the step of its load (a connector.LayerWorker
+		// engine): what it computes is valid only if every worker loads
+		// its blocks. The saves wait for that (see confirmLoad).
+		s.deferSaves(q, r, full, tables)
+		return nil
+	}
 	for g, t := range tables {
 		start := max(q.saveNext[g], q.noSave[g])
 		var tr *connector.Transfer
@@ -863,6 +883,56 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 	return nil
 }
 
+// deferSaves records the saves that Scheduled would plan for r while its
+// load runs, as runs of blocks with copies of what they need, replacing
+// those of an earlier call: confirmLoad plans them once every worker
+// reported the load, a failed load drops them. Until then saveNext stays,
+// so a later call records them again.
+func (s *Scheduler) deferSaves(q *request, r *connector.Request, full int, tables [][]connector.BlockID) {
+	q.deferred = q.deferred[:0]
+	for g, t := range tables {
+		start := max(q.saveNext[g], q.noSave[g])
+		var rt *retry
+		for i := start; i < full; i++ {
+			if t[i] == connector.NoBlock || s.knownPresent(q, g, i) {
+				rt = nil
+				continue
+			}
+			if rt == nil {
+				q.deferred = append(q.deferred, retry{req: q, group: g, first: i, deferred: true})
+				rt = &q.deferred[len(q.deferred)-1]
+				if i > 0 {
+					rt.prev = r.Hashes[i-1]
+				}
+			}
+			rt.blocks = append(rt.blocks, t[i])
+			rt.hashes = append(rt.hashes, r.Hashes[i])
+			if len(r.Tokens) >= full*s.bs {
+				rt.tokens = append(rt.tokens, r.Tokens[i*s.bs:(i+1)*s.bs]...)
+			}
+		}
+		q.deferNext[g] = max(q.saveNext[g], full)
+	}
+}
+
+// confirmLoad acts on a load of q that every worker reported with no
+// failure: the saves deferred while it ran are planned in the next Plan,
+// for the blocks the request's tables then still hold.
+func (s *Scheduler) confirmLoad(q *request) {
+	if len(q.deferred) == 0 {
+		return
+	}
+	for _, rt := range q.deferred {
+		rt.after = s.meta.Step
+		q.retries++
+		s.retries = append(s.retries, rt)
+	}
+	q.deferred = nil
+	for g := range q.saveNext {
+		q.saveNext[g] = max(q.saveNext[g], q.deferNext[g])
+	}
+}
+
 // knownPresent reports whether the request's last lookup found block i of
 // group g.
 func (s *Scheduler) knownPresent(q *request, g, i int) bool {
@@ -887,7 +957,9 @@ func (s *Scheduler) Plan() *connector.Metadata {
 			s.meta.Saves = append(s.meta.Saves, t)
 			x := s.track(rt.req, &s.meta.Saves[len(s.meta.Saves)-1], false, rt.tries)
 			x.prev, x.tokens = prev, tokens
-			s.stats.SaveRetries += int64(len(blocks))
+			if !rt.deferred {
+				s.stats.SaveRetries += int64(len(blocks))
+			}
 		})
 		s.maybeRelease(rt.req)
 	}
@@ -1025,8 +1097,10 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 					q.saveNext[g] = min(q.saveNext[g], q.loadFail)
 				}
 				q.loadFail = -1
+				q.deferred = nil // computed over KV that did not load
 			} else {
 				s.progress.Loaded = append(s.progress.Loaded, q.id)
+				s.confirmLoad(q)
 			}
 		}
 	} else {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,8 @@ type Worker struct {
 	gen       uint64
 	ns        hashing.Namespace
 	genNow    atomic.Uint64 // generation of the latest Start: older jobs are stale
-	saves     []job         // the last Start's saves, waiting for Save
+	saves     []pendingSave // the last Start's saves, waiting for SaveLayer or Save
+	order     []groupChunk  // every group's chunks, in the order of their first layers
 	started   bool          // a Start was accepted: lastStep and lastID hold
 	lastStep  uint64        // the step of the last accepted Start
 	lastID    uint64        // the largest transfer id of an accepted Start
@@ -65,22 +67,62 @@ type Worker struct {
 		out     connector.Output // reports since the last Poll
 		retired []*rdma.HostMemory
 	}
-	polled    connector.Output // handed out by the last Poll
-	wake      chan struct{}    // connector.Waker: a value once a report awaits Poll
-	closeOnce sync.Once
-	drained   chan struct{} // closed once every transfer has ended and the regions are unregistered
-	unregErr  error         // from unregistering the regions; read after drained
-	stats     workerStats
-	corrupt   limiter // warn-level log lines about values that failed verification
-	h         health  // store calls that failed
+	// ly is the layer-wise state of the last Start (connector.LayerWorker).
+	ly struct {
+		sync.Mutex
+		epoch   uint64        // counts Starts: a load of an older one no longer counts
+		left    []int         // per model layer: the epoch's load jobs whose chunk starts there, unfinished
+		changed chan struct{} // closed and replaced whenever left shrinks, or on Close
+		closed  bool
+	}
+	waited, savedTo int              // the step's last layer waited on and saved, -1 for none
+	polled          connector.Output // handed out by the last Poll
+	wake            chan struct{}    // connector.Waker: a value once a report awaits Poll
+	closeOnce       sync.Once
+	drained         chan struct{} // closed once every transfer has ended and the regions are unregistered
+	unregErr        error         // from unregistering the regions; read after drained
+	stats           workerStats
+	corrupt         limiter // warn-level log lines about values that failed verification
+	h               health  // store calls that failed
 }
 
 // groupMem is one KV cache group's memory in a worker.
 type groupMem struct {
 	kv        connector.KVCache
-	mode      path // how block bytes move, fixed by Register
-	blockSize int  // bytes of one block: all its layers, K and V
-	replicas  int  // ranks that hold the same shard of the group
+	mode      path    // how block bytes move, fixed by Register
+	blockSize int     // bytes of one block: all its layers, K and V
+	replicas  int     // ranks that hold the same shard of the group
+	chunks    []chunk // the values a block is stored as: one, or layer_chunks ranges of its layers
+}
+
+// groupChunk names chunk c of group g.
+type groupChunk struct{ g, c int }
+
+// pendingSave is a save of the last Start whose chunks are not all
+// queued yet: chunks [0, next) are.
+type pendingSave struct {
+	j    job
+	next int
+}
+
+// chunked gathers the outcomes of the chunk jobs of one transfer stored
+// in several chunks; the worker reports the transfer once the last ends.
+// Guarded by Worker.mu.
+type chunked struct {
+	left int                // chunk jobs not yet ended
+	fail []connector.Reason // per block: why a chunk of it failed first; 0 while none did
+}
+
+// add records the failures of one chunk job and reports whether it was the
+// last.
+func (x *chunked) add(fails []connector.Failure) bool {
+	for _, f := range fails {
+		if x.fail[f.Index] == 0 {
+			x.fail[f.Index] = f.Reason
+		}
+	}
+	x.left--
+	return x.left == 0
 }
 
 // path is how a worker moves block bytes between KV memory and the store.
@@ -97,6 +139,7 @@ var (
 	_ connector.Worker         = (*Worker)(nil)
 	_ connector.StatsReporter  = (*Worker)(nil)
 	_ connector.Waker          = (*Worker)(nil)
+	_ connector.LayerWorker    = (*Worker)(nil)
 )
 
 type workerStats struct {
@@ -112,6 +155,15 @@ type job struct {
 	gen   uint64
 	ns    hashing.Namespace
 	ready connector.Event
+	c     int      // the chunk of the group that it moves
+	x     *chunked // the transfer's other chunks; nil for a block stored whole
+	epoch uint64   // for a load, the Start that queued it
+	// seq, when not nil, makes the job a sequence of jobs that one
+	// goroutine runs in order: a step's layer-wise loads, chunk after
+	// chunk in layer order, so that the first layers arrive first, at the
+	// store's full speed, rather than sharing it with later ones (and
+	// with no hand-off between goroutines from one chunk to the next).
+	seq []job
 }
 
 func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
@@ -136,6 +188,9 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 		h:      health{log: log},
 		wake:   make(chan struct{}, 1),
 	}
+	w.ly.changed = make(chan struct{})
+	w.ly.left = make([]int, env.Identity.Layout.Layers)
+	w.waited, w.savedTo = -1, -1
 	w.vec, _ = env.Store.(store.Vectored)
 	w.pinner, _ = env.Copier.(connector.HostPinner)
 	if opt.verify {
@@ -254,6 +309,20 @@ func (w *Worker) checkGroups(kv connector.KVCache) ([]groupMem, error) {
 		groups[g] = groupMem{kv: gc, blockSize: gc.BlockSize(), replicas: l.TPSize / w.ns.GroupShards(g)}
 		w.maxBlock = max(w.maxBlock, groups[g].blockSize)
 	}
+	w.order = w.order[:0]
+	for g, cs := range chunksOf(specs, w.opt.layerChunks) {
+		per := groups[g].kv.KV * groups[g].kv.BlockBytes
+		for c := range cs {
+			cs[c].bytes = (cs[c].hi - cs[c].lo) * per
+			w.order = append(w.order, groupChunk{g, c})
+		}
+		groups[g].chunks = cs
+	}
+	// Loads are queued chunk by chunk in the order of their first layers,
+	// the order in which the forward pass needs them.
+	slices.SortStableFunc(w.order, func(a, b groupChunk) int {
+		return groups[a.g].chunks[a.c].first - groups[b.g].chunks[b.c].first
+	})
 	return groups, nil
 }
 
@@ -322,13 +391,18 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	w.started, w.lastStep, w.lastID = true, m.Step, maxID
 	// Saves recorded by an earlier Start and never Saved are dropped: their
 	// step's compute did not complete.
-	for _, j := range w.saves {
-		w.report(j.t.ID, j.t.Blocks, 0, connector.ReasonCanceled)
-	}
-	w.saves = w.saves[:0]
+	w.dropSaves()
 	for i := range m.Saves {
-		w.saves = append(w.saves, job{t: cloneTransfer(&m.Saves[i]), gen: w.gen, ns: w.ns})
+		j := job{t: cloneTransfer(&m.Saves[i]), gen: w.gen, ns: w.ns}
+		j.x = w.chunkedOf(&j.t)
+		w.saves = append(w.saves, pendingSave{j: j})
 	}
+	w.waited, w.savedTo = -1, -1
+	w.ly.Lock()
+	w.ly.epoch++
+	epoch := w.ly.epoch
+	clear(w.ly.left)
+	w.ly.Unlock()
 	if len(m.Loads) == 0 {
 		return nil
 	}
@@ -337,8 +411,198 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	if w.q.closed {
 		return connector.ErrClosed
 	}
+	loads := make([]job, len(m.Loads))
 	for i := range m.Loads {
-		w.q.jobs = append(w.q.jobs, job{load: true, t: cloneTransfer(&m.Loads[i]), gen: w.gen, ns: w.ns})
+		loads[i] = job{load: true, t: cloneTransfer(&m.Loads[i]), gen: w.gen, ns: w.ns, epoch: epoch}
+		loads[i].x = w.chunkedOf(&loads[i].t)
+	}
+	var seq []job // the chunked loads, in layer order
+	w.ly.Lock()
+	for _, gc := range w.order {
+		for _, j := range loads {
+			if j.t.Group == gc.g {
+				j.c = gc.c
+				if j.x != nil {
+					seq = append(seq, j)
+				} else {
+					w.q.jobs = append(w.q.jobs, j)
+				}
+				w.ly.left[w.groups[gc.g].chunks[gc.c].first]++
+			}
+		}
+	}
+	w.ly.Unlock()
+	if seq != nil {
+		w.q.jobs = append(w.q.jobs, job{load: true, seq: seq})
+	}
+	w.q.cond.Broadcast()
+	return nil
+}
+
+// chunkedOf returns the record that gathers the chunk jobs of t, or nil
+// when t's group stores blocks whole.
+func (w *Worker) chunkedOf(t *connector.Transfer) *chunked {
+	n := len(w.groups[t.Group].chunks)
+	if n == 1 {
+		return nil
+	}
+	return &chunked{left: n, fail: make([]connector.Reason, len(t.Blocks))}
+}
+
+// dropSaves reports the chunks of the recorded saves that were never
+// queued as canceled, and forgets the saves.
+func (w *Worker) dropSaves() {
+	for _, ps := range w.saves {
+		if ps.j.x == nil {
+			if ps.next == 0 {
+				w.report(ps.j.t.ID, ps.j.t.Blocks, 0, connector.ReasonCanceled)
+			}
+			continue
+		}
+		n := len(w.groups[ps.j.t.Group].chunks)
+		if ps.next == n {
+			continue
+		}
+		var fails []connector.Failure
+		fails = fail(fails, ps.j.t.ID, 0, len(ps.j.t.Blocks), connector.ReasonCanceled)
+		w.mu.Lock()
+		for c := ps.next; c < n; c++ {
+			w.ended(&ps.j, fails)
+		}
+		w.mu.Unlock()
+		w.signal()
+	}
+	w.saves = w.saves[:0]
+}
+
+// ended records, under w.mu, that job j ended with fails; the transfer is
+// reported once its last chunk has ended.
+func (w *Worker) ended(j *job, fails []connector.Failure) {
+	if j.x == nil {
+		w.mu.out.Failed = append(w.mu.out.Failed, fails...)
+		w.mu.out.Done = append(w.mu.out.Done, j.t.ID)
+		return
+	}
+	if !j.x.add(fails) {
+		return
+	}
+	for i, r := range j.x.fail {
+		if r != 0 {
+			w.mu.out.Failed = append(w.mu.out.Failed, connector.Failure{Transfer: j.t.ID, Index: i, Reason: r})
+		}
+	}
+	w.mu.out.Done = append(w.mu.out.Done, j.t.ID)
+}
+
+// layerDone counts a load job of the current Start as ended, for
+// WaitLayer.
+func (w *Worker) layerDone(j *job) {
+	w.ly.Lock()
+	defer w.ly.Unlock()
+	if j.epoch != w.ly.epoch || w.ly.closed {
+		return
+	}
+	w.ly.left[w.groups[j.t.Group].chunks[j.c].first]--
+	close(w.ly.changed)
+	w.ly.changed = make(chan struct{})
+}
+
+// checkLayer checks a layer index of a WaitLayer or SaveLayer call.
+func (w *Worker) checkLayer(op string, l, last int) error {
+	if n := w.id.Layout.Layers; l < 0 || l >= n {
+		return fmt.Errorf("storeconn: %w: %s(%d): layer outside [0, %d), the layout's layers", connector.ErrLayer, op, l, n)
+	}
+	if !w.started {
+		return fmt.Errorf("storeconn: %w: %s(%d) before the first Start", connector.ErrLayer, op, l)
+	}
+	if l <= last {
+		return fmt.Errorf("storeconn: %w: %s(%d) after %s(%d) in step %d: layers go in increasing order, each once per step", connector.ErrLayer, op, l, op, last, w.lastStep)
+	}
+	return nil
+}
+
+// WaitLayer implements connector.LayerWorker: it returns once every load
+// chunk of the last Start that holds layer l or an earlier one has ended.
+// With layer_chunks = 1 a block is one value, and WaitLayer waits for the
+// step's whole loads.
+func (w *Worker) WaitLayer(ctx context.Context, l int) error {
+	w.life.Lock()
+	closed := w.life.closed
+	w.life.Unlock()
+	if closed {
+		return connector.ErrClosed
+	}
+	if err := w.checkLayer("WaitLayer", l, w.waited); err != nil {
+		return err
+	}
+	w.waited = l
+	for {
+		w.ly.Lock()
+		if w.ly.closed {
+			w.ly.Unlock()
+			return connector.ErrClosed
+		}
+		pending := false
+		for _, n := range w.ly.left[:l+1] {
+			if n > 0 {
+				pending = true
+				break
+			}
+		}
+		ch := w.ly.changed
+		w.ly.Unlock()
+		if !pending {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// SaveLayer implements connector.LayerWorker: the chunks of the step's
+// saves whose last layer is l or earlier are queued, to be read once
+// ready reports done. With layer_chunks = 1 a block is one value, queued
+// once its last layer is saved.
+func (w *Worker) SaveLayer(ctx context.Context, l int, ready connector.Event) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ready == nil {
+		return fmt.Errorf("storeconn: SaveLayer(%d): ready event is nil (use connector.Ready for CPU compute)", l)
+	}
+	w.life.Lock()
+	closed := w.life.closed
+	w.life.Unlock()
+	if closed {
+		return connector.ErrClosed
+	}
+	if err := w.checkLayer("SaveLayer", l, w.savedTo); err != nil {
+		return err
+	}
+	w.savedTo = l
+	return w.queueSaves(l, ready)
+}
+
+// queueSaves queues the chunks of the recorded saves whose last layer is
+// at most upTo, with ready.
+func (w *Worker) queueSaves(upTo int, ready connector.Event) error {
+	w.q.Lock()
+	defer w.q.Unlock()
+	if w.q.closed {
+		return connector.ErrClosed
+	}
+	for i := range w.saves {
+		ps := &w.saves[i]
+		cs := w.groups[ps.j.t.Group].chunks
+		for ps.next < len(cs) && cs[ps.next].last <= upTo {
+			j := ps.j
+			j.c, j.ready = ps.next, ready
+			w.q.jobs = append(w.q.jobs, j)
+			ps.next++
+		}
 	}
 	w.q.cond.Broadcast()
 	return nil
@@ -381,17 +645,10 @@ func (w *Worker) Save(ctx context.Context, ready connector.Event) error {
 	if ready == nil {
 		return fmt.Errorf("storeconn: Save: ready event is nil (use connector.Ready for CPU compute)")
 	}
-	w.q.Lock()
-	defer w.q.Unlock()
-	if w.q.closed {
-		return connector.ErrClosed
-	}
-	for _, j := range w.saves {
-		j.ready = ready
-		w.q.jobs = append(w.q.jobs, j)
+	if err := w.queueSaves(math.MaxInt, ready); err != nil {
+		return err
 	}
 	w.saves = w.saves[:0]
-	w.q.cond.Broadcast()
 	return nil
 }
 
@@ -446,20 +703,38 @@ func (w *Worker) loop() {
 		w.q.jobs[0] = job{}
 		w.q.jobs = w.q.jobs[1:]
 		w.q.Unlock()
-		start := time.Now()
-		var fails []connector.Failure
-		if j.load {
-			fails = w.load(&j, &sc)
-		} else {
-			fails = w.save(&j, &sc)
+		if j.seq == nil {
+			w.run(&j, &sc)
+			continue
 		}
-		w.stats.nanos.Add(time.Since(start).Nanoseconds())
-		w.mu.Lock()
-		w.mu.out.Failed = append(w.mu.out.Failed, fails...)
-		w.mu.out.Done = append(w.mu.out.Done, j.t.ID)
-		w.mu.Unlock()
-		w.signal()
+		for i := range j.seq {
+			if w.ctx.Err() != nil {
+				break // closed: the rest is canceled, never reported
+			}
+			w.run(&j.seq[i], &sc)
+		}
 	}
+}
+
+// run moves one job's blocks and reports its end.
+func (w *Worker) run(j *job, sc *scratch) {
+	start := time.Now()
+	var fails []connector.Failure
+	if j.load {
+		fails = w.load(j, sc)
+	} else {
+		fails = w.save(j, sc)
+	}
+	w.stats.nanos.Add(time.Since(start).Nanoseconds())
+	w.mu.Lock()
+	w.ended(j, fails)
+	w.mu.Unlock()
+	if j.load {
+		// After the report: the Poll that follows WaitLayer of the last
+		// layer reports every load of the step.
+		w.layerDone(j)
+	}
+	w.signal()
 }
 
 // scratch is one pool goroutine's reusable buffers.
@@ -578,11 +853,11 @@ func (w *Worker) trailerSlots(sc *scratch, n int) (rdma.Region, error) {
 
 // vectorRegions builds sc.vregs: for each block of blocks, its spans and,
 // with verification, its trailer slot in tr.
-func (w *Worker) vectorRegions(sc *scratch, gm *groupMem, blocks []connector.BlockID, tr rdma.Region) {
+func (w *Worker) vectorRegions(sc *scratch, gm *groupMem, ch *chunk, blocks []connector.BlockID, tr rdma.Region) {
 	sc.flat = sc.flat[:0]
 	sc.ends = sc.ends[:0]
 	for k, b := range blocks {
-		sc.flat = gm.kv.Spans(sc.flat, b)
+		sc.flat = gm.kv.LayerSpans(sc.flat, b, ch.lo, ch.hi)
 		if w.tl > 0 {
 			slot, _ := tr.Sub(k*trailerLen, trailerLen)
 			sc.flat = append(sc.flat, slot)
@@ -641,15 +916,16 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 	// whole.
 	defer func() { w.stats.loadFailures.Add(int64(len(fails))) }()
 	gm := &w.groups[t.Group]
+	ch := &gm.chunks[j.c]
 	shard := j.ns.GroupShard(t.Group, w.rank)
-	bs := gm.blockSize
+	bs := ch.bytes
 	stride := bs + w.tl // bytes of one value
 	batch := w.loadBatch(gm, stride)
 	for lo := 0; lo < len(t.Blocks); lo += batch {
 		hi := min(lo+batch, len(t.Blocks))
 		sc.kb.reset()
 		for i := lo; i < hi; i++ {
-			sc.kb.add(j.ns, t.Group, shard, t.Hashes[i])
+			sc.kb.addChunk(j.ns, t.Group, shard, t.Hashes[i], gm.chunks, j.c)
 		}
 		sc.keys = sc.kb.keys(sc.keys[:0])
 		sc.res = grow(sc.res, len(sc.keys))
@@ -674,12 +950,12 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 					return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
 				}
 			}
-			w.vectorRegions(sc, gm, t.Blocks[lo:hi], tr)
+			w.vectorRegions(sc, gm, ch, t.Blocks[lo:hi], tr)
 			err = w.call("get", sc.res, func(ctx context.Context) error { return w.vec.GetV(ctx, sc.keys, sc.vregs, sc.res) })
 		default:
 			sc.regions = sc.regions[:0]
 			for i := lo; i < hi; i++ {
-				sc.regions = gm.kv.Spans(sc.regions, t.Blocks[i])
+				sc.regions = gm.kv.LayerSpans(sc.regions, t.Blocks[i], ch.lo, ch.hi)
 			}
 			err = w.call("get", sc.res, func(ctx context.Context) error { return w.st.Get(ctx, sc.keys, sc.regions, sc.res) })
 		}
@@ -695,13 +971,13 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: reason(r.Err)})
 				continue
 			}
-			if err := w.verify(sc, gm, k, r.N, stride); err != nil {
+			if err := w.verify(sc, gm, bs, k, r.N, stride); err != nil {
 				w.corrupted(sc.keys[k], err)
 				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: connector.ReasonCorrupt})
 				continue
 			}
 			if gm.mode == staging {
-				w.scatter(sc, gm, sc.regions[k], t.Blocks[i])
+				w.scatter(sc, gm, ch, sc.regions[k], t.Blocks[i])
 			}
 		}
 		clear(sc.keys)
@@ -711,7 +987,9 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 			return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
 		}
 		loaded := int64(hi - lo - (len(sc.fails) - nfail))
-		w.stats.loads.Add(loaded)
+		if j.c == len(gm.chunks)-1 {
+			w.stats.loads.Add(loaded) // a block counts once, with its last chunk
+		}
 		w.stats.loadBytes.Add(loaded * int64(bs))
 	}
 	return sc.fails
@@ -746,14 +1024,13 @@ func (w *Worker) loadBatch(gm *groupMem, stride int) int {
 
 // verify checks the k-th value of a load batch, n bytes long: its size
 // and, with verification, its trailer against its key and its bytes.
-func (w *Worker) verify(sc *scratch, gm *groupMem, k, n, stride int) error {
+func (w *Worker) verify(sc *scratch, gm *groupMem, bs, k, n, stride int) error {
 	if n != stride {
-		return fmt.Errorf("value of %d bytes, want %d (%d block bytes and a %d-byte trailer)", n, stride, gm.blockSize, w.tl)
+		return fmt.Errorf("value of %d bytes, want %d (%d block bytes and a %d-byte trailer)", n, stride, bs, w.tl)
 	}
 	if w.tl == 0 {
 		return nil
 	}
-	bs := gm.blockSize
 	switch gm.mode {
 	case staging:
 		v := sc.regions[k]
@@ -768,8 +1045,8 @@ func (w *Worker) verify(sc *scratch, gm *groupMem, k, n, stride int) error {
 
 // scatter copies a staged block into the block's spans in KV memory: at
 // once for host memory, or as device copies that flush issues.
-func (w *Worker) scatter(sc *scratch, gm *groupMem, staged rdma.Region, b connector.BlockID) {
-	sc.spans = gm.kv.Spans(sc.spans[:0], b)
+func (w *Worker) scatter(sc *scratch, gm *groupMem, ch *chunk, staged rdma.Region, b connector.BlockID) {
+	sc.spans = gm.kv.LayerSpans(sc.spans[:0], b, ch.lo, ch.hi)
 	off := uintptr(0)
 	src := staged.Bytes()
 	for _, sp := range sc.spans {
@@ -780,13 +1057,13 @@ func (w *Worker) scatter(sc *scratch, gm *groupMem, staged rdma.Region, b connec
 		}
 		off += uintptr(sp.Len)
 	}
-	w.stats.staged.Add(int64(gm.blockSize))
+	w.stats.staged.Add(int64(ch.bytes))
 }
 
 // gather copies a block's spans into a staging region: at once for host
 // memory, or as device copies that flush issues.
-func (w *Worker) gather(sc *scratch, gm *groupMem, staged rdma.Region, b connector.BlockID) {
-	sc.spans = gm.kv.Spans(sc.spans[:0], b)
+func (w *Worker) gather(sc *scratch, gm *groupMem, ch *chunk, staged rdma.Region, b connector.BlockID) {
+	sc.spans = gm.kv.LayerSpans(sc.spans[:0], b, ch.lo, ch.hi)
 	off := uintptr(0)
 	dst := staged.Bytes()
 	for _, sp := range sc.spans {
@@ -797,7 +1074,7 @@ func (w *Worker) gather(sc *scratch, gm *groupMem, staged rdma.Region, b connect
 		}
 		off += uintptr(sp.Len)
 	}
-	w.stats.staged.Add(int64(gm.blockSize))
+	w.stats.staged.Add(int64(ch.bytes))
 }
 
 // flush issues the device copies that scatter or gather queued, in one
@@ -871,9 +1148,10 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		return fail(sc.fails, t.ID, 0, len(t.Blocks), connector.ReasonStale)
 	}
 	gm := &w.groups[t.Group]
+	ch := &gm.chunks[j.c]
 	shard := j.ns.GroupShard(t.Group, w.rank)
 	replicas, replica := gm.replicas, w.rank%gm.replicas
-	bs := gm.blockSize
+	bs := ch.bytes
 	stride := bs + w.tl
 	idx := sc.idx[:0]
 	defer func() { sc.idx = idx }()
@@ -895,7 +1173,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		}
 		sc.kb.reset()
 		for _, i := range idx {
-			sc.kb.add(j.ns, t.Group, shard, t.Hashes[i])
+			sc.kb.addChunk(j.ns, t.Group, shard, t.Hashes[i], gm.chunks, j.c)
 		}
 		sc.keys = sc.kb.keys(sc.keys[:0])
 		sc.res = grow(sc.res, len(sc.keys))
@@ -911,7 +1189,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 			sc.copies = sc.copies[:0]
 			for k, i := range idx {
 				sub, _ := stage.Sub(k*stride, stride)
-				w.gather(sc, gm, sub, t.Blocks[i])
+				w.gather(sc, gm, ch, sub, t.Blocks[i])
 				sc.regions = append(sc.regions, sub)
 			}
 			if err := w.flush(sc, false); err != nil {
@@ -938,7 +1216,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 			for _, i := range idx {
 				blocks = append(blocks, t.Blocks[i])
 			}
-			w.vectorRegions(sc, gm, blocks, tr)
+			w.vectorRegions(sc, gm, ch, blocks, tr)
 			if w.tl > 0 {
 				for k, rs := range sc.vregs {
 					putTrailer(rs[len(rs)-1].Bytes(), sc.keys[k], bs, blockCRC(rs[:len(rs)-1]))
@@ -948,7 +1226,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		default:
 			sc.regions = sc.regions[:0]
 			for _, i := range idx {
-				sc.regions = gm.kv.Spans(sc.regions, t.Blocks[i])
+				sc.regions = gm.kv.LayerSpans(sc.regions, t.Blocks[i], ch.lo, ch.hi)
 			}
 			err = w.call("put", sc.res, func(ctx context.Context) error { return w.st.Put(ctx, sc.keys, sc.regions, sc.res) })
 		}
@@ -960,7 +1238,9 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		for k, r := range sc.res {
 			switch {
 			case r.Err == nil:
-				w.stats.saves.Add(1)
+				if j.c == len(gm.chunks)-1 {
+					w.stats.saves.Add(1) // a block counts once, with its last chunk
+				}
 				w.stats.saveBytes.Add(int64(bs))
 			case errors.Is(r.Err, store.ErrNoSpace):
 				noSpace = true
@@ -1032,6 +1312,12 @@ func (w *Worker) Close() error {
 		w.q.jobs = nil
 		w.q.cond.Broadcast()
 		w.q.Unlock()
+		w.ly.Lock()
+		if !w.ly.closed {
+			w.ly.closed = true
+			close(w.ly.changed)
+		}
+		w.ly.Unlock()
 		w.cancel()
 		w.drained = make(chan struct{})
 		go func() { // owned by the worker: it ends when the last transfer does

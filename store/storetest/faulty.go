@@ -265,9 +265,11 @@ func (f *faulty) pick(op Op, h uint64, errs []error) error {
 	return errs[min(len(errs)-1, int(math.Floor(u*float64(len(errs)))))]
 }
 
-// begin waits the latency and decides a whole-call fault.
+// begin waits the latency and decides a whole-call fault. A put or get
+// over a link of FaultOptions.Bandwidth waits its latency in wire instead,
+// together with its bytes: one wait per call.
 func (f *faulty) begin(ctx context.Context, op Op, keys ...string) error {
-	if f.opts.Latency > 0 {
+	if f.opts.Latency > 0 && !(f.opts.Bandwidth > 0 && op&(OpPut|OpGet) != 0) {
 		timer := time.NewTimer(f.opts.Latency)
 		select {
 		case <-ctx.Done():
@@ -292,9 +294,9 @@ func (f *faulty) begin(ctx context.Context, op Op, keys ...string) error {
 	return nil
 }
 
-// wire waits until the bytes of regs (rdma.Region or []rdma.Region) have
-// crossed the link of FaultOptions.Bandwidth, behind the bytes of earlier
-// calls.
+// wire waits the call's latency and then until the bytes of regs
+// (rdma.Region or []rdma.Region) have crossed the link of
+// FaultOptions.Bandwidth, behind the bytes of earlier calls.
 func wire[R any](f *faulty, ctx context.Context, regs []R) error {
 	if f.opts.Bandwidth <= 0 {
 		return nil
@@ -312,7 +314,7 @@ func wire[R any](f *faulty, ctx context.Context, regs []R) error {
 	}
 	d := time.Duration(float64(n) / float64(f.opts.Bandwidth) * float64(time.Second))
 	f.mu.Lock()
-	start := time.Now()
+	start := time.Now().Add(f.opts.Latency) // the bytes start once the call's latency is over
 	if f.linkFree.After(start) {
 		start = f.linkFree
 	}
