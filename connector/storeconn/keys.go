@@ -72,4 +72,3 @@ func (kb *keyBuf) addChunk(ns hashing.Namespace, group, shard int, h hashing.Blo
 	kb.b = ns.AppendLayerKey(kb.b, group, shard, h, cs[c].lo, cs[c].hi)
 	kb.ends = append(kb.ends, len(kb.b))
 }
-
