@@ -70,6 +70,18 @@ type Config struct {
 
 	// ExternalLookup says when the connector is asked for external KV.
 	ExternalLookup Lookup
+
+	// LayerwiseLoads says that every worker is a connector.LayerWorker,
+	// which the engine drives layer by layer (WaitLayer before it computes
+	// a layer, SaveLayer after): a request admitted with external KV then
+	// computes in the step that loads it, instead of waiting a step for
+	// the load. What that step computes for it counts only once the
+	// connector reports the load done in the step's Done; a failed load
+	// discards it (the sampled token too) and the request recomputes from
+	// what survived. Layouts with KV cache groups other than one full
+	// attention group keep whole loads, as does a request whose prefill
+	// the step's budget cannot start.
+	LayerwiseLoads bool
 }
 
 // Validate reports the first field that is missing or out of range, naming

@@ -143,7 +143,11 @@ type request struct {
 	computed  int  // tokens whose KV is in the tables
 	committed int  // leading blocks indexed in (or taken from) the prefix cache, in every group
 	local     int  // tokens of the local hit at the last admission
-	external  int  // tokens being loaded (Loading)
+	external  int  // tokens being loaded (Loading, or inline)
+	inline    bool // Running in the step of its load (Config.LayerwiseLoads): its result counts once the load is done
+	discard   bool // Done: the step's work for it is void (its inline load failed); rollBack takes it to valid
+	failLoad  bool // with discard: the load failed under PolicyFail
+	valid     int  // with discard: the tokens of KV that survived
 	known     bool // the connector knows it (Match or Scheduled was called)
 	held      bool // Finish said keep: blocks wait for Progress.Released
 	exclusive int  // blocks counted in Scheduler.pendingFree while held

@@ -44,17 +44,18 @@ type Scheduler struct {
 	nextSeq     uint64
 	pendingFree []int // per group: blocks that held requests alone hold, free once released
 
-	plan    Plan
-	items   []*request // items[i] is the request of plan.Items[i]
-	results []*request // results[i] is the request of Done's results[i]
-	ended   []Ended
-	hits    []BlockID
-	hitTabs [][]BlockID // per group: the blocks of a local hit (see localHit)
-	need    []int       // per group: blocks a growth needs
-	avail   []int       // per group: blocks an admission may take
-	scratch []hashing.BlockHash
-	stats   Stats
-	mut     mutation // a deliberate bug, in the package's tests only
+	plan      Plan
+	items     []*request // items[i] is the request of plan.Items[i]
+	results   []*request // results[i] is the request of Done's results[i]
+	ended     []Ended
+	discarded []connector.RequestID // the last Done's requests whose work of the step was void
+	hits      []BlockID
+	hitTabs   [][]BlockID // per group: the blocks of a local hit (see localHit)
+	need      []int       // per group: blocks a growth needs
+	avail     []int       // per group: blocks an admission may take
+	scratch   []hashing.BlockHash
+	stats     Stats
+	mut       mutation // a deliberate bug, in the package's tests only
 }
 
 // Plan is one step's work: what each request computes, and the connector's
@@ -875,17 +876,26 @@ func (s *Scheduler) admit(budget *int) {
 		}
 		total := hit*s.bs + ext
 		n := 0 // tokens computed this step
-		if ext == 0 {
+		// A layer-wise engine computes the request in the step of its
+		// load, if the budget starts its prefill.
+		inline := ext > 0 && s.cfg.LayerwiseLoads && s.plain && s.conn != nil
+		if ext == 0 || inline {
 			n = s.chunk(total, min(len(r.tokens)-total, *budget), len(r.tokens))
-			if n == 0 {
+			switch {
+			case n > 0:
+				total += n
+			case ext == 0:
 				return // the budget left reaches no block boundary; first come, first served
+			default:
+				inline = false
 			}
-			total += n
 		}
 		// The blocks each group needs beyond the hit, against what its
 		// pool has once the hit's cached blocks leave the LRU list.
 		for g := range s.groups {
 			switch {
+			case inline:
+				s.need[g] = s.blocksFor(total) - hit
 			case ext > 0:
 				s.need[g] = s.loadNeed(g, hit, hit+ext/s.bs)
 			case s.groups[g].kind == hashing.RecurrentState:
@@ -930,6 +940,8 @@ func (s *Scheduler) admit(budget *int) {
 		}
 		r.local, r.computed, r.committed = hit*s.bs, hit*s.bs, hit
 		switch {
+		case inline:
+			s.extend(r, total)
 		case ext > 0:
 			s.extendLoad(r, hit, hit+ext/s.bs)
 		case s.mut == mutOverReserve:
@@ -957,7 +969,10 @@ func (s *Scheduler) admit(budget *int) {
 				continue
 			}
 		}
-		if ext > 0 {
+		if inline {
+			r.inline, r.external = true, ext
+			r.computed += ext // the item starts after the KV it loads
+		} else if ext > 0 {
 			r.state = Loading
 			r.external = ext
 			s.loading.insert(r)
@@ -1204,23 +1219,29 @@ func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 		s.busy.done(outs)
 	}
 	s.inFlight = false
+	bad := s.resolveInline(prog)
 
 	// The step's compute is done: advance every planned request.
 	for i := range s.plan.Items {
 		it := &s.plan.Items[i]
 		r := s.items[i]
+		if r.discard {
+			continue
+		}
 		r.computed = it.End
 		r.m.ComputedTokens += it.End - it.Start
 		s.stats.ComputedTokens += int64(it.End - it.Start)
 		s.commit(r)
 	}
-	var bad error
 	if prog != nil {
-		bad = s.progress(prog)
+		bad = errors.Join(bad, s.progress(prog))
 	}
 	for i := range results {
 		res := &results[i]
 		r := s.results[i]
+		if r.discard {
+			continue // computed over KV that did not load
+		}
 		r.tokens = append(r.tokens, res.Token)
 		s.scratch = r.chain.Append(s.scratch[:0], res.Token)
 		r.creq.Hashes = r.chain.Hashes()
@@ -1234,7 +1255,87 @@ func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 			s.end(r, Finished, nil)
 		}
 	}
+	s.rollBack()
 	return bad
+}
+
+// Discarded returns the requests whose work in the last step Done threw
+// away, because they ran in the step of a load that failed
+// (Config.LayerwiseLoads): the engine drops the tokens it sampled for them
+// in that step, which Done did not count. Owned by the Scheduler, valid
+// until the next Done.
+func (s *Scheduler) Discarded() []connector.RequestID { return s.discarded }
+
+// resolveInline acts on the loads of the step's inline requests (Config.
+// LayerwiseLoads), before their compute counts: a load done makes the
+// step's work valid; a failed one marks the request's work discarded
+// (rollBack rolls it back), as does a load the Progress does not report,
+// which the workers' Outputs should have (the Poll after WaitLayer of the
+// last layer reports every load): that is an error wrapping ErrConnector.
+func (s *Scheduler) resolveInline(prog *connector.Progress) error {
+	var bad []error
+	s.discarded = s.discarded[:0]
+	for _, r := range s.items {
+		if !r.inline {
+			continue
+		}
+		r.inline = false
+		r.discard, r.valid = true, r.local
+		if prog == nil {
+			continue
+		}
+		if slices.Contains(prog.Loaded, r.id) {
+			r.discard = false
+			r.m.ExternalTokens += r.external
+			s.stats.ExternalTokens += int64(r.external)
+			r.external = 0
+			continue
+		}
+		i := slices.IndexFunc(prog.Failed, func(f connector.LoadFailure) bool { return f.Req == r.id })
+		if i < 0 {
+			bad = append(bad, fmt.Errorf("the Outputs of step %d report no end of the layer-wise load of request %q: its work of the step is discarded", s.step, r.id))
+			continue
+		}
+		f := prog.Failed[i]
+		r.m.LoadFailures++
+		s.stats.LoadFailures++
+		switch {
+		case f.Valid < r.local || f.Valid > r.local+r.external || f.Valid%s.bs != 0:
+			bad = append(bad, fmt.Errorf("Progress.Failed: request %q valid = %d tokens, want a multiple of %d in [%d, %d]", f.Req, f.Valid, s.bs, r.local, r.local+r.external))
+		case f.Fail:
+			r.failLoad = true
+			r.valid = f.Valid
+		default:
+			r.valid = f.Valid
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: %w", ErrConnector, errors.Join(bad...))
+	}
+	return nil
+}
+
+// rollBack takes each request whose work of the step was discarded back
+// to the KV that survived its load, or fails it under PolicyFail. Its
+// blocks stay: the next steps recompute the rest into them.
+func (s *Scheduler) rollBack() {
+	for _, r := range s.items {
+		if !r.discard {
+			continue
+		}
+		s.discarded = append(s.discarded, r.id)
+		r.discard = false
+		if r.failLoad {
+			r.failLoad = false
+			s.end(r, Failed, fmt.Errorf("%w: request %q: %d of %d tokens valid", ErrLoadFailed, r.id, r.valid, r.local+r.external))
+			continue
+		}
+		r.m.ExternalTokens += r.valid - r.local
+		s.stats.ExternalTokens += int64(r.valid - r.local)
+		r.computed = r.valid
+		r.external = 0
+		s.commit(r)
+	}
 }
 
 // commit indexes r's full computed blocks in the prefix cache, in every

@@ -15,6 +15,7 @@ import (
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
+	"github.com/kvconnect/kvconnect/store/storetest"
 )
 
 // miniEngine is a CPU engine over real KV memory: tensor-parallel workers,
@@ -76,6 +77,13 @@ func newMiniEngine(t *testing.T, st store.Store, cfg Config) *miniEngine {
 // as lookup says: "sync" inside Match, "async" on the connector's pool.
 func newMiniEngineLookup(t *testing.T, st store.Store, cfg Config, lookup string) *miniEngine {
 	t.Helper()
+	return newMiniEngineWith(t, st, cfg, map[string]any{"lookup": lookup})
+}
+
+// newMiniEngineWith is newMiniEngine with the connector's
+// kv_connector_extra_config.
+func newMiniEngineWith(t *testing.T, st store.Store, cfg Config, extra map[string]any) *miniEngine {
+	t.Helper()
 	bs := cfg.Identity.Layout.BlockSize
 	e := &miniEngine{loop: loop{t: t, prompts: map[connector.RequestID]*modelReq{}}, bs: bs}
 	e.kv = connector.KVCache{Layers: e2eLayers, Blocks: cfg.Blocks, KV: e2eKV, BlockBytes: 8 * bs, Order: connector.BlockMajor}
@@ -95,7 +103,7 @@ func newMiniEngineLookup(t *testing.T, st store.Store, cfg Config, lookup string
 		e.mems = append(e.mems, m)
 	}
 	if st != nil {
-		ccfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": lookup}}
+		ccfg := connector.Config{Connector: storeconn.Name, Extra: extra}
 		env := connector.Env{Identity: cfg.Identity, Store: st}
 		sc, err := connector.OpenScheduler(ccfg, env)
 		if err != nil {
@@ -370,4 +378,179 @@ func diffOutputs(want, got map[connector.RequestID][]hashing.Token) string {
 		out += fmt.Sprintf("%d requests, want %d\n", len(got), len(want))
 	}
 	return out
+}
+
+// stepLayers runs one step as a layer-wise engine does
+// (Config.LayerwiseLoads): every worker starts the step's loads, and the
+// model computes layer by layer, each after WaitLayer in every worker and
+// saved with SaveLayer once computed; it samples from the KV once every
+// layer is in. A request whose loaded KV it finds wrong must be one whose
+// work Done discards (its load failed): any other is an error naming it.
+func (e *miniEngine) stepLayers() (*Plan, error) {
+	ctx := context.Background()
+	p, err := e.s.Step()
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range e.workers {
+		if err := w.Start(ctx, p.Metadata); err != nil {
+			return nil, err
+		}
+	}
+	wrong := map[connector.RequestID]error{}
+	// A request that attended wrong KV in a layer computes wrong KV in
+	// every later one, as a model's hidden states carry the error on.
+	tainted := map[connector.RequestID]bool{}
+	for l := range e2eLayers {
+		for _, w := range e.workers {
+			if err := w.(connector.LayerWorker).WaitLayer(ctx, l); err != nil {
+				return nil, err
+			}
+		}
+		for _, it := range p.Items {
+			m := e.prompts[it.ID]
+			m.digests = prefixDigests(m.digests, "", m.tokens)
+			for rank := range e2eTP {
+				for pos := 0; pos < it.End; pos++ {
+					for k := range e2eKV {
+						s := e.slot(rank, it.Blocks[pos/e.bs], l, k, pos)
+						want := kvValue(m.digests[pos], rank, l, k)
+						if pos >= it.Start {
+							if tainted[it.ID] {
+								want = ^want
+							}
+							binary.LittleEndian.PutUint64(s, want)
+						} else if got := binary.LittleEndian.Uint64(s); got != want && wrong[it.ID] == nil {
+							wrong[it.ID] = fmt.Errorf("step %d: request %q attends to wrong KV and its result counted: rank %d position %d (layer %d, part %d) holds %#x, want %#x",
+								p.Step, it.ID, rank, pos, l, k, got, want)
+						}
+					}
+				}
+			}
+		}
+		for id := range wrong {
+			tainted[id] = true
+		}
+		for _, w := range e.workers {
+			if err := w.(connector.LayerWorker).SaveLayer(ctx, l, connector.Ready); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var res []Result
+	for _, it := range p.Items {
+		if !it.Sample {
+			continue
+		}
+		m := e.prompts[it.ID]
+		var sum uint64
+		for rank := range e2eTP {
+			for pos := 0; pos < it.End; pos++ {
+				for l := range e2eLayers {
+					for k := range e2eKV {
+						sum = sum*31 + binary.LittleEndian.Uint64(e.slot(rank, it.Blocks[pos/e.bs], l, k, pos))
+					}
+				}
+			}
+		}
+		m.gen++
+		res = append(res, Result{ID: it.ID, Token: hashing.Token(sum>>11) % 50, Finished: m.gen >= m.maxGen})
+	}
+	e.outs = e.outs[:0]
+	for _, w := range e.workers {
+		if err := w.Save(ctx, connector.Ready); err != nil {
+			return nil, err
+		}
+		e.outs = append(e.outs, w.Poll())
+	}
+	if err := e.s.Done(res, e.outs); err != nil {
+		return nil, err
+	}
+	discarded := e.s.Discarded()
+	for _, r := range res {
+		if slices.Contains(discarded, r.ID) {
+			e.prompts[r.ID].gen--
+			continue
+		}
+		e.prompts[r.ID].tokens = append(e.prompts[r.ID].tokens, r.Token)
+	}
+	for id, err := range wrong {
+		if !slices.Contains(discarded, id) {
+			return nil, err
+		}
+	}
+	if n := e.s.Stats().Loading; n > 0 {
+		return nil, fmt.Errorf("step %d: %d requests wait for a load, which a layer-wise engine runs in its step", p.Step, n)
+	}
+	return p, nil
+}
+
+// TestLayerwiseLoadsEndToEnd: a cold-start engine B that loads layer by
+// layer (Config.LayerwiseLoads over storeconn with a value per layer) runs
+// each request in the step of its load and gives the reference's outputs,
+// also over a store that fails a third of its gets: the requests whose
+// load failed have their step discarded (the engine checks that a request
+// that attended wrong KV is one of those) and recompute. B's requests go
+// on past what engine A saved, so B saves blocks of its own: a third
+// engine C, over the store without faults, loads them and checks every
+// byte it attends to, which catches a block B computed over KV that did
+// not load and saved.
+func TestLayerwiseLoadsEndToEnd(t *testing.T) {
+	cfg := Config{Identity: e2eIdentity(4), Blocks: 96, MaxBatchedTokens: 48, PrefixCaching: true}
+	refCfg := cfg
+	refCfg.PrefixCaching = false
+	ref := newMiniEngine(t, nil, refCfg)
+	workload(ref, "q")
+	want := ref.run()
+	refLong := newMiniEngine(t, nil, refCfg)
+	longWorkload(refLong, "q")
+	wantLong := refLong.run()
+
+	extra := map[string]any{"lookup": "sync", "layer_chunks": e2eLayers, "failed_ttl": "1ns"}
+	lw := cfg
+	lw.LayerwiseLoads = true
+	for _, faults := range []bool{false, true} {
+		t.Run(fmt.Sprintf("faults=%v", faults), func(t *testing.T) {
+			st := e2eStore(t)
+			a := newMiniEngineWith(t, st, lw, extra)
+			workload(a, "q")
+			if diff := diffOutputs(want, a.drain(a.stepLayers, 64)); diff != "" {
+				t.Fatalf("engine A outputs differ from the reference:\n%s", diff)
+			}
+			var bst store.Store = st
+			if faults {
+				bst = storetest.NewFaulty(st, storetest.FaultOptions{Ops: storetest.OpGet, KeyRate: 0.3, Seed: 7})
+			}
+			b := newMiniEngineWith(t, bst, lw, extra)
+			longWorkload(b, "q")
+			if diff := diffOutputs(wantLong, b.drain(b.stepLayers, 64)); diff != "" {
+				t.Fatalf("engine B outputs differ from the reference:\n%s", diff)
+			}
+			c := newMiniEngineWith(t, st, lw, extra)
+			longWorkload(c, "q")
+			if diff := diffOutputs(wantLong, c.drain(c.stepLayers, 64)); diff != "" {
+				t.Fatalf("engine C outputs differ from the reference:\n%s", diff)
+			}
+			if sc := c.s.Stats(); sc.LoadFailures != 0 || sc.ExternalTokens <= b.s.Stats().ExternalTokens {
+				t.Fatalf("engine C: %+v, want more tokens loaded than B loaded of A's, with no failure", sc)
+			}
+			sb := b.s.Stats()
+			if sb.ExternalTokens == 0 {
+				t.Fatalf("engine B loaded nothing: %+v", sb)
+			}
+			if faults && sb.LoadFailures == 0 {
+				t.Fatalf("no load failed over a store failing 30%% of its gets: %+v", sb)
+			}
+			t.Logf("B: external %d tokens, computed %d, load failures %d", sb.ExternalTokens, sb.ComputedTokens, sb.LoadFailures)
+		})
+	}
+}
+
+// longWorkload is workload with 12 more tokens per prompt.
+func longWorkload(e *miniEngine, tag string) {
+	for i := range 12 {
+		base := seq(1000*(i%3), 20+4*(i%4))
+		p := append(append(base, seq(7*i, i%5)...), seq(500+i, 12)...)
+		e.add(fmt.Sprintf("%s%d", tag, i), p, 3+i%4)
+	}
 }
