@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -23,6 +24,11 @@ type EngineConfig struct {
 	GroupBlocks      []int            // blocks of each KV cache group's pool (the hybrid model)
 	MaxBatchedTokens int              // token budget of a step
 	Par              int              // goroutines computing a step
+	// Layerwise computes each step layer by layer (the transformer), with
+	// the connector's worker a connector.LayerWorker: a request whose
+	// prefix loads runs in the step of its load (scheduler.Config.
+	// LayerwiseLoads), each layer after WaitLayer, saved with SaveLayer.
+	Layerwise bool
 
 	// Store, when not nil, turns the connector on: the reference store
 	// connector over this store, with Connector as its config.
@@ -57,7 +63,9 @@ type Engine struct {
 	metrics *engineMetrics
 	events  *engineEvents
 	evbuf   []connector.KVEvent
-	idle    int // steps that computed nothing
+	idle    int                   // steps that computed nothing
+	lw      connector.LayerWorker // with Layerwise and a connector
+	passes  []*Pass
 }
 
 // live is the engine's record of a running request.
@@ -110,12 +118,27 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 			return nil, err
 		}
 	}
+	if cfg.Layerwise {
+		if cfg.Model == nil {
+			e.Close()
+			return nil, fmt.Errorf("miniengine: Layerwise needs the transformer model")
+		}
+		if e.worker != nil {
+			lw, ok := e.worker.(connector.LayerWorker)
+			if !ok {
+				e.Close()
+				return nil, fmt.Errorf("miniengine: Layerwise: the connector's worker (%T) is not a connector.LayerWorker", e.worker)
+			}
+			e.lw = lw
+		}
+	}
 	e.sched, err = scheduler.New(scheduler.Config{
 		Identity:         cfg.Identity,
 		Blocks:           cfg.Blocks,
 		GroupBlocks:      cfg.GroupBlocks,
 		MaxBatchedTokens: cfg.MaxBatchedTokens,
 		PrefixCaching:    true,
+		LayerwiseLoads:   e.lw != nil,
 	}, e.conn)
 	if err != nil {
 		e.Close()
@@ -232,11 +255,19 @@ func (e *Engine) Step(ctx context.Context) error {
 		}
 	}
 	e.res = e.res[:0]
-	for _, it := range plan.Items {
+	if e.cfg.Layerwise {
+		if err := e.layers(ctx, plan); err != nil {
+			return err
+		}
+	}
+	for i, it := range plan.Items {
 		var next hashing.Token
-		if e.cfg.Hybrid != nil {
+		switch {
+		case e.cfg.Layerwise:
+			next = e.passes[i].Token()
+		case e.cfg.Hybrid != nil:
 			next = e.cfg.Hybrid.Forward(e.hkv, it.Tables, it.State, it.Tokens, it.Start, it.End, e.cfg.Par)
-		} else {
+		default:
 			next = e.cfg.Model.Forward(e.kv, it.Blocks, it.Tokens, it.Start, it.End, e.cfg.Par)
 		}
 		if !it.Sample {
@@ -260,6 +291,17 @@ func (e *Engine) Step(ctx context.Context) error {
 	if err := e.sched.Done(e.res, e.outs); err != nil {
 		return err
 	}
+	// A request that ran in the step of a load that failed computed over
+	// KV that did not arrive: its token does not count (scheduler.
+	// Scheduler.Discarded).
+	for _, id := range e.sched.Discarded() {
+		if r := e.reqs[id]; r != nil && slices.ContainsFunc(e.res, func(x scheduler.Result) bool { return x.ID == id }) {
+			r.out = r.out[:len(r.out)-1]
+			if len(r.out) == 0 {
+				r.first = time.Time{}
+			}
+		}
+	}
 	e.ended = e.sched.TakeEnded(e.ended[:0])
 	e.observe()
 	now := time.Now()
@@ -276,6 +318,34 @@ func (e *Engine) Step(ctx context.Context) error {
 		}
 		delete(e.reqs, en.ID)
 		r.done <- finished{ID: en.ID, Out: r.out, Err: en.Err, Added: r.added, First: r.first, Done: now, Metrics: en.Metrics}
+	}
+	return nil
+}
+
+// layers computes the step's items layer by layer: layer l of every item
+// once the step's loads have brought layer l in (WaitLayer), then its
+// saves start (SaveLayer). The passes hold each item's state between
+// layers; Step takes their tokens.
+func (e *Engine) layers(ctx context.Context, plan *scheduler.Plan) error {
+	e.passes = e.passes[:0]
+	for _, it := range plan.Items {
+		e.passes = append(e.passes, e.cfg.Model.Begin(e.kv, it.Blocks, it.Tokens, it.Start, it.End, e.cfg.Par))
+	}
+	for l := range e.cfg.Model.cfg.Layers {
+		if e.lw != nil {
+			if err := e.lw.WaitLayer(ctx, l); err != nil {
+				return fmt.Errorf("worker wait for layer %d: %w", l, err)
+			}
+		}
+		for _, p := range e.passes {
+			p.Layer(l)
+		}
+		if e.lw != nil {
+			// CPU compute of layer l is done: its saves may read it.
+			if err := e.lw.SaveLayer(ctx, l, connector.Ready); err != nil {
+				return fmt.Errorf("worker save of layer %d: %w", l, err)
+			}
+		}
 	}
 	return nil
 }

@@ -77,9 +77,10 @@ type Options struct {
 	PD             bool // run disaggregated prefill and decode over the p2p connector
 	WeightUpdateAt int  // rotate the weights after this many requests end (0: never)
 
-	Wait     bool   // block while every engine waits for its connector (connector.Waker), instead of stepping
-	Metrics  string // -metrics: serve the ON runs' Prometheus metrics on this address
-	KVEvents string // -kv-events: publish the ON runs' KV events on this ZMQ endpoint
+	Wait      bool   // block while every engine waits for its connector (connector.Waker), instead of stepping
+	Layerwise bool   // -layerwise: compute layer by layer, loading and saving each layer's KV as its own store value (connector.LayerWorker)
+	Metrics   string // -metrics: serve the ON runs' Prometheus metrics on this address
+	KVEvents  string // -kv-events: publish the ON runs' KV events on this ZMQ endpoint
 
 	Repeat   int // runs of each configuration; the table shows the median-duration run
 	JSON     bool
@@ -148,6 +149,7 @@ func main() {
 	fs.StringVar(&o.Verify, "verify", o.Verify, "check every loaded block against the trailer saved with it (checksum) or not (none)")
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
 	fs.DurationVar(&o.StoreLatency, "store-latency", o.StoreLatency, "add this latency to every store call of the ON runs, as a remote store's round trip (lookups then run beside the engine, as with Mooncake)")
+	fs.BoolVar(&o.Layerwise, "layerwise", o.Layerwise, "compute each step layer by layer, loading and saving every layer's KV as its own store value (layer_chunks = layers): a request whose prefix is in the store runs in the step that loads it, layer l as soon as its KV is in (the transformer model)")
 	fs.BoolVar(&o.Wait, "wait", o.Wait, "while every engine has nothing to compute, block until a connector has news (connector.Waker) instead of stepping to poll")
 	fs.StringVar(&o.Metrics, "metrics", o.Metrics, "serve the Prometheus metrics of the latest run with the connector on, from its start, at http://ADDR/metrics, for example 127.0.0.1:9400")
 	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "publish the KV events of the runs with the connector on, as vLLM does, on a ZMQ PUB socket bound at this endpoint, for example tcp://127.0.0.1:5557 (replay on the next port)")
@@ -195,6 +197,9 @@ func (o *Options) Validate() error {
 	switch o.Kind {
 	case "transformer":
 	case "hybrid":
+		if o.Layerwise {
+			return fmt.Errorf("-layerwise runs the transformer model; -model hybrid computes a step item by item")
+		}
 		switch {
 		case o.Model.Layers < 3:
 			return fmt.Errorf("-layers = %d, want >= 3 with -model hybrid: a layer of each kind", o.Model.Layers)
@@ -288,7 +293,7 @@ func (o Options) hybrid(gen uint64) *HybridModel {
 // and a state per chunk and per block of output, far fewer than its
 // context's blocks), never fewer than one step needs.
 func (o Options) engineConfig(gen uint64, blocks int) EngineConfig {
-	c := EngineConfig{Identity: o.identity(gen), Blocks: blocks, MaxBatchedTokens: o.Batch, Par: o.Par}
+	c := EngineConfig{Identity: o.identity(gen), Blocks: blocks, MaxBatchedTokens: o.Batch, Par: o.Par, Layerwise: o.Layerwise}
 	if o.Kind != "hybrid" {
 		c.Model = o.model(gen)
 		return c
@@ -327,8 +332,17 @@ func (o Options) connectorConfig() connector.Config {
 	return connector.Config{
 		Connector: storeconn.Name,
 		Role:      connector.RoleBoth,
-		Extra:     map[string]any{"lookup": lookup, "verify": o.Verify},
+		Extra:     o.extra(map[string]any{"lookup": lookup, "verify": o.Verify}),
 	}
+}
+
+// extra adds the settings of -layerwise to a kv_connector_extra_config:
+// a value per layer of each block.
+func (o Options) extra(m map[string]any) map[string]any {
+	if o.Layerwise {
+		m["layer_chunks"] = o.Model.Layers
+	}
+	return m
 }
 
 // newStore returns the embedded store every ON run shares between its

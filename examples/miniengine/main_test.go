@@ -355,3 +355,39 @@ func TestTenantFlag(t *testing.T) {
 		t.Errorf("-keep with the embedded store: Validate() = nil, want an error")
 	}
 }
+
+// TestLayerwise: with -layerwise every step is computed layer by layer,
+// each block is stored as a value per layer, and a request whose prefix
+// is in the store runs in the step of its load. The outputs equal the
+// connector-off run's (whole-layer compute, no connector), under
+// pressure, across two instances, and over a store that fails keys at
+// random, where a request whose load failed has its step discarded.
+func TestLayerwise(t *testing.T) {
+	o := small(t)
+	o.Model.Layers = 3
+	off := mustRun(t, o, false, o.PressureBlocks)
+	lw := o
+	lw.Layerwise = true
+	if err := lw.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	on := mustRun(t, lw, true, o.PressureBlocks)
+	mustSame(t, "layer-wise under pressure", off, on)
+	if on.ExternalTokens == 0 {
+		t.Errorf("layer-wise under pressure: no external hits")
+	}
+	lw.Instances = 2
+	mustSame(t, "layer-wise, two instances", off, mustRun(t, lw, true, o.Blocks))
+	lw.Instances = 1
+	lw.FaultRate = 0.2
+	faulty := mustRun(t, lw, true, o.PressureBlocks)
+	mustSame(t, "layer-wise with faults", off, faulty)
+	if faulty.ExternalTokens == 0 || faulty.ConnFailures == 0 {
+		t.Errorf("layer-wise with faults: %d external tokens, %d failed transfers; want both", faulty.ExternalTokens, faulty.ConnFailures)
+	}
+	hybrid := small(t)
+	hybrid.Kind, hybrid.Model.Layers, hybrid.Layerwise = "hybrid", 3, true
+	if err := hybrid.Validate(); err == nil || !strings.Contains(err.Error(), "-layerwise") {
+		t.Errorf("-layerwise with -model hybrid: Validate() = %v, want an error naming -layerwise", err)
+	}
+}

@@ -122,8 +122,31 @@ func (c *KV) rows(blocks []connector.BlockID, layer, kv, i int) []float32 {
 // lives in blocks, writing their K and V, and returns the greedy next token
 // after position to-1. Positions before from must already be in the cache.
 // Work on the positions of one layer is split over par goroutines; the
-// result does not depend on par.
+// result does not depend on par. It is Begin, Layer for every layer in
+// order, then Token.
 func (m *Model) Forward(kv *KV, blocks []connector.BlockID, toks []hashing.Token, from, to, par int) hashing.Token {
+	p := m.Begin(kv, blocks, toks, from, to, par)
+	for li := range m.layers {
+		p.Layer(li)
+	}
+	return p.Token()
+}
+
+// Pass is one item's forward pass, computed a layer at a time, so that an
+// engine can compute layer l of every item of a step before layer l+1: a
+// layer-wise engine waits for each layer's KV to load before computing it
+// (connector.LayerWorker). Layer l of the pass reads and writes only layer
+// l of the cache.
+type Pass struct {
+	m            *Model
+	kv           *KV
+	blocks       []connector.BlockID
+	from, n, par int
+	x, q, att, h []float32
+}
+
+// Begin starts the pass of Forward's arguments: it embeds the tokens.
+func (m *Model) Begin(kv *KV, blocks []connector.BlockID, toks []hashing.Token, from, to, par int) *Pass {
 	d := m.cfg.Dim
 	n := to - from
 	x := make([]float32, n*d)
@@ -145,81 +168,93 @@ func (m *Model) Forward(kv *KV, blocks []connector.BlockID, toks []hashing.Token
 	q := make([]float32, n*d)
 	att := make([]float32, n*d)
 	h := make([]float32, n*m.cfg.FFN)
-	for li := range m.layers {
-		w := &m.layers[li]
-		// Q, K, V of every new position; K and V go to the cache.
-		parallel(n, par, func(i int) {
-			xn := rmsnorm(x[i*d:(i+1)*d], make([]float32, d))
-			matvec(q[i*d:(i+1)*d], xn, w.wq, d, d)
-			matvec(kv.slot(blocks, li, 0, from+i), xn, w.wk, d, d)
-			matvec(kv.slot(blocks, li, 1, from+i), xn, w.wv, d, d)
-		})
-		// Causal attention over every earlier position, from the cache.
-		parallel(n, par, func(i int) {
-			p := from + i
-			H, hd := m.cfg.Heads, m.hd
-			scores := make([]float32, H*(p+1)) // head-major
-			out := att[i*d : (i+1)*d]
-			clear(out)
-			qi := q[i*d : (i+1)*d]
-			scale := float32(1 / math.Sqrt(float64(hd)))
-			bs := kv.l.BlockSize
-			for t0 := 0; t0 <= p; t0 += bs {
-				kb := kv.rows(blocks, li, 0, t0/bs)
-				for u := 0; u < bs && t0+u <= p; u++ {
-					k := kb[u*d : (u+1)*d]
-					for hh := 0; hh < H; hh++ {
-						qh, kh := qi[hh*hd:(hh+1)*hd], k[hh*hd:(hh+1)*hd]
-						var s float32
-						for j := range qh {
-							s += qh[j] * kh[j]
-						}
-						scores[hh*(p+1)+t0+u] = s * scale
+	return &Pass{m: m, kv: kv, blocks: blocks, from: from, n: n, par: par, x: x, q: q, att: att, h: h}
+}
+
+// Layer computes layer li of the pass. Layers go in order, each once.
+func (p *Pass) Layer(li int) {
+	m, kv, blocks, from, n, par := p.m, p.kv, p.blocks, p.from, p.n, p.par
+	d := m.cfg.Dim
+	x, q, att, h := p.x, p.q, p.att, p.h
+	w := &m.layers[li]
+	// Q, K, V of every new position; K and V go to the cache.
+	parallel(n, par, func(i int) {
+		xn := rmsnorm(x[i*d:(i+1)*d], make([]float32, d))
+		matvec(q[i*d:(i+1)*d], xn, w.wq, d, d)
+		matvec(kv.slot(blocks, li, 0, from+i), xn, w.wk, d, d)
+		matvec(kv.slot(blocks, li, 1, from+i), xn, w.wv, d, d)
+	})
+	// Causal attention over every earlier position, from the cache.
+	parallel(n, par, func(i int) {
+		p := from + i
+		H, hd := m.cfg.Heads, m.hd
+		scores := make([]float32, H*(p+1)) // head-major
+		out := att[i*d : (i+1)*d]
+		clear(out)
+		qi := q[i*d : (i+1)*d]
+		scale := float32(1 / math.Sqrt(float64(hd)))
+		bs := kv.l.BlockSize
+		for t0 := 0; t0 <= p; t0 += bs {
+			kb := kv.rows(blocks, li, 0, t0/bs)
+			for u := 0; u < bs && t0+u <= p; u++ {
+				k := kb[u*d : (u+1)*d]
+				for hh := 0; hh < H; hh++ {
+					qh, kh := qi[hh*hd:(hh+1)*hd], k[hh*hd:(hh+1)*hd]
+					var s float32
+					for j := range qh {
+						s += qh[j] * kh[j]
+					}
+					scores[hh*(p+1)+t0+u] = s * scale
+				}
+			}
+		}
+		for hh := 0; hh < H; hh++ {
+			sc := scores[hh*(p+1) : (hh+1)*(p+1)]
+			maxS := sc[0]
+			for _, v := range sc {
+				maxS = max(maxS, v)
+			}
+			var sum float32
+			for t, v := range sc {
+				e := float32(math.Exp(float64(v - maxS)))
+				sc[t] = e
+				sum += e
+			}
+			for t := range sc {
+				sc[t] /= sum
+			}
+		}
+		for t0 := 0; t0 <= p; t0 += bs {
+			vb := kv.rows(blocks, li, 1, t0/bs)
+			for u := 0; u < bs && t0+u <= p; u++ {
+				v := vb[u*d : (u+1)*d]
+				for hh := 0; hh < H; hh++ {
+					a := scores[hh*(p+1)+t0+u]
+					oh, vh := out[hh*hd:(hh+1)*hd], v[hh*hd:(hh+1)*hd]
+					for j := range oh {
+						oh[j] += a * vh[j]
 					}
 				}
 			}
-			for hh := 0; hh < H; hh++ {
-				sc := scores[hh*(p+1) : (hh+1)*(p+1)]
-				maxS := sc[0]
-				for _, v := range sc {
-					maxS = max(maxS, v)
-				}
-				var sum float32
-				for t, v := range sc {
-					e := float32(math.Exp(float64(v - maxS)))
-					sc[t] = e
-					sum += e
-				}
-				for t := range sc {
-					sc[t] /= sum
-				}
-			}
-			for t0 := 0; t0 <= p; t0 += bs {
-				vb := kv.rows(blocks, li, 1, t0/bs)
-				for u := 0; u < bs && t0+u <= p; u++ {
-					v := vb[u*d : (u+1)*d]
-					for hh := 0; hh < H; hh++ {
-						a := scores[hh*(p+1)+t0+u]
-						oh, vh := out[hh*hd:(hh+1)*hd], v[hh*hd:(hh+1)*hd]
-						for j := range oh {
-							oh[j] += a * vh[j]
-						}
-					}
-				}
-			}
-		})
-		// Output projection and MLP, with residuals.
-		parallel(n, par, func(i int) {
-			row := x[i*d : (i+1)*d]
-			o := make([]float32, d)
-			matvec(o, att[i*d:(i+1)*d], w.wo, d, d)
-			for j := range row {
-				row[j] += o[j]
-			}
-			mlp(row, h[i*m.cfg.FFN:(i+1)*m.cfg.FFN], w.w1, w.w2, o)
-		})
-	}
-	return greedy(x[(n-1)*d:n*d], m.head, m.cfg.Vocab)
+		}
+	})
+	// Output projection and MLP, with residuals.
+	parallel(n, par, func(i int) {
+		row := x[i*d : (i+1)*d]
+		o := make([]float32, d)
+		matvec(o, att[i*d:(i+1)*d], w.wo, d, d)
+		for j := range row {
+			row[j] += o[j]
+		}
+		mlp(row, h[i*m.cfg.FFN:(i+1)*m.cfg.FFN], w.w1, w.w2, o)
+	})
+}
+
+// Token returns the greedy next token after the pass's last position,
+// once every layer is computed.
+func (p *Pass) Token() hashing.Token {
+	d := p.m.cfg.Dim
+	return greedy(p.x[(p.n-1)*d:p.n*d], p.m.head, p.m.cfg.Vocab)
 }
 
 // matvec sets dst (n) to src (k) times w (k × n, row-major).
