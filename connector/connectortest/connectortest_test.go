@@ -45,6 +45,9 @@ func open(broken string) connectortest.OpenFunc {
 			// Raw values move straight from block-major KV memory: the
 			// store reads the blocks themselves.
 			cfg.Extra = map[string]any{"verify": "none"}
+		case "layer-chunks", "layer-early", "save-ahead":
+			// A value per layer: loads and saves move layer by layer.
+			cfg.Extra = map[string]any{"layer_chunks": 2}
 		}
 		senv := env
 		switch broken {
@@ -139,6 +142,10 @@ func open(broken string) connectortest.OpenFunc {
 				w = stateOfBlockBefore{inner, groupOf(env.Identity, hashing.RecurrentState)}
 			case "never-wakes":
 				w = neverWakesWorker{inner}
+			case "layer-early":
+				w = layerEarly{inner}
+			case "save-ahead":
+				w = &saveAhead{Worker: inner, last: env.Identity.Layout.Layers - 1}
 			}
 			p.Workers = append(p.Workers, w)
 		}
@@ -751,6 +758,39 @@ func TestStoreConnector(t *testing.T) {
 	connectortest.Run(t, open(""), connectortest.Options{NewStore: newStore, Groups: true})
 }
 
+// TestStoreConnectorLayerChunks runs the harness on the reference
+// connector storing a value per layer, which moves KV layer by layer: it
+// must pass.
+func TestStoreConnectorLayerChunks(t *testing.T) {
+	connectortest.Run(t, open("layer-chunks"), connectortest.Options{NewStore: newStore, Groups: true})
+}
+
+// layerEarly's WaitLayer returns at once, whether the layer is in or not.
+type layerEarly struct{ *storeconn.Worker }
+
+func (layerEarly) WaitLayer(context.Context, int) error { return nil }
+
+// saveAhead's first SaveLayer of a step starts the saves of every layer,
+// computed or not.
+type saveAhead struct {
+	*storeconn.Worker
+	last   int
+	queued bool
+}
+
+func (w *saveAhead) Start(ctx context.Context, m *connector.Metadata) error {
+	w.queued = false
+	return w.Worker.Start(ctx, m)
+}
+
+func (w *saveAhead) SaveLayer(ctx context.Context, l int, ready connector.Event) error {
+	if w.queued {
+		return nil
+	}
+	w.queued = true
+	return w.Worker.SaveLayer(ctx, w.last, ready)
+}
+
 // TestWrappedConnector runs the harness on the reference connector inside
 // wrappers that pass everything on, as the broken connectors' wrappers do
 // with all but one behaviour: it must pass.
@@ -803,6 +843,8 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"events-parent-self", "an event's blocks are consecutive blocks of a request, after Parent"},
 		{"events-tokens-shifted", "whose tokens are"},
 		{"never-wakes", "the halves are Wakers, but none signalled"},
+		{"layer-early", "returned (err <nil>) while the store held every get"},
+		{"save-ahead", "whose layer 1 the step had not computed yet"},
 		{"ignores-layout", "the store holds it under heads4's namespace"},
 		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
 		{"early-read-raw", "a save read a block the step was still computing"},

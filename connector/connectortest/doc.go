@@ -65,6 +65,25 @@
 // connector without Options.Groups must refuse the hybrid layout at open
 // with connector.ErrConfig.
 //
+// # Layer by layer
+//
+// Where every worker is a connector.LayerWorker, half of the state
+// machine's cases (and the LayerWise subtest) drive the workers layer by
+// layer, as an engine overlapping compute and transfers does: after Start,
+// for each layer in order, every worker's WaitLayer, then the layer's
+// compute, then every worker's SaveLayer; then Save. The blocks a step
+// computes hold unfinished bytes in every layer until its turn, and the
+// harness notes a put handed a layer not yet computed: a SaveLayer that
+// saves ahead of the compute is caught there, or by the garbage it
+// stored. What each layer of each loaded block held when its WaitLayer
+// returned is kept, and must be the saved bytes once the worker reports
+// the block loaded; the Poll after WaitLayer of the last layer must
+// report every load of the step. The LayerWise subtest also holds every
+// get of the store while a step's WaitLayer(0) runs, and lets them go a
+// while (100 ms) after the first arrives: a WaitLayer that returns before
+// reports a layer in that cannot have arrived. A correct worker passes
+// however slow the machine; a worker that is not a LayerWorker skips it.
+//
 // The harness wraps the store it gets from Options.NewStore, below any
 // fault injection, and records what the store really holds: matches and
 // KV events are checked against it, and Stats.Saves. A match must also be
@@ -78,7 +97,9 @@
 // Beyond the contract of package connector, Run relies on what connectors
 // sharing a store must do anyway: block h of shard s is stored under
 // hashing.Namespace.Key(s, h) (of group g, under GroupKey(g, s, h)), once
-// per shard (one replica saves it); a
+// per shard (one replica saves it), or as values of ranges of its layers
+// under LayerKey (a block so stored counts as stored once every layer is,
+// and as saved at most as often as every layer was); a
 // worker learns that a step is ready by looking at the event (Query, or
 // Wait when the event is a connector.Waiter) from its own goroutines or
 // from Poll; and a half that reports Stats counts in the fields the

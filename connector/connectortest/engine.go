@@ -201,24 +201,30 @@ type engine struct {
 	stateEvery int                          // keeps the state at every stateEvery-th block boundary (0: at the ends of steps only)
 	pair       Pair
 	policy     connector.Policy
-	waiter     bool                // its ready events implement connector.Waiter
-	kv         []connector.KVCache // per rank, as registered
-	mem        []*rdma.HostMemory
-	pools      []pool  // per group
-	reqs       []*freq // admitted or waiting, in arrival order
-	kept       map[connector.RequestID]*freq
-	clock      uint64
-	admits     uint64
-	nextReq    int
-	lastStep   uint64
-	outs       []*connector.Output // Outputs polled since the last Update, copied
-	xfers      map[uint64]*xfer
-	events     []connector.KVEvent
-	stats      engineStats
-	want       wantStats
-	offers     []offer           // see below
-	history    [][]hashing.Token // prompts of requests that ended, in this generation
-	closed     bool
+	waiter     bool                    // its ready events implement connector.Waiter
+	layered    []connector.LayerWorker // per rank, when it drives its workers layer by layer (every one a connector.LayerWorker); nil otherwise
+	// probeLoads and probeSaves, with layered, make the next step that
+	// loads (that saves) watch for a WaitLayer that returns before the
+	// loads could have arrived (a SaveLayer that saves a later layer): see
+	// computeLayers.
+	probeLoads, probeSaves bool
+	kv                     []connector.KVCache // per rank, as registered
+	mem                    []*rdma.HostMemory
+	pools                  []pool  // per group
+	reqs                   []*freq // admitted or waiting, in arrival order
+	kept                   map[connector.RequestID]*freq
+	clock                  uint64
+	admits                 uint64
+	nextReq                int
+	lastStep               uint64
+	outs                   []*connector.Output // Outputs polled since the last Update, copied
+	xfers                  map[uint64]*xfer
+	events                 []connector.KVEvent
+	stats                  engineStats
+	want                   wantStats
+	offers                 []offer           // see below
+	history                [][]hashing.Token // prompts of requests that ended, in this generation
+	closed                 bool
 }
 
 // offer is a prompt this engine finished whose blocks its connector keeps
@@ -276,6 +282,17 @@ func newEngine(w *world, s spec, id hashing.Identity, pair Pair) (*engine, error
 			workerLoadFailures: make([]int64, tp),
 			corrupt:            make([]int64, tp),
 		},
+	}
+	e.probeLoads, e.probeSaves = s.probe, s.probe
+	if s.layered {
+		for _, w := range pair.Workers {
+			lw, ok := w.(connector.LayerWorker)
+			if !ok {
+				e.layered = nil
+				break
+			}
+			e.layered = append(e.layered, lw)
+		}
 	}
 	if e.groups[0].Kind != hashing.FullAttention {
 		return e, fmt.Errorf("the harness's layouts start with a full-attention group, not %s", e.groups[0].Kind)
@@ -1064,12 +1081,23 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		}
 	}
 	e.w.rec.setUnready(unready)
+	probe := e.layered != nil && e.probeLoads && len(meta.Loads) > 0
+	if probe {
+		e.w.rec.holdGets() // released in computeLayers
+	}
 	events := make([]*event, len(e.pair.Workers))
 	for rank, w := range e.pair.Workers {
 		events[rank] = newEvent()
 		if err := w.Start(ctx, meta); err != nil {
 			e.t.Fatalf("%s: worker %d: Start: %v", e.label, rank, err)
 		}
+	}
+	if e.layered != nil {
+		e.computeLayers(ctx, meta, computed, probe)
+		if e.update() {
+			progress = true
+		}
+		return e.endStep(progress)
 	}
 	// The first half of each block, and garbage in the rest.
 	for _, c := range computed {
@@ -1114,7 +1142,71 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 	if e.update() {
 		progress = true
 	}
-	// Requests that are complete end.
+	return e.endStep(progress)
+}
+
+// probeGrace is how long a probe gives a worker to do what it must not:
+// return from WaitLayer while every get is held, or hand the store a
+// layer not yet computed. A correct worker never does, however long the
+// wait, so no machine is too slow for it; a broken one is caught unless
+// its goroutine does not run for that long.
+const probeGrace = 100 * time.Millisecond
+
+// probeWait calls WaitLayer(0) of every worker on goroutines of its own
+// while the store holds every get of the step's loads, which it lets go
+// probeGrace after the first reaches it: a WaitLayer that returns before
+// is a worker that reports a layer in before its bytes are.
+func (e *engine) probeWait(ctx context.Context, meta *connector.Metadata) {
+	e.t.Helper()
+	defer e.w.rec.releaseGets()
+	done := make(chan error, len(e.layered))
+	for _, lw := range e.layered {
+		go func() { done <- lw.WaitLayer(ctx, 0) }()
+	}
+	early := func(err error) {
+		e.t.Helper()
+		e.w.rec.releaseGets()
+		e.t.Fatalf("%s: a worker's WaitLayer(0) in step %d returned (err %v) while the store held every get, before it had answered one: the layer's bytes of loads %v cannot have arrived", e.label, meta.Step, err, transferIDs(meta.Loads))
+	}
+	start := time.Now()
+	var p pause
+	for e.w.rec.getsHeld() == 0 {
+		select {
+		case err := <-done:
+			early(err)
+		default:
+		}
+		if time.Since(start) > waitBound {
+			e.w.rec.releaseGets()
+			e.w.gaveUp("%s: no get of the loads %v of step %d reached the store in %v after Start", e.label, transferIDs(meta.Loads), meta.Step, waitBound)
+		}
+		p.sleep()
+	}
+	t := time.NewTimer(probeGrace)
+	select {
+	case err := <-done:
+		t.Stop()
+		early(err)
+	case <-t.C:
+	}
+	e.w.rec.releaseGets()
+	for range e.layered {
+		if err := <-done; err != nil {
+			e.t.Fatalf("%s: WaitLayer(0) in step %d: %v", e.label, meta.Step, err)
+		}
+	}
+}
+
+func transferIDs(ts []connector.Transfer) []uint64 {
+	ids := make([]uint64, len(ts))
+	for i, t := range ts {
+		ids[i] = t.ID
+	}
+	return ids
+}
+
+// endStep ends the requests that are complete, after a step.
+func (e *engine) endStep(progress bool) bool {
 	for _, r := range slices.Clone(e.reqs) {
 		if r.failed || r.phase == running && r.computed == len(r.tokens) && r.decode == 0 {
 			e.reqs = slices.DeleteFunc(e.reqs, func(q *freq) bool { return q == r })
@@ -1123,6 +1215,189 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		}
 	}
 	return progress
+}
+
+// layerOf returns the position of model layer l in group g's layers, or
+// -1 when g does not hold it.
+func (e *engine) layerOf(g, l int) int { return slices.Index(e.groups[g].Layers, l) }
+
+// layerBytes returns the bytes of layer li (of group g's layers) of block
+// b of worker rank, K before V.
+func (e *engine) layerBytes(rank, g int, b connector.BlockID, li int) []byte {
+	var dst []byte
+	for _, sp := range e.kv[rank].Group(g).LayerSpans(nil, b, li, li+1) {
+		dst = append(dst, sp.Bytes()...)
+	}
+	return dst
+}
+
+// putLayer writes layer li of src, a whole block in store order, into
+// block b of group g of worker rank.
+func (e *engine) putLayer(rank, g int, b connector.BlockID, li int, src []byte) {
+	kv := e.kv[rank].Group(g)
+	src = src[li*kv.KV*kv.BlockBytes:]
+	for _, sp := range kv.LayerSpans(nil, b, li, li+1) {
+		n := copy(sp.Bytes(), src)
+		src = src[n:]
+	}
+}
+
+// layerSnap is what a worker's memory held of one layer of one block of a
+// load right after WaitLayer returned for the layer.
+type layerSnap struct {
+	t     *connector.Transfer
+	rank  int
+	i, li int // block index in t, layer position in t's group
+	l     int // model layer
+	got   []byte
+}
+
+// computeLayers runs the step's compute layer by layer, as an engine
+// whose workers are connector.LayerWorkers does: every layer of the
+// blocks the step computes holds unfinished bytes until its turn; for
+// each model layer in order every worker's WaitLayer returns, the layer
+// is computed, and every worker's SaveLayer is called; then Save. A save
+// that reads a layer before its turn reads unfinished bytes (or, going
+// through the store's put, is seen reading a block the step computes).
+// What the loads had put in place of each layer when WaitLayer returned
+// is kept, and checked once the workers report the loads: the Poll after
+// WaitLayer of the last layer must report every load of the step, and
+// every block it reports loaded must have held each layer's bytes when
+// that layer's WaitLayer returned.
+//
+// With probe, the store holds every get of the step's loads: WaitLayer(0)
+// runs on other goroutines, and must not return before the harness lets
+// the gets go (a while after the first reached the store), since none of
+// the loads' bytes can have arrived. With probeSaves, after each
+// SaveLayer but the last the harness waits a while before it computes the
+// next layer: a worker that started a save of a later layer has handed
+// the store that layer's memory by then.
+func (e *engine) computeLayers(ctx context.Context, meta *connector.Metadata, computed []fresh, probe bool) {
+	e.t.Helper()
+	e.w.count.layerSteps++
+	probeSaves := e.probeSaves && len(computed) > 0
+	if probe {
+		e.probeLoads = false
+		e.probeWait(ctx, meta)
+	}
+	if probeSaves {
+		e.probeSaves = false
+	}
+	for _, c := range computed {
+		b := c.r.tables[c.g][c.i]
+		if e.blk(c.g, b).clean {
+			e.expectPoison(c.g, b, fmt.Sprintf("%s of request %s, about to be computed", e.entryName(c.g, c.i), c.r.conn.ID))
+		}
+		e.blk(c.g, b).clean, e.blk(c.g, b).failed = false, false
+		for rank := range e.kv {
+			buf := make([]byte, e.blockSize(rank, c.g))
+			fill(buf, unfinished)
+			e.put(rank, c.g, b, buf)
+		}
+	}
+	var snaps []layerSnap
+	layers := e.id.Layout.Layers
+	for l := range layers {
+		for rank, lw := range e.layered {
+			if probe && l == 0 {
+				break // probeWait waited
+			}
+			if err := lw.WaitLayer(ctx, l); err != nil {
+				e.t.Fatalf("%s: worker %d: WaitLayer(%d) in step %d: %v", e.label, rank, l, meta.Step, err)
+			}
+		}
+		for ti := range meta.Loads {
+			t := &meta.Loads[ti]
+			li := e.layerOf(t.Group, l)
+			if li < 0 {
+				continue
+			}
+			for rank := range e.kv {
+				for i, b := range t.Blocks {
+					snaps = append(snaps, layerSnap{t: t, rank: rank, i: i, li: li, l: l, got: e.layerBytes(rank, t.Group, b, li)})
+				}
+			}
+		}
+		// Compute layer l; the layers after it stay unready.
+		var unready []span
+		for _, c := range computed {
+			b := c.r.tables[c.g][c.i]
+			li := e.layerOf(c.g, l)
+			for rank := range e.kv {
+				if li >= 0 {
+					buf := make([]byte, e.blockSize(rank, c.g))
+					content(buf, e.ns, c.g, e.shard(c.g, rank), c.r.conn.Hashes[c.i])
+					e.putLayer(rank, c.g, b, li, buf)
+				}
+				for _, later := range e.groups[c.g].Layers {
+					if later <= l {
+						continue
+					}
+					for _, sp := range e.kv[rank].Group(c.g).LayerSpans(nil, b, e.layerOf(c.g, later), e.layerOf(c.g, later)+1) {
+						unready = append(unready, span{sp.Addr, sp.End(), fmt.Sprintf("%s's %s (%s of request %s, rank %d), whose layer %d the step had not computed yet (SaveLayer(%d) was the last call)", e.label, e.engineBlock(c.g, b), e.entryName(c.g, c.i), c.r.conn.ID, rank, later, l)})
+					}
+				}
+			}
+		}
+		e.w.rec.setUnready(unready)
+		for rank, lw := range e.layered {
+			if err := lw.SaveLayer(ctx, l, connector.Ready); err != nil {
+				e.t.Fatalf("%s: worker %d: SaveLayer(%d) in step %d: %v", e.label, rank, l, meta.Step, err)
+			}
+		}
+		if probeSaves && l < layers-1 {
+			time.Sleep(probeGrace)
+		}
+		if early := e.w.rec.earlyRead(); early != "" {
+			e.t.Fatalf("%s: %s", e.label, early)
+		}
+	}
+	xs := make(map[uint64]*xfer, len(meta.Loads))
+	for _, t := range meta.Loads {
+		xs[t.ID] = e.xfers[t.ID]
+	}
+	for rank := range e.layered {
+		e.poll(rank)
+		for _, t := range meta.Loads {
+			if x := xs[t.ID]; x != nil && x.left[rank] {
+				e.t.Fatalf("%s: worker %d: the Poll after WaitLayer(%d), the last layer, does not report load transfer %d of step %d (request %s): a LayerWorker's loads have all ended by then", e.label, rank, layers-1, t.ID, meta.Step, t.Req)
+			}
+		}
+	}
+	for _, sn := range snaps {
+		x := xs[sn.t.ID]
+		if x == nil || x.fails[sn.rank][sn.i] {
+			continue
+		}
+		ns, ok := e.gens[meta.Generation]
+		if !ok {
+			continue
+		}
+		want := make([]byte, e.blockSize(sn.rank, sn.t.Group))
+		content(want, ns, sn.t.Group, e.shard(sn.t.Group, sn.rank), sn.t.Hashes[sn.i])
+		kv := e.kv[sn.rank].Group(sn.t.Group)
+		per := kv.KV * kv.BlockBytes
+		e.w.count.layerChecks++
+		if w := want[sn.li*per : (sn.li+1)*per]; !bytes.Equal(sn.got, w) {
+			got := "other bytes"
+			switch {
+			case all(sn.got, poison):
+				got = "poison"
+			case all(sn.got, unfinished):
+				got = "an unfinished write"
+			}
+			e.t.Fatalf("%s: worker %d: WaitLayer(%d) in step %d returned before layer %d of block %d (entry %d of load transfer %d, request %s) was in: it held %s, and the worker then reported the block loaded", e.label, sn.rank, sn.l, meta.Step, sn.l, sn.t.Blocks[sn.i], sn.t.First+sn.i, sn.t.ID, sn.t.Req, got)
+		}
+	}
+	for rank, w := range e.pair.Workers {
+		if err := w.Save(ctx, connector.Ready); err != nil {
+			e.t.Fatalf("%s: worker %d: Save: %v", e.label, rank, err)
+		}
+	}
+	e.w.rec.setUnready(nil)
+	if early := e.w.rec.earlyRead(); early != "" {
+		e.t.Fatalf("%s: %s", e.label, early)
+	}
 }
 
 // awaitSaves waits, with the step's KV unfinished, until every worker with
@@ -1667,6 +1942,7 @@ func (e *engine) rotate(rot connector.Rotator) {
 	}
 	e.ns = ns
 	e.gens[gen] = ns
+	e.w.rec.layout(ns)
 }
 
 // busy reports whether requests, kept blocks or unfinished transfers

@@ -52,8 +52,9 @@ type Options struct {
 	// announce only those, and the worker halves' Stats.Saves must add up
 	// to the keys their puts stored. So a connector must key block h of
 	// shard s as Namespace.Key(s, h) of package hashing (the keys that
-	// routers and other engines compute), and save each block of each
-	// shard once (one replica of a shard saves it). The wrapper also fails
+	// routers and other engines compute), or as values of ranges of its
+	// layers under Namespace.LayerKey, and save each block of each shard
+	// once (one replica of a shard saves it). The wrapper also fails
 	// the puts and gets that some subtests pick.
 	NewStore func() (store.Store, error)
 
@@ -202,6 +203,11 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 		t.Run("Rotation", func(t *testing.T) { rotation(t, open, opts) })
 	}
 	t.Run("Layouts", func(t *testing.T) { layouts(t, open, opts) })
+	t.Run("LayerWise", func(t *testing.T) {
+		for _, order := range []connector.Order{connector.BlockMajor, connector.LayerMajor} {
+			t.Run(order.String(), func(t *testing.T) { layerWise(t, open, opts, order) })
+		}
+	})
 	if opts.Groups {
 		t.Run("Groups", func(t *testing.T) { groups(t, open, opts) })
 	} else {
@@ -272,6 +278,36 @@ func sharedPrefix(t *testing.T, open OpenFunc, opts Options, order connector.Ord
 	if e.stats.loads == 0 && e.storeFailure() == "" {
 		t.Errorf("no load finished")
 	}
+	w.finish()
+}
+
+// layerWise checks a connector whose workers are connector.LayerWorkers,
+// driven layer by layer: a prompt computed and saved layer by layer loads
+// back byte-exact, WaitLayer of a step that loads does not return while
+// the store holds every get, and SaveLayer of a layer hands the store no
+// later layer before it is computed (see engine.computeLayers).
+func layerWise(t *testing.T, open OpenFunc, opts Options, order connector.Order) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: order, tp: 2, repl: 1, bs: bs, blocks: 64, layered: true, probe: true})
+	if e.layered == nil {
+		t.Skip("the workers are not connector.LayerWorkers")
+	}
+	prompt := testPrompt(6*bs, 9000)
+	e.add(prompt, 2)
+	w.drain(e)
+	if e.probeSaves {
+		t.Fatalf("no step saved a block: the prompt's saves were never probed")
+	}
+	e.dropCache()
+	before := e.stats.externalHits
+	e.add(prompt, 2)
+	w.drain(e)
+	if e.probeLoads {
+		t.Fatalf("no step loaded a block: the loads were never probed")
+	}
+	w.expectHits(e, e.stats.externalHits-before, 5, "the second request of a 6-block prompt saved layer by layer", "all but the block with the last prompt token")
 	w.finish()
 }
 
@@ -393,14 +429,15 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 		})
 	}
 	s := spec{
-		label:  "t0",
-		open:   open,
-		tenant: "tenant0",
-		policy: rapid.SampledFrom([]connector.Policy{connector.PolicyRecompute, connector.PolicyFail}).Draw(t, "policy"),
-		order:  rapid.SampledFrom([]connector.Order{connector.BlockMajor, connector.LayerMajor}).Draw(t, "order"),
-		bs:     rapid.SampledFrom([]int{1, 2, 4}).Draw(t, "blockSize"),
-		blocks: rapid.IntRange(40, 96).Draw(t, "blocks"), // the longest request needs 36
-		waiter: rapid.Bool().Draw(t, "waiter"),
+		label:   "t0",
+		open:    open,
+		tenant:  "tenant0",
+		policy:  rapid.SampledFrom([]connector.Policy{connector.PolicyRecompute, connector.PolicyFail}).Draw(t, "policy"),
+		order:   rapid.SampledFrom([]connector.Order{connector.BlockMajor, connector.LayerMajor}).Draw(t, "order"),
+		bs:      rapid.SampledFrom([]int{1, 2, 4}).Draw(t, "blockSize"),
+		blocks:  rapid.IntRange(40, 96).Draw(t, "blocks"), // the longest request needs 36
+		waiter:  rapid.Bool().Draw(t, "waiter"),
+		layered: rapid.Bool().Draw(t, "layered"),
 	}
 	shape := rapid.SampledFrom([][2]int{{1, 1}, {2, 1}, {2, 2}}).Draw(t, "tp")
 	s.tp, s.repl = shape[0], shape[1]

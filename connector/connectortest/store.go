@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -19,9 +20,17 @@ import (
 //     match or a KV event names only blocks the store held;
 //   - the keys puts surely stored, and when (a sequence number of puts),
 //     to check that a match is the longest the store could serve;
-//   - the keys each tenant's puts stored, to check Stats.Saves;
+//   - the keys each tenant's puts stored, to check Stats.Saves (a block
+//     stored as layer ranges counts as may-have-been-saved, as often as its
+//     every layer was stored: the ranges may come from different saves);
 //   - the source of every put, to see a save that reads a block the engine
 //     is still computing, before the step's ready event fired.
+//
+// A connector may store a block as several values, each a range of its
+// layers under a layer-range key (hashing.Namespace.LayerKey): the
+// recorder counts such a block stored, under the block's key, once puts
+// stored values covering every layer of its group. Failing a block's key
+// (failPut, failGet) fails the keys of its layer ranges too.
 //
 // It also fails the keys a subtest picks (failPut, failGet), so that a
 // load or a save fails exactly where the subtest wants it to. Keys that
@@ -40,9 +49,110 @@ type recorder struct {
 		unsure  map[string]int64  // per tenant: keys of puts whose call failed as a whole
 		failPut map[string]bool
 		failGet map[string]bool
-		unready []span // blocks the engines are still computing
-		early   string // the first put that read an unready block, described
+		unready []span              // blocks the engines are still computing
+		early   string              // the first put that read an unready block, described
+		layers  map[string][]int    // per namespace ID: each group's layers, for layer-range keys
+		cover   map[string]uint64   // per block key: the layers that puts of its layer ranges surely stored
+		rounds  map[string][]uint64 // per block key: rounds[i] are the layers puts stored more than i times: each full round may count as a save of the block
+		held    bool                // gets wait in hold until release (see holdGets)
+		waiting int                 // gets waiting in hold
+		gets    int                 // gets that reached the store and have not returned
+		release chan struct{}       // closed to let held gets go
 	}
+}
+
+// layout tells the recorder the layers of each KV cache group of ns, so
+// that it can count a block stored as values of layer ranges.
+func (r *recorder) layout(ns hashing.Namespace) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var n []int
+	for _, g := range ns.Groups() {
+		n = append(n, len(g.Layers))
+	}
+	r.mu.layers[ns.ID()] = n
+}
+
+// blockOf returns the key of the block whose layers [lo, hi) key holds,
+// and how many layers the block has, for a layer-range key of a known
+// namespace; for any other key, key itself and ok false. r.mu is held.
+func (r *recorder) blockOf(key string) (block string, lo, hi, n int, ok bool) {
+	if !strings.Contains(key, "/l") {
+		return key, 0, 0, 0, false
+	}
+	k, err := hashing.ParseKey(key)
+	if err != nil || k.Layers.Hi == 0 {
+		return key, 0, 0, 0, false
+	}
+	ls := r.mu.layers[k.Namespace]
+	if k.Group >= len(ls) || k.Layers.Hi > ls[k.Group] || ls[k.Group] > 64 {
+		return key, 0, 0, 0, false
+	}
+	lo, hi = k.Layers.Lo, k.Layers.Hi
+	k.Layers = hashing.LayerRange{}
+	return k.String(), lo, hi, ls[k.Group], true
+}
+
+// bits returns the mask of layers [lo, hi).
+func bits(lo, hi int) uint64 { return (1<<(hi-lo) - 1) << lo }
+
+// holdGets makes gets wait before they reach the store, until
+// releaseGets: a subtest sees what a worker does while its loads cannot
+// have arrived.
+func (r *recorder) holdGets() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mu.held = true
+	r.mu.release = make(chan struct{})
+}
+
+// releaseGets lets the held gets and later ones go.
+func (r *recorder) releaseGets() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mu.held {
+		r.mu.held = false
+		close(r.mu.release)
+	}
+}
+
+// getsHeld returns how many gets wait in hold.
+func (r *recorder) getsHeld() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.waiting
+}
+
+// enterGet waits while gets are held, then counts a get reaching the
+// store; the caller calls leaveGet when it returns.
+func (r *recorder) enterGet(ctx context.Context) error {
+	r.mu.Lock()
+	if r.mu.held {
+		r.mu.waiting++
+		ch := r.mu.release
+		r.mu.Unlock()
+		var err error
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		r.mu.Lock()
+		r.mu.waiting--
+		if err != nil {
+			r.mu.Unlock()
+			return err
+		}
+	}
+	r.mu.gets++
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *recorder) leaveGet() {
+	r.mu.Lock()
+	r.mu.gets--
+	r.mu.Unlock()
 }
 
 // span is a block of an engine's KV memory that a step is computing.
@@ -72,6 +182,9 @@ func newRecorder(st store.Store) (*recorder, store.Store) {
 	r.mu.unsure = make(map[string]int64)
 	r.mu.failPut = make(map[string]bool)
 	r.mu.failGet = make(map[string]bool)
+	r.mu.layers = make(map[string][]int)
+	r.mu.cover = make(map[string]uint64)
+	r.mu.rounds = make(map[string][]uint64)
 	if v, ok := st.(store.Vectored); ok {
 		return r, vrecorder{r, v}
 	}
@@ -177,7 +290,7 @@ func (r *recorder) pick(keys []string, put bool) []int {
 	var fwd []int
 	hit := false
 	for i, k := range keys {
-		if fail[k] {
+		if b, _, _, _, _ := r.blockOf(k); fail[k] || fail[b] {
 			hit = true
 			continue
 		}
@@ -241,7 +354,8 @@ func (r *recorder) beginPuts(keys []string, fwd []int) {
 	defer r.mu.Unlock()
 	for i, k := range keys {
 		if sent == nil || sent[i] {
-			r.mu.pending[k]++
+			b, _, _, _, _ := r.blockOf(k)
+			r.mu.pending[b]++
 		}
 	}
 }
@@ -252,10 +366,11 @@ func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.mu.seq++
-	for i, k := range keys {
+	for i, key := range keys {
 		if sent != nil && !sent[i] {
 			continue
 		}
+		k, lo, hi, n, ranged := r.blockOf(key)
 		if r.mu.pending[k]--; r.mu.pending[k] <= 0 {
 			delete(r.mu.pending, k)
 		}
@@ -263,6 +378,30 @@ func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err 
 		case err != nil:
 			r.mu.stored[k] = true
 			r.mu.unsure[tenantOf(k)]++
+		case res[i].Err == nil && ranged:
+			// The block is stored once its every layer is, and a put of
+			// it counts each time every layer was stored once more.
+			full, b := bits(0, n), bits(lo, hi)
+			if r.mu.cover[k] |= b; r.mu.cover[k] == full {
+				r.mu.stored[k] = true
+				if r.mu.sure[k] == 0 {
+					r.mu.sure[k] = r.mu.seq
+				}
+			}
+			rs := r.mu.rounds[k]
+			j := 0
+			for j < len(rs) && rs[j]&b != 0 {
+				j++
+			}
+			if j == len(rs) {
+				rs = append(rs, 0)
+			}
+			if rs[j] |= b; rs[j] == full {
+				// Its layer ranges may come from different saves, none of
+				// which stored the whole block: it may count, or not.
+				r.mu.unsure[tenantOf(k)]++
+			}
+			r.mu.rounds[k] = rs
 		case res[i].Err == nil:
 			r.mu.stored[k] = true
 			r.mu.puts[tenantOf(k)]++
@@ -293,10 +432,19 @@ func (r *recorder) forget(match func(string) bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	maps.DeleteFunc(r.mu.sure, func(k string, _ uint64) bool { return match(k) })
+	maps.DeleteFunc(r.mu.cover, func(k string, _ uint64) bool { return match(k) })
 }
 
-// Remove implements store.Store.
+// Remove implements store.Store. Removing a value of a layer range of a
+// block leaves the block not stored, its other layers still.
 func (r *recorder) Remove(ctx context.Context, key string) error {
+	r.mu.Lock()
+	b, lo, hi, _, ranged := r.blockOf(key)
+	if ranged {
+		delete(r.mu.sure, b)
+		r.mu.cover[b] &^= bits(lo, hi)
+	}
+	r.mu.Unlock()
 	r.forget(func(k string) bool { return k == key })
 	return r.Store.Remove(ctx, key)
 }
@@ -319,6 +467,10 @@ func (r *recorder) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		return err
 	}
 	fwd := r.pick(keys, false)
+	if err := r.enterGet(ctx); err != nil {
+		return err
+	}
+	defer r.leaveGet()
 	return batch(keys, dst, res, fwd, func(k []string, d []rdma.Region, rs []store.Result) error { return r.Store.Get(ctx, k, d, rs) })
 }
 
@@ -343,5 +495,9 @@ func (v vrecorder) GetV(ctx context.Context, keys []string, dst [][]rdma.Region,
 		return err
 	}
 	fwd := v.pick(keys, false)
+	if err := v.enterGet(ctx); err != nil {
+		return err
+	}
+	defer v.leaveGet()
 	return batch(keys, dst, res, fwd, func(k []string, d [][]rdma.Region, rs []store.Result) error { return v.v.GetV(ctx, k, d, rs) })
 }

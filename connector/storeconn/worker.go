@@ -114,15 +114,29 @@ type chunked struct {
 }
 
 // add records the failures of one chunk job and reports whether it was the
-// last.
+// last. A block fails for the first reason a chunk of it failed, or as
+// corrupt if any chunk of it was.
 func (x *chunked) add(fails []connector.Failure) bool {
 	for _, f := range fails {
-		if x.fail[f.Index] == 0 {
+		if x.fail[f.Index] == 0 || f.Reason == connector.ReasonCorrupt {
 			x.fail[f.Index] = f.Reason
 		}
 	}
 	x.left--
 	return x.left == 0
+}
+
+// moved returns how many blocks of a transfer stored in chunks every
+// chunk moved, once all ended: with replicas, only the blocks this
+// replica saves count (of a save).
+func (x *chunked) moved(j *job, replicas, replica int) int64 {
+	var n int64
+	for i, r := range x.fail {
+		if r == 0 && (j.load || (j.t.First+i)%replicas == replica) {
+			n++
+		}
+	}
+	return n
 }
 
 // path is how a worker moves block bytes between KV memory and the store.
@@ -485,6 +499,24 @@ func (w *Worker) ended(j *job, fails []connector.Failure) {
 	}
 	if !j.x.add(fails) {
 		return
+	}
+	// A block counts loaded or saved once every chunk of it is, and
+	// failed once, however many chunks of it did.
+	gm := &w.groups[j.t.Group]
+	if n := j.x.moved(j, gm.replicas, w.rank%gm.replicas); j.load {
+		w.stats.loads.Add(n)
+		for _, r := range j.x.fail {
+			switch r {
+			case 0, connector.ReasonStale:
+			case connector.ReasonCorrupt:
+				w.stats.corrupt.Add(1)
+				w.stats.loadFailures.Add(1)
+			default:
+				w.stats.loadFailures.Add(1)
+			}
+		}
+	} else {
+		w.stats.saves.Add(n)
 	}
 	for i, r := range j.x.fail {
 		if r != 0 {
@@ -895,8 +927,10 @@ func reason(err error) connector.Reason {
 
 // corrupted counts and logs a loaded value that is not what was saved
 // under key; the block fails and is never reported loaded.
-func (w *Worker) corrupted(key string, err error) {
-	w.stats.corrupt.Add(1)
+func (w *Worker) corrupted(key string, err error, count bool) {
+	if count { // in chunks: counted per block when the last ends
+		w.stats.corrupt.Add(1)
+	}
 	if ok, suppressed := w.corrupt.allow(time.Now()); ok {
 		w.log.Warn("storeconn: a loaded value failed verification; the block is recomputed or failed by policy", "key", key, "err", err, "suppressed", suppressed)
 	}
@@ -914,7 +948,9 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 	}
 	// Every failed block counts, also those of a batch that failed as a
 	// whole.
-	defer func() { w.stats.loadFailures.Add(int64(len(fails))) }()
+	if j.x == nil { // in chunks: counted per block when the last ends
+		defer func() { w.stats.loadFailures.Add(int64(len(fails))) }()
+	}
 	gm := &w.groups[t.Group]
 	ch := &gm.chunks[j.c]
 	shard := j.ns.GroupShard(t.Group, w.rank)
@@ -972,7 +1008,7 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 				continue
 			}
 			if err := w.verify(sc, gm, bs, k, r.N, stride); err != nil {
-				w.corrupted(sc.keys[k], err)
+				w.corrupted(sc.keys[k], err, j.x == nil)
 				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: connector.ReasonCorrupt})
 				continue
 			}
@@ -987,8 +1023,8 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 			return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
 		}
 		loaded := int64(hi - lo - (len(sc.fails) - nfail))
-		if j.c == len(gm.chunks)-1 {
-			w.stats.loads.Add(loaded) // a block counts once, with its last chunk
+		if j.x == nil {
+			w.stats.loads.Add(loaded) // in chunks: counted when the last ends
 		}
 		w.stats.loadBytes.Add(loaded * int64(bs))
 	}
@@ -1238,8 +1274,8 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		for k, r := range sc.res {
 			switch {
 			case r.Err == nil:
-				if j.c == len(gm.chunks)-1 {
-					w.stats.saves.Add(1) // a block counts once, with its last chunk
+				if j.x == nil {
+					w.stats.saves.Add(1) // in chunks: counted when the last ends
 				}
 				w.stats.saveBytes.Add(int64(bs))
 			case errors.Is(r.Err, store.ErrNoSpace):
