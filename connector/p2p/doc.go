@@ -44,15 +44,55 @@
 // (tenant, model, weights version and generation, KV format, layout)
 // differs refuses them, so KV never crosses identities.
 //
-// # How the consumer says it is done
+// # The mailbox: how the consumer says it is done
 //
-// Each producer worker registers a mailbox beside its KV memory: one
-// 8-byte slot per offer it may hold. It arms the offer's slot when the
-// offer is made; the consumer's worker, after its reads, reads the slot
-// back (still armed means the blocks were the offer's while it read) and
-// writes it to say it is done. The producer clears a slot before it gives
-// up on an offer. Everything goes over the transfer engine: no other
-// channel between the instances is needed.
+// Each producer worker registers a mailbox beside its KV memory:
+// mailbox_slots slots of 16 bytes, slot i at Rank.Mailbox+16i, two 8-byte
+// words in the hosts' byte order. Everything goes over the transfer engine: no other channel
+// between the instances is needed.
+//
+//	offset 0: offer word, written only by the producer's worker
+//	          0 (never used), or offer<<2|1 (armed), offer<<2|2 (ended)
+//	offset 8: done word, written only by consumers' workers
+//	          the offer ID of the last consumer that said it is done
+//
+// An offer is named by its slot and its ID (Params.Slot, Params.Offer), a
+// sequence number unique among the producer's offers that only grows, so
+// a slot's offer words only grow too; the slot is ID mod mailbox_slots,
+// and the scheduler half gives a slot to one offer at a time. Each word
+// has a single writer, so no write overwrites the other side's, and no
+// remote compare-and-swap is needed: a notice and an offer can never be
+// taken for another offer's, whatever the order of the writes.
+//
+// The producer's worker:
+//  1. arms the offer (writes armed(offer) into the offer word) once the
+//     digests of its blocks are in the digest table; it does so when the
+//     scheduler half of its process makes the offer in Finish, and a worker
+//     of another process when it starts the Metadata that carries it;
+//  2. in each Poll, takes the offer for done when the done word holds its
+//     ID, or for expired when keep_timeout passed since it was armed;
+//     either way it writes ended(offer) into the offer word before it
+//     reports the offer (after which the engine may reuse the blocks);
+//  3. in Close, writes ended(offer) for every offer it holds.
+//
+// The consumer's worker:
+//  1. reads the offer word until it is armed(offer) (for up to
+//     open_timeout); ended(offer), or the word of a newer offer, means the
+//     offer is gone;
+//  2. reads the blocks (and their digests), then the offer word again:
+//     only if it is still armed(offer) were the blocks the offer's while
+//     they were read;
+//  3. writes the offer ID into the done word, also when step 1 or 2
+//     failed for any reason but the offer being gone (a timeout, a
+//     transport error, Close): a notice written before the offer is armed
+//     is kept, and the producer frees the blocks at its next Poll. It
+//     writes nothing when the offer is gone (the slot may hold a newer
+//     offer, whose notice it would erase), or when its transfers did not
+//     settle.
+//
+// A consumer that writes its notice just as the producer expires the
+// offer and reuses the slot may erase the newer offer's notice: that
+// offer is then released after keep_timeout, never early.
 //
 // # Verified reads
 //

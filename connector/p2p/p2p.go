@@ -3,6 +3,7 @@ package p2p
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -211,9 +212,10 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 // workers. In a connector whose workers are other processes, the same
 // values would travel in the handshake and in the Metadata.
 type board struct {
-	mu    sync.Mutex
-	ranks []*Rank              // per rank, once its worker registered
-	loads map[uint64]*loadPlan // by load transfer ID, from Allocated until the load ends
+	mu      sync.Mutex
+	ranks   []*Rank              // per rank, once its worker registered
+	workers []*Worker            // per rank, the worker of this process that registered, if any
+	loads   map[uint64]*loadPlan // by load transfer ID, from Allocated until the load ends
 }
 
 // loadPlan is the producer's side of one load.
@@ -227,6 +229,42 @@ func (b *board) setRank(rank int, r Rank) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.ranks[rank] = &r
+}
+
+// join records w, registered in this process, as the worker of rank, for
+// handOn.
+func (b *board) join(rank int, w *Worker, r Rank) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ranks[rank] = &r
+	if b.workers == nil {
+		b.workers = make([]*Worker, len(b.ranks))
+	}
+	b.workers[rank] = w
+}
+
+// leave forgets w, which closed.
+func (b *board) leave(rank int, w *Worker) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.workers != nil && b.workers[rank] == w {
+		b.workers[rank] = nil
+	}
+}
+
+// handOn hands offer t to the workers of this process, which arm it at
+// once, without waiting for the Metadata that carries it; they then skip
+// it there. Workers of other processes arm it when they start that
+// Metadata.
+func (b *board) handOn(t connector.Transfer) {
+	b.mu.Lock()
+	ws := slices.Clone(b.workers)
+	b.mu.Unlock()
+	for _, w := range ws {
+		if w != nil {
+			w.handOn(t)
+		}
+	}
 }
 
 // handshake returns every rank's memory, or false while one is missing.
@@ -261,10 +299,15 @@ func (b *board) drop(id uint64) {
 	delete(b.loads, id)
 }
 
-// Mailbox words: 0 is empty (or revoked); an armed slot holds the offer
-// shifted left by one; a consumed one the same with the low bit set.
-func armed(offer uint64) uint64    { return offer << 1 }
-func consumed(offer uint64) uint64 { return offer<<1 | 1 }
+// slotBytes is the size of a mailbox slot: the offer word, then the done
+// word (see the package documentation, "The mailbox").
+const slotBytes = 16
+
+// Offer words. An offer word holds 0 (never used), or an offer ID shifted
+// left by two with the offer's state in the low bits: 1 armed, 2 ended.
+// Offer IDs are below 2^62.
+func armed(offer uint64) uint64 { return offer<<2 | 1 }
+func ended(offer uint64) uint64 { return offer<<2 | 2 }
 
 // namespaceOf returns the namespace string parameters carry.
 func namespaceOf(ns hashing.Namespace) string { return ns.String() }

@@ -479,8 +479,12 @@ func (s *Scheduler) offer(q *request, blocks []connector.BlockID) error {
 	}
 	s.slots[slot] = true
 	q.encoded = enc
-	s.meta.Saves = append(s.meta.Saves, connector.Transfer{ID: id, Req: q.id, Blocks: p.Blocks, Hashes: p.Hashes})
+	t := connector.Transfer{ID: id, Req: q.id, Blocks: p.Blocks, Hashes: p.Hashes}
+	s.meta.Saves = append(s.meta.Saves, t)
 	s.track(q, id, kindOffer, 0, n, slot)
+	// The workers of this process arm it now: the parameters may reach a
+	// consumer before this producer runs another step.
+	s.board.handOn(t)
 	s.stats.Saves += int64(n)
 	return nil
 }

@@ -21,14 +21,16 @@ import (
 // connector.StatsReporter.
 //
 // Register registers the KV memory with the engine, and a mailbox: one
-// 8-byte slot per offer the producer may hold, which consumers write to
-// say they are done. A producer worker arms a slot for each offer in the
-// Metadata's Saves and reports the offer done once the consumer wrote it,
-// or once keep_timeout passed (it then clears the slot first, so that a
-// consumer still reading learns the blocks are no longer its). A consumer
+// 16-byte slot per offer the producer may hold (see the package
+// documentation, "The mailbox"). A producer worker arms each offer its
+// scheduler half hands on in Finish, or that the Metadata's Saves carry,
+// and reports the offer done once the consumer wrote its done word, or
+// once keep_timeout passed; either way it ends the offer first, so that a
+// consumer still reading learns the blocks are no longer its. A consumer
 // worker runs each load of the Metadata's Loads on a goroutine: it reads
-// the producer's blocks into its own with one batch, reads the slot back
-// to check that the offer still stood while it read, and writes the slot.
+// the producer's blocks into its own with one batch, reads the offer word
+// back to check that the offer still stood while it read, and writes the
+// done word.
 //
 // Reads are verified end to end when the KV memory is host memory: a
 // producer worker writes the CRC-32 (IEEE) of each block of an offer into
@@ -70,6 +72,7 @@ type Worker struct {
 	cells   chan int         // free cells: bounds the loads running at once
 	regs    []rdma.Region    // registered with the engine
 	offers  map[uint64]held  // producer: armed offers
+	handed  map[uint64]bool  // producer: offers handed on by the scheduler half, to skip in Metadata
 	gen     uint64           // the newest generation seen: the identity's, then Metadata's
 	out     connector.Output
 
@@ -121,7 +124,7 @@ type loadResult struct {
 const maxLoads = 16
 
 func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, gen uint64, log *slog.Logger, b *board) *Worker {
-	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, gen: gen, log: log, board: b, now: time.Now, offers: make(map[uint64]held)}
+	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, gen: gen, log: log, board: b, now: time.Now, offers: make(map[uint64]held), handed: make(map[uint64]bool)}
 	w.out.Rank = rank
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.segs.ids = make(map[string]rdma.SegmentID)
@@ -164,7 +167,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 		}
 		w.regs = append(w.regs, r)
 	}
-	if w.mailbox, err = rdma.AllocHost(w.opt.slots * 8); err != nil {
+	if w.mailbox, err = rdma.AllocHost(w.opt.slots * slotBytes); err != nil {
 		return fmt.Errorf("p2p: mailbox: %w", err)
 	}
 	if err = w.eng.Register(w.mailbox.Region()); err != nil {
@@ -213,7 +216,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	if w.digests != nil {
 		w.self.Digests = uint64(w.digests.Region().Addr)
 	}
-	w.board.setRank(w.rank, w.self)
+	w.board.join(w.rank, w, w.self)
 	return nil
 }
 
@@ -250,9 +253,16 @@ func (w *Worker) Handshake() ([]byte, error) {
 	return encodeRank(w.self)
 }
 
-// slot returns mailbox slot i.
+// slot returns the offer word of mailbox slot i, which only this worker
+// writes.
 func (w *Worker) slot(i int) *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[i*8]))
+	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[i*slotBytes]))
+}
+
+// doneWord returns the done word of mailbox slot i, which only consumers
+// write.
+func (w *Worker) doneWord(i int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[i*slotBytes+8]))
 }
 
 // Start implements connector.Worker: it arms the offers of m's Saves and
@@ -295,9 +305,34 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 		}
 	}
 	w.gen = m.Generation
+	saves := m.Saves
+	if len(w.handed) > 0 {
+		saves = nil
+		for _, t := range m.Saves {
+			if w.handed[t.ID] {
+				// Armed when the scheduler half handed it on.
+				delete(w.handed, t.ID)
+				continue
+			}
+			saves = append(saves, t)
+		}
+	}
+	w.offer(saves)
+	for i, t := range m.Loads {
+		blocks := append([]connector.BlockID(nil), t.Blocks...)
+		plan := plans[i]
+		w.wg.Go(func() { w.load(t.ID, blocks, plan) })
+	}
+	return nil
+}
+
+// offer arms the offers saves, under w.life: at once without a digest
+// table, else on a goroutine once their digests are in the table. Their
+// keep_timeout starts now.
+func (w *Worker) offer(saves []connector.Transfer) {
 	deadline := w.now().Add(w.opt.keepTimeout)
 	var jobs []armJob
-	for _, t := range m.Saves {
+	for _, t := range saves {
 		slot := int(t.ID % uint64(w.opt.slots))
 		w.offers[t.ID] = held{slot: slot, deadline: deadline}
 		if w.digests == nil {
@@ -315,12 +350,25 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 		w.mu.Unlock()
 		w.wg.Go(func() { w.arm(jobs) })
 	}
-	for i, t := range m.Loads {
-		blocks := append([]connector.BlockID(nil), t.Blocks...)
-		plan := plans[i]
-		w.wg.Go(func() { w.load(t.ID, blocks, plan) })
+}
+
+// handOn arms offer t, which the scheduler half of this process made in
+// Finish, without waiting for the Metadata that carries it (Start skips
+// it there): an offer stands from the moment its parameters exist, also
+// on a producer that runs no further step. An offer this worker cannot
+// take (closed, not registered, a block out of range) is left to Start,
+// which reports what is wrong.
+func (w *Worker) handOn(t connector.Transfer) {
+	w.life.Lock()
+	defer w.life.Unlock()
+	if w.closed || w.regs == nil || w.checkBlocks(&t) != nil {
+		return
 	}
-	return nil
+	if _, ok := w.offers[t.ID]; ok {
+		return
+	}
+	w.handed[t.ID] = true
+	w.offer([]connector.Transfer{t})
 }
 
 func (w *Worker) checkBlocks(t *connector.Transfer) error {
@@ -402,7 +450,7 @@ func (w *Worker) Save(ctx context.Context, ready connector.Event) error {
 }
 
 // Poll implements connector.Worker: offers the consumer is done with, or
-// that expired (their slot cleared first), and finished loads.
+// that expired, their offer words ended first, and finished loads.
 func (w *Worker) Poll() *connector.Output {
 	w.life.Lock()
 	defer w.life.Unlock()
@@ -412,21 +460,20 @@ func (w *Worker) Poll() *connector.Output {
 	}
 	now := w.now()
 	for id, h := range w.offers {
-		s := w.slot(h.slot)
-		switch {
-		case s.Load() == consumed(id):
-		case now.After(h.deadline):
-			// Close the slot before the engine may reuse the blocks: a
-			// consumer that checks it afterwards drops what it read. An
-			// offer still being digested is never armed.
-			w.mu.Lock()
-			delete(w.mu.arming, id)
-			s.Store(consumed(id))
-			w.mu.stats.SaveFailures += 1
-			w.mu.Unlock()
-		default:
+		done := w.doneWord(h.slot).Load() == id
+		if !done && !now.After(h.deadline) {
 			continue
 		}
+		// End the offer before the engine may reuse the blocks: a
+		// consumer that checks it afterwards drops what it read. An
+		// offer still being digested is never armed.
+		w.mu.Lock()
+		delete(w.mu.arming, id)
+		w.slot(h.slot).Store(ended(id))
+		if !done {
+			w.mu.stats.SaveFailures += 1
+		}
+		w.mu.Unlock()
 		delete(w.offers, id)
 		w.out.Done = append(w.out.Done, id)
 	}
@@ -514,21 +561,23 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 		w.log.Warn("p2p: open producer segment", "segment", peer.Segment, "err", err)
 		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
-	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*8)
+	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*slotBytes)
 	cellIn := rdma.Region{Addr: w.scratch.Region().Addr + uintptr(cell*16), Len: 8, Loc: rdma.Host}
 	cellOut := rdma.Region{Addr: cellIn.Addr + 8, Len: 8, Loc: rdma.Host}
-	// Whatever happens to the blocks, the producer may free them now; but
-	// once the offer is known to be gone, its slot may already carry a
-	// newer offer, which a notice of this one must not overwrite.
-	// A load whose transfers may still run tells nothing: the producer
-	// gives the offer up after keep_timeout.
+	// Whatever happens to the blocks, the producer may free them now, also
+	// when the offer was not armed yet: the notice goes to the done word,
+	// which the producer never writes, so arming does not erase it. Once
+	// the offer is known to be gone, its slot may already carry a newer
+	// offer, whose notice this one must not overwrite. A load whose
+	// transfers may still run tells nothing: the producer gives the offer
+	// up after keep_timeout.
 	gone := false
 	defer func() {
 		if gone || stuck {
 			return
 		}
-		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16+8])) = consumed(p.Offer)
-		r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox}})
+		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16+8])) = p.Offer
+		r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox + 8}})
 		if unsettled(err) {
 			return
 		}
@@ -536,10 +585,11 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 			w.log.Warn("p2p: tell the producer", "segment", peer.Segment, "offer", p.Offer, "err", err)
 		}
 	}()
-	// The producer's worker arms the offer's slot when it starts the step
-	// after the offer was made, which may come after this consumer got
-	// the parameters: wait for it, so that the slot check after the reads
-	// and the notice both mean this offer.
+	// The producer's workers arm the offer when its scheduler half makes
+	// it (or, in another process, when they start the step after), once
+	// its digests are computed, which may come after this consumer got
+	// the parameters: wait for it, so that the reads are of this offer's
+	// blocks.
 	if err := w.awaitArmed(seg, mailbox, cellIn, cell, p.Offer); err != nil {
 		if unsettled(err) {
 			return nil, 0, true
@@ -617,12 +667,11 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 // errWithdrawn: the producer gave the offer up before the consumer read it.
 var errWithdrawn = errors.New("offer withdrawn")
 
-// awaitArmed reads the offer's slot until the producer armed it, for up
-// to open_timeout. A slot holds, in turn, the values of the offers that use
-// it: armed(offer), then consumed(offer) (the consumer is done, or the
-// producer withdrew the offer). A value of an older offer, or 0, means this
-// one is not armed yet; this offer's consumed value, or a newer offer's,
-// means it is gone.
+// awaitArmed reads the offer word of the offer's slot until the producer
+// armed it, for up to open_timeout. The word holds, in turn, the states of
+// the offers that use the slot: armed(offer), then ended(offer). A word of
+// an older offer, or 0, means this one is not armed yet; this offer's
+// ended word, or a newer offer's, means it is gone.
 func (w *Worker) awaitArmed(seg rdma.SegmentID, mailbox uintptr, cellIn rdma.Region, cell int, offer uint64) error {
 	deadline := time.Now().Add(w.opt.openTimeout)
 	wait := 20 * time.Microsecond
@@ -638,7 +687,7 @@ func (w *Worker) awaitArmed(seg rdma.SegmentID, mailbox uintptr, cellIn rdma.Reg
 		switch {
 		case v == armed(offer):
 			return nil
-		case v>>1 >= offer:
+		case v == ended(offer) || v>>2 > offer:
 			return fmt.Errorf("%w: offer %d (slot holds %#x)", errWithdrawn, offer, v)
 		}
 		if time.Now().After(deadline) {
@@ -821,10 +870,11 @@ func (w *Worker) Close() error {
 	w.wg.Wait()
 	if w.mailbox != nil {
 		for id, h := range w.offers {
-			w.slot(h.slot).Store(consumed(id))
+			w.slot(h.slot).Store(ended(id))
 		}
 	}
 	clear(w.offers)
+	w.board.leave(w.rank, w)
 	if n := w.unsettled(); n > 0 {
 		// Nothing is withdrawn or freed: the engine may still use it.
 		return fmt.Errorf("p2p: close: %d loads have transfers whose end the transfer engine cannot tell: the KV memory, mailbox and scratch they use may still be written, and are not freed: %w", n, rdma.ErrBusy)
