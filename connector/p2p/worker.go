@@ -81,7 +81,7 @@ type Worker struct {
 	wg     sync.WaitGroup
 	segs   struct {
 		sync.Mutex
-		ids map[string]rdma.SegmentID
+		m map[string]*opening // by segment name
 	}
 	mu struct {
 		sync.Mutex
@@ -100,6 +100,7 @@ type Worker struct {
 	hooks struct {
 		beforeArm func() // a Start's offers are about to be digested and armed
 		afterArm  func() // they are armed, or were withdrawn
+		openWait  func() // a load waits for another load's Open of its segment
 	}
 }
 
@@ -127,7 +128,7 @@ func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, gen
 	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, gen: gen, log: log, board: b, now: time.Now, offers: make(map[uint64]held), handed: make(map[uint64]bool)}
 	w.out.Rank = rank
 	w.ctx, w.cancel = context.WithCancel(context.Background())
-	w.segs.ids = make(map[string]rdma.SegmentID)
+	w.segs.m = make(map[string]*opening)
 	w.mu.arming = make(map[uint64]struct{})
 	return w
 }
@@ -827,22 +828,53 @@ func (w *Worker) settle(b rdma.Batch) error {
 	}
 }
 
+// opening is a producer segment's Open, shared by the loads that need it.
+type opening struct {
+	done chan struct{} // closed once Open returned
+	id   rdma.SegmentID
+	err  error
+}
+
 // segment returns the engine's handle of the producer segment name,
-// opening it once.
+// opening it once: loads that need a segment whose Open is under way wait
+// for that Open, and share its result; loads from other producers are
+// not held up (the map is locked only to look up and record, never across
+// an Open). A failed Open is forgotten once its waiters have its error,
+// so that a later load tries again. It returns early, with an error, when
+// the worker closes.
 func (w *Worker) segment(name string) (rdma.SegmentID, error) {
 	w.segs.Lock()
-	defer w.segs.Unlock()
-	if id, ok := w.segs.ids[name]; ok {
-		return id, nil
+	o, ok := w.segs.m[name]
+	if !ok {
+		o = &opening{done: make(chan struct{})}
+		w.segs.m[name] = o
 	}
-	ctx, cancel := context.WithTimeout(w.ctx, w.opt.openTimeout)
-	defer cancel()
-	id, err := w.eng.Open(ctx, name)
-	if err != nil {
-		return 0, err
+	w.segs.Unlock()
+	if !ok {
+		ctx, cancel := context.WithTimeout(w.ctx, w.opt.openTimeout)
+		o.id, o.err = w.eng.Open(ctx, name)
+		cancel()
+		if o.err != nil {
+			w.segs.Lock()
+			if w.segs.m[name] == o {
+				delete(w.segs.m, name)
+			}
+			w.segs.Unlock()
+		}
+		close(o.done)
+	} else if w.hooks.openWait != nil {
+		select {
+		case <-o.done:
+		default:
+			w.hooks.openWait()
+		}
 	}
-	w.segs.ids[name] = id
-	return id, nil
+	select {
+	case <-o.done:
+		return o.id, o.err
+	case <-w.ctx.Done():
+		return 0, fmt.Errorf("open %q: %w", name, w.ctx.Err())
+	}
 }
 
 // Stats implements connector.StatsReporter.
