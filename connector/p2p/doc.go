@@ -112,18 +112,23 @@
 // moving its bytes any more. Until then the engine keeps the request's
 // blocks (it may not run the request, and Finish keeps them), so a late
 // transfer never writes a block that was recomputed or handed to another
-// request. The wait has no bound: a transfer that never settles (a hung
-// device or transport) is a hang of its load and of the worker's Close,
-// logged every 10 s. Transfer engines bound it themselves: closing one
-// (rdma/mooncake gives up after Config.CloseTimeout) makes the wait fail;
-// a load whose transfers' end cannot be told is then never reported, and
-// the worker's Close returns an error wrapping [rdma.ErrBusy] and frees
-// no memory those transfers may touch.
+// request. While the worker is open the wait has no bound (it is logged
+// every 10 s): a transfer that never settles (a hung device or transport)
+// is a hang of its load. A worker's Close waits for it for up to
+// close_timeout, then gives up: the load is never reported, and Close
+// returns an error wrapping [rdma.ErrBusy] and frees no memory the
+// transfer may touch (the KV memory must stay allocated too). So Close
+// never hangs on a dead peer, and when it returns nil no transfer of the
+// worker writes the KV memory any more. A transfer engine that cannot tell
+// whether a transfer ended (its Wait fails) is treated the same way.
+// Closing the transfer engine ends its transfers (rdma/mooncake gives up
+// after Config.CloseTimeout).
 //
 // # Configuration
 //
 // kv_connector_extra_config keys: "keep_timeout" (how long a producer
-// keeps an offer's blocks, "120s"), "mailbox_slots" (offers a producer
+// keeps an offer's blocks, "120s"), "close_timeout" (how long a worker's
+// Close waits for transfers to settle, "30s"), "mailbox_slots" (offers a producer
 // worker holds at once, 1024), "open_timeout" (opening a producer's
 // segment, "10s"), "verify" (a producer publishes the CRC-32 of each block
 // it offers, a consumer checks each block it reads against it: "checksum",

@@ -114,15 +114,16 @@ func logger(env connector.Env) *slog.Logger {
 
 // options are the connector's settings, from kv_connector_extra_config.
 type options struct {
-	keepTimeout time.Duration // "keep_timeout": how long a producer keeps an offer's blocks
-	slots       int           // "mailbox_slots": offers a producer worker can hold at once
-	openTimeout time.Duration // "open_timeout": bound on opening a producer's segment
-	verify      bool          // "verify": check each block read against the producer's CRC-32
+	keepTimeout  time.Duration // "keep_timeout": how long a producer keeps an offer's blocks
+	slots        int           // "mailbox_slots": offers a producer worker can hold at once
+	openTimeout  time.Duration // "open_timeout": bound on opening a producer's segment
+	closeTimeout time.Duration // "close_timeout": bound on a worker's Close waiting for transfers to settle
+	verify       bool          // "verify": check each block read against the producer's CRC-32
 }
 
 // extraKeys are the kv_connector_extra_config keys the connector reads;
 // any other key is an error.
-var extraKeys = []string{"keep_timeout", "mailbox_slots", "open_timeout", "verify"}
+var extraKeys = []string{"close_timeout", "keep_timeout", "mailbox_slots", "open_timeout", "verify"}
 
 func parseOptions(cfg connector.Config) (options, error) {
 	var o options
@@ -141,6 +142,12 @@ func parseOptions(cfg connector.Config) (options, error) {
 	}
 	if o.openTimeout <= 0 {
 		return o, fmt.Errorf("%w: kv_connector_extra_config.open_timeout = %v, want > 0", connector.ErrConfig, o.openTimeout)
+	}
+	if o.closeTimeout, err = cfg.ExtraDuration("close_timeout", 30*time.Second); err != nil {
+		return o, err
+	}
+	if o.closeTimeout <= 0 {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.close_timeout = %v, want > 0", connector.ErrConfig, o.closeTimeout)
 	}
 	v, err := cfg.ExtraChoice("verify", "checksum", "checksum", "none")
 	if err != nil {

@@ -45,15 +45,13 @@ import (
 // A load is reported, loaded or failed, only once every transfer it made
 // is settled (final, in the sense of [rdma.Status.Final]: nothing moves
 // its bytes any more), so that the engine never reuses a block a late
-// transfer may still write. A transfer is waited for without a bound,
-// also when its Submit failed after queuing requests: a transfer that
-// never settles (a hung device or transport) keeps its load, and Close,
-// waiting, and is logged every 10 s meanwhile. An engine that cannot tell
-// whether a transfer ended (its Wait fails) leaves the load unreported
-// for good: its blocks stay out of use, and Close returns an error
-// wrapping [rdma.ErrBusy] and frees no memory such a transfer may touch.
-// To give up on a hung transfer, close the transfer engine: rdma/mooncake
-// gives up after Config.CloseTimeout, and its waits then fail.
+// transfer may still write. While the worker is open a transfer is
+// waited for without a bound, also when its Submit failed after queuing
+// requests, and is logged every 10 s meanwhile; Close waits for it for up
+// to close_timeout. A transfer that did not settle by then, or whose end
+// the engine cannot tell (its Wait fails), leaves its load unreported for
+// good: its blocks stay out of use, and Close returns an error wrapping
+// [rdma.ErrBusy] and frees no memory such a transfer may touch.
 type Worker struct {
 	cfg   connector.Config
 	opt   options
@@ -78,8 +76,12 @@ type Worker struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	segs   struct {
+	// retire ends close_timeout after Close began: transfers not settled
+	// by then are given up on, their memory retired.
+	retire    context.Context
+	retireNow context.CancelFunc
+	wg        sync.WaitGroup
+	segs      struct {
 		sync.Mutex
 		m map[string]*opening // by segment name
 	}
@@ -128,6 +130,7 @@ func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, gen
 	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, gen: gen, log: log, board: b, now: time.Now, offers: make(map[uint64]held), handed: make(map[uint64]bool)}
 	w.out.Rank = rank
 	w.ctx, w.cancel = context.WithCancel(context.Background())
+	w.retire, w.retireNow = context.WithCancel(context.Background())
 	w.segs.m = make(map[string]*opening)
 	w.mu.arming = make(map[uint64]struct{})
 	return w
@@ -806,20 +809,27 @@ func (w *Worker) transfer(reqs []rdma.Request) ([]rdma.Result, error) {
 	return out, nil
 }
 
-// settle waits until every request of b is settled, without a bound: a
-// transfer that never settles (a hung device or transport) is a hang, and
+// settle waits until every request of b is settled: a transfer that does
+// not settle (a hung device or transport, a dead peer) is waited for, and
 // never a reuse of memory it may write. It logs every settleWarn while it
-// waits. An engine that cannot tell (Wait fails) is errUnsettled.
+// waits. The wait ends close_timeout after the worker's Close began: the
+// requests are then errUnsettled, as when the engine cannot tell (Wait
+// fails).
 func (w *Worker) settle(b rdma.Batch) error {
 	start := time.Now()
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), settleWarn)
+		ctx, cancel := context.WithTimeout(w.retire, settleWarn)
 		err := b.Wait(ctx)
 		expired := ctx.Err() != nil
 		cancel()
 		switch {
 		case err == nil:
 			return nil
+		case w.retire.Err() != nil && expired:
+			if done, perr := b.Poll(); perr == nil && done {
+				return nil
+			}
+			return fmt.Errorf("%w: %d requests not settled within close_timeout (%v) of Close", errUnsettled, b.Len(), w.opt.closeTimeout)
 		case expired && errors.Is(err, context.DeadlineExceeded):
 			w.log.Warn("p2p: transfer not settled; its memory stays in use until it is", "requests", b.Len(), "waited", time.Since(start).Round(time.Second))
 		default:
@@ -884,13 +894,18 @@ func (w *Worker) Stats() connector.Stats {
 	return w.mu.stats
 }
 
-// Close implements connector.Worker: it waits for running loads (and so
-// for their transfers to settle), clears the slots of offers still armed,
-// and withdraws its memory from the engine. If the engine could not tell
-// whether some transfer ended, Close withdraws and frees no memory (the
-// mailbox and scratch it allocated stay mapped) and returns an error wrapping
-// [rdma.ErrBusy]: the KV memory must not be freed either. It is
-// idempotent.
+// Close implements connector.Worker: it stops the loads that have not
+// started their transfers, waits for running ones (and so for their
+// transfers to settle) for up to kv_connector_extra_config close_timeout
+// ("30s"), ends the offers still armed, and withdraws its memory from the
+// engine. A transfer that did not settle by then (a dead peer whose
+// transport does not give up, a hung device), or whose end the engine
+// could not tell, retires the memory it may touch: its load is never
+// reported, so the engine keeps its blocks out of use, and Close
+// withdraws and frees no memory (the mailbox and scratch it allocated
+// stay mapped) and returns an error wrapping [rdma.ErrBusy]: the KV
+// memory must not be freed either. So when Close returns nil, no transfer
+// of the worker touches the KV memory any more. It is idempotent.
 func (w *Worker) Close() error {
 	w.life.Lock()
 	defer w.life.Unlock()
@@ -899,7 +914,10 @@ func (w *Worker) Close() error {
 	}
 	w.closed = true
 	w.cancel()
+	retire := time.AfterFunc(w.opt.closeTimeout, w.retireNow)
 	w.wg.Wait()
+	retire.Stop()
+	w.retireNow()
 	if w.mailbox != nil {
 		for id, h := range w.offers {
 			w.slot(h.slot).Store(ended(id))
