@@ -94,6 +94,19 @@
 // offer and reuses the slot may erase the newer offer's notice: that
 // offer is then released after keep_timeout, never early.
 //
+// # A producer that is gone
+//
+// When a producer instance restarts or dies, loads from it may never be
+// reported (its transport may keep them pending), and a request that
+// Finish kept for such a load would stay kept. The engine, once it knows
+// the producer is gone (its router or orchestrator says so), calls
+// [Scheduler.Forget] with the producer's engine id (its kv_transfer_config
+// engine_id, Params.Engine): in the next Update every load from it is
+// failed from its first block, as any failed load is, the requests kept
+// for them are released, and later reports of those loads are ignored.
+// Forget does not stop the workers' transfers: it is for a peer whose
+// memory is gone, not a way to cancel loads from a live one.
+//
 // # Verified reads
 //
 // Each block a consumer reads is checked against the producer's CRC-32
