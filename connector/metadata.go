@@ -94,12 +94,12 @@ func (m *Metadata) Reset() {
 	m.Saves = m.Saves[:0]
 }
 
-// Wire format, version 3. Every encoding is one frame: a header, a body
+// Wire format, version 4. Every encoding is one frame: a header, a body
 // and a checksum over both.
 //
 //	frame    = magic version length body checksum
 //	magic    = "KVM" (a Metadata) | "KVO" (an Output)
-//	version  = 0x03
+//	version  = 0x04
 //	length   = uint32, little-endian: the number of bytes in body
 //	body     = metadata | output, as magic says
 //	checksum = uint32, little-endian: CRC-32 (IEEE) of magic, version,
