@@ -52,7 +52,7 @@ func (driver) OpenScheduler(cfg connector.Config, env connector.Env) (connector.
 		return nil, fmt.Errorf("%w: %s: a scheduler half of engine_id %q is already open in this process", connector.ErrConfig, Name, cfg.EngineID)
 	}
 	tp := env.Identity.Layout.TPSize
-	b := &board{ranks: make([]*Rank, tp), loads: make(map[uint64]*loadPlan)}
+	b := &board{ranks: make([]*Rank, tp)}
 	s := newScheduler(cfg, opt, env.Identity, ns, logger(env), b)
 	id := cfg.EngineID
 	s.onClose = func() {
@@ -168,8 +168,10 @@ func parseOptions(cfg connector.Config) (options, error) {
 // serving tensor-parallel rank i (there must be env.Identity.Layout.TPSize
 // of them). The halves are linked in process: each worker hands the
 // scheduler half its memory when it registers, and the scheduler half
-// hands the workers the producers' addresses of the loads it plans. The
-// connector does not close the engines.
+// hands its offers to the workers as it makes them, to arm at once. A
+// consumer's loads need no link: each carries the producer's transfer
+// parameters in the Metadata (Transfer.Params). The connector does not
+// close the engines.
 //
 // A producer (kv_producer, or kv_both) offers the full blocks of each
 // request that ends ([Scheduler.Finish] keeps them) and returns their
@@ -205,7 +207,7 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &board{ranks: make([]*Rank, tp), loads: make(map[uint64]*loadPlan)}
+	b := &board{ranks: make([]*Rank, tp)}
 	s := newScheduler(cfg, opt, env.Identity, ns, log, b)
 	ws := make([]*Worker, tp)
 	for i, e := range engines {
@@ -214,18 +216,20 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 	return s, ws, nil
 }
 
-// board links the halves of one New: the workers' memory for the
-// scheduler half, and the remote side of each planned load for the
-// workers. In a connector whose workers are other processes, the same
-// values would travel in the handshake and in the Metadata.
+// board links the halves of one New in a producer: the workers' memory
+// for the scheduler half (the workers of another process hand it over
+// with Handshake and SetHandshake), and the offers for the workers to arm
+// as they are made (the workers of another process arm them from the
+// Metadata). A consumer needs none of it: its loads carry everything in
+// the Metadata.
 type board struct {
 	mu      sync.Mutex
-	ranks   []*Rank              // per rank, once its worker registered
-	workers []*Worker            // per rank, the worker of this process that registered, if any
-	loads   map[uint64]*loadPlan // by load transfer ID, from Allocated until the load ends
+	ranks   []*Rank   // per rank, once its worker registered
+	workers []*Worker // per rank, the worker of this process that registered, if any
 }
 
-// loadPlan is the producer's side of one load.
+// loadPlan is the producer's side of one load, from the parameters the
+// load carries.
 type loadPlan struct {
 	params Params              // the producer's parameters
 	remote []connector.BlockID // the producer's blocks, in the order of the transfer's blocks
@@ -286,24 +290,6 @@ func (b *board) handshake() ([]Rank, bool) {
 		out[i] = *r
 	}
 	return out, true
-}
-
-func (b *board) plan(id uint64, p *loadPlan) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.loads[id] = p
-}
-
-func (b *board) load(id uint64) *loadPlan {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.loads[id]
-}
-
-func (b *board) drop(id uint64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.loads, id)
 }
 
 // slotBytes is the size of a mailbox slot: the offer word, then the done

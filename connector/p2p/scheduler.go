@@ -64,6 +64,7 @@ type request struct {
 	id connector.RequestID
 	// Consumer side.
 	params     *Params
+	wire       []byte // params encoded, for the workers (Transfer.Params)
 	paramsSeen bool   // Request.TransferParams were taken (or refused)
 	from       int    // blocks the engine had locally at the last Match
 	match      int    // end of the blocks the last Match offered
@@ -167,6 +168,7 @@ func (s *Scheduler) SetParams(id connector.RequestID, data []byte) error {
 		return fmt.Errorf("p2p: SetParams(%q): the request is already loading or finished", id)
 	}
 	q.params = &p
+	q.wire = slices.Clone(data)
 	q.notified = false
 	return nil
 }
@@ -269,9 +271,9 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 		First:  q.from,
 		Blocks: slices.Clone(blocks[q.from : q.from+n]),
 		Hashes: slices.Clone(r.Hashes[q.from : q.from+n]),
+		Params: q.wire,
 	}
 	s.meta.Loads = append(s.meta.Loads, t)
-	s.board.plan(t.ID, &loadPlan{params: *q.params, remote: slices.Clone(q.params.Blocks[q.from : q.from+n])})
 	s.track(q, t.ID, kindLoad, q.from, n, 0)
 	q.load = t.ID
 	q.notified = true
@@ -288,8 +290,7 @@ func (s *Scheduler) notify(q *request) {
 	}
 	q.notified = true
 	s.nextID++
-	s.meta.Loads = append(s.meta.Loads, connector.Transfer{ID: s.nextID, Req: q.id})
-	s.board.plan(s.nextID, &loadPlan{params: *q.params, notify: true})
+	s.meta.Loads = append(s.meta.Loads, connector.Transfer{ID: s.nextID, Req: q.id, Params: q.wire})
 	s.track(q, s.nextID, kindNotify, 0, 0, 0)
 	q.notice = s.nextID
 }
@@ -378,11 +379,9 @@ func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
 	q := x.req
 	switch x.kind {
 	case kindNotify:
-		s.board.drop(id)
 		q.notice = 0
 		return
 	case kindLoad:
-		s.board.drop(id)
 		q.load = 0
 		if x.gen != s.meta.Generation {
 			// Read under weights that have since been rotated out.
@@ -464,9 +463,8 @@ func (s *Scheduler) writeOff(id uint64) {
 		return t.ID == id
 	})
 	if !planned {
-		// In a Metadata the workers may have started, or start before
-		// the next Update (which drops its plan): their reports are
-		// dropped.
+		// In a Metadata the workers may have started: their reports
+		// are dropped.
 		if s.ignore == nil {
 			s.ignore = make(map[uint64]int)
 		}

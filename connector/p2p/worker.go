@@ -290,14 +290,13 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	plans := make([]*loadPlan, len(m.Loads))
 	for i := range m.Loads {
 		t := &m.Loads[i]
-		if plans[i] = w.board.load(t.ID); plans[i] == nil {
-			return fmt.Errorf("%w: load %d of request %q was not planned by this connector's scheduler half", connector.ErrBadMetadata, t.ID, t.Req)
-		}
-		if err := w.checkBlocks(t); err != nil {
+		plan, err := w.plan(t)
+		if err != nil {
 			return err
 		}
-		if !plans[i].notify && len(plans[i].remote) != len(t.Blocks) {
-			return fmt.Errorf("%w: load %d has %d blocks, its plan %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), len(plans[i].remote))
+		plans[i] = plan
+		if err := w.checkBlocks(t); err != nil {
+			return err
 		}
 		if len(t.Blocks) > w.kv.Blocks {
 			return fmt.Errorf("%w: load %d has %d blocks, the KV memory %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), w.kv.Blocks)
@@ -373,6 +372,29 @@ func (w *Worker) handOn(t connector.Transfer) {
 	}
 	w.handed[t.ID] = true
 	w.offer([]connector.Transfer{t})
+}
+
+// plan returns the producer's side of load t, from the transfer
+// parameters it carries (Transfer.Params, as the scheduler half took them
+// in SetParams): the consumer's worker needs nothing else.
+func (w *Worker) plan(t *connector.Transfer) (*loadPlan, error) {
+	if len(t.Params) == 0 {
+		return nil, fmt.Errorf("%w: load %d of request %q carries no transfer parameters (Transfer.Params): it was not planned by this connector's scheduler half", connector.ErrBadMetadata, t.ID, t.Req)
+	}
+	p, err := DecodeParams(t.Params)
+	if err != nil {
+		return nil, fmt.Errorf("%w: load %d of request %q: %w", connector.ErrBadMetadata, t.ID, t.Req, err)
+	}
+	if len(p.Ranks) <= w.rank {
+		return nil, fmt.Errorf("%w: load %d of request %q: the producer has %d ranks, this worker is rank %d", connector.ErrBadMetadata, t.ID, t.Req, len(p.Ranks), w.rank)
+	}
+	if len(t.Blocks) == 0 {
+		return &loadPlan{params: p, notify: true}, nil
+	}
+	if t.First < 0 || t.First+len(t.Blocks) > len(p.Blocks) {
+		return nil, fmt.Errorf("%w: load %d of request %q: blocks [%d, %d) of an offer of %d blocks", connector.ErrBadMetadata, t.ID, t.Req, t.First, t.First+len(t.Blocks), len(p.Blocks))
+	}
+	return &loadPlan{params: p, remote: p.Blocks[t.First : t.First+len(t.Blocks)]}, nil
 }
 
 func (w *Worker) checkBlocks(t *connector.Transfer) error {
