@@ -3,11 +3,16 @@
 // finished request's blocks in its own KV memory, and the consumer
 // (kv_consumer, the decode instance) reads them straight into the blocks it
 // allocated, through an [rdma.Engine]: [rdma.Loopback] in one process,
-// rdma/mooncake across processes and hosts. No store is involved and no
-// byte is staged.
+// rdma/shm across the processes of one host, rdma/mooncake across
+// processes and hosts. No store is involved and no byte is staged.
 //
-// It registers under [Name] ("P2PConnector"), but connector.Env does not
-// carry a transfer engine yet: open the halves with [New].
+// Open the halves with [New], giving it the transfer engines, or by name
+// ("P2PConnector", [Name]) from kv_transfer_config: connector.OpenScheduler
+// first, then connector.OpenWorker for each rank, with the same engine_id,
+// in the same process. A worker opened by name uses the transfer engine in
+// Env.Engine, or opens one itself by kv_connector_extra_config
+// "transfer": "loopback", "shm" or "mooncake" (see [TransferLoopback],
+// [TransferShm], [TransferMooncake]), which its Close closes.
 //
 // # Usage
 //
@@ -137,15 +142,33 @@
 // Closing the transfer engine ends its transfers (rdma/mooncake gives up
 // after Config.CloseTimeout).
 //
+// # Across processes
+//
+// A producer and its consumers share nothing but the bytes of the
+// transfer parameters: the producer's namespace and engine id, the offer
+// and its mailbox slot, the block ids and hashes, and per rank the
+// segment name, the KV regions' addresses and layout, the mailbox and the
+// digest table. The consumer's scheduler half hands them to its workers in
+// the Metadata (each load's Transfer.Params), so workers in other
+// processes need only the Metadata's bytes and their engine. Within one
+// instance, the workers of the scheduler half's process hand it their
+// memory when they register, and arm each offer as Finish makes it;
+// workers in another process hand their memory over with
+// [Worker.Handshake] and [Scheduler.SetHandshake], and arm an offer when
+// they start the Metadata that carries it.
+//
 // # Configuration
 //
 // kv_connector_extra_config keys: "keep_timeout" (how long a producer
 // keeps an offer's blocks, "120s"), "close_timeout" (how long a worker's
-// Close waits for transfers to settle, "30s"), "mailbox_slots" (offers a producer
-// worker holds at once, 1024), "open_timeout" (opening a producer's
-// segment, "10s"), "verify" (a producer publishes the CRC-32 of each block
-// it offers, a consumer checks each block it reads against it: "checksum",
-// the default, or "none"). Any other key is an error naming it.
+// Close waits for transfers to settle, "30s"), "mailbox_slots" (offers a
+// producer worker holds at once, 1024), "open_timeout" (opening a
+// producer's segment, and waiting for an offer to be armed, "10s"),
+// "transfer" (the transfer engine a worker opened by name without
+// Env.Engine opens: "loopback", "shm" or "mooncake"), "verify" (a
+// producer publishes the CRC-32 of each block it offers, a consumer
+// checks each block it reads against it: "checksum", the default, or
+// "none"). Any other key is an error naming it.
 //
 // # Concurrency
 //

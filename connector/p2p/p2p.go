@@ -20,15 +20,16 @@ func init() { connector.Register(Name, driver{}) }
 // driver is the registry's entry. The halves it opens are linked in
 // process, as New links them: OpenScheduler opens the scheduler half under
 // the config's engine_id, and OpenWorker, given the rank's transfer engine
-// in Env.Engine, joins the scheduler half of the same engine_id, which
-// must be open in this process. Closing the scheduler half frees the
-// engine_id.
+// in Env.Engine or opening the one kv_connector_extra_config "transfer"
+// names, joins the scheduler half of the same engine_id, which must be
+// open in this process. Closing the scheduler half frees the engine_id.
 type driver struct{}
 
 // opened holds the scheduler halves the registry opened, by engine_id.
 var opened struct {
 	sync.Mutex
-	m map[string]*Scheduler
+	m      map[string]*Scheduler
+	fabric *rdma.Fabric // the loopback engines' ("transfer": "loopback"), from first use
 }
 
 func (driver) OpenScheduler(cfg connector.Config, env connector.Env) (connector.Scheduler, error) {
@@ -74,8 +75,11 @@ func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Wor
 	if err != nil {
 		return nil, err
 	}
-	if env.Engine == nil {
-		return nil, fmt.Errorf("%w: %s moves blocks with an rdma.Engine: set Env.Engine to this rank's", connector.ErrConfig, Name)
+	switch {
+	case env.Engine == nil && opt.transfer == "":
+		return nil, fmt.Errorf("%w: %s moves blocks with an rdma.Engine: set Env.Engine to this rank's, or kv_connector_extra_config.transfer to %q, %q or %q", connector.ErrConfig, Name, TransferLoopback, TransferShm, TransferMooncake)
+	case env.Engine != nil && opt.transfer != "":
+		return nil, fmt.Errorf("%w: %s: Env.Engine is set and kv_connector_extra_config.transfer = %q: give the engine one way", connector.ErrConfig, Name, opt.transfer)
 	}
 	ns, err := env.Identity.Namespace()
 	if err != nil {
@@ -93,7 +97,16 @@ func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Wor
 	if tp := env.Identity.Layout.TPSize; env.Rank < 0 || env.Rank >= tp {
 		return nil, fmt.Errorf("%w: Env.Rank = %d, want [0, %d) for TP size %d", connector.ErrConfig, env.Rank, tp, tp)
 	}
-	return newWorker(cfg, opt, env.Rank, env.Engine, env.Identity.Generation, logger(env), s.board), nil
+	if env.Engine != nil {
+		return newWorker(cfg, opt, env.Rank, env.Engine, env.Identity.Generation, logger(env), s.board), nil
+	}
+	e, err := openTransfer(opt.transfer, cfg.EngineID, env.Rank, logger(env), opt.openTimeout)
+	if err != nil {
+		return nil, err
+	}
+	w := newWorker(cfg, opt, env.Rank, e, env.Identity.Generation, logger(env), s.board)
+	w.owned = true
+	return w, nil
 }
 
 // checkGroups refuses a layout of KV cache groups other than one of full
@@ -119,11 +132,12 @@ type options struct {
 	openTimeout  time.Duration // "open_timeout": bound on opening a producer's segment
 	closeTimeout time.Duration // "close_timeout": bound on a worker's Close waiting for transfers to settle
 	verify       bool          // "verify": check each block read against the producer's CRC-32
+	transfer     string        // "transfer": the engine a worker opened by name opens, "" for Env.Engine's
 }
 
 // extraKeys are the kv_connector_extra_config keys the connector reads;
 // any other key is an error.
-var extraKeys = []string{"close_timeout", "keep_timeout", "mailbox_slots", "open_timeout", "verify"}
+var extraKeys = []string{"close_timeout", "keep_timeout", "mailbox_slots", "open_timeout", "transfer", "verify"}
 
 func parseOptions(cfg connector.Config) (options, error) {
 	var o options
@@ -154,6 +168,14 @@ func parseOptions(cfg connector.Config) (options, error) {
 		return o, err
 	}
 	o.verify = v == "checksum"
+	if o.transfer, err = cfg.ExtraString("transfer", ""); err != nil {
+		return o, err
+	}
+	if o.transfer != "" {
+		if _, err := cfg.ExtraChoice("transfer", "", transfers...); err != nil {
+			return o, err
+		}
+	}
 	if o.slots, err = cfg.ExtraInt("mailbox_slots", 1024); err != nil {
 		return o, err
 	}
@@ -186,6 +208,9 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 	opt, err := parseOptions(cfg)
 	if err != nil {
 		return nil, nil, err
+	}
+	if opt.transfer != "" {
+		return nil, nil, fmt.Errorf("%w: p2p.New: kv_connector_extra_config.transfer = %q: New takes its transfer engines as arguments; transfer is for workers opened by name", connector.ErrConfig, opt.transfer)
 	}
 	ns, err := env.Identity.Namespace()
 	if err != nil {

@@ -63,15 +63,16 @@ type Worker struct {
 
 	kv      connector.KVCache
 	self    Rank
-	mailbox *rdma.HostMemory // producer slots
-	digests *rdma.HostMemory // producer: the CRC-32 of each block, by block id; nil for device memory
-	scratch *rdma.HostMemory // consumer cells: 16 bytes per running load
-	sums    *rdma.HostMemory // consumer: per cell, the producer's digests of a load's blocks; nil unverified
-	cells   chan int         // free cells: bounds the loads running at once
-	regs    []rdma.Region    // registered with the engine
-	offers  map[uint64]held  // producer: armed offers
-	handed  map[uint64]bool  // producer: offers handed on by the scheduler half, to skip in Metadata
-	gen     uint64           // the newest generation seen: the identity's, then Metadata's
+	owned   bool            // eng was opened by the worker (kv_connector_extra_config transfer): Close closes it
+	mailbox hostMem         // producer slots
+	digests hostMem         // producer: the CRC-32 of each block, by block id; nil for device memory
+	scratch hostMem         // consumer cells: 16 bytes per running load
+	sums    hostMem         // consumer: per cell, the producer's digests of a load's blocks; nil unverified
+	cells   chan int        // free cells: bounds the loads running at once
+	regs    []rdma.Region   // registered with the engine
+	offers  map[uint64]held // producer: armed offers
+	handed  map[uint64]bool // producer: offers handed on by the scheduler half, to skip in Metadata
+	gen     uint64          // the newest generation seen: the identity's, then Metadata's
 	out     connector.Output
 
 	ctx    context.Context
@@ -171,14 +172,14 @@ func (w *Worker) Register(kv connector.KVCache) error {
 		}
 		w.regs = append(w.regs, r)
 	}
-	if w.mailbox, err = rdma.AllocHost(w.opt.slots * slotBytes); err != nil {
+	if w.mailbox, err = w.alloc(w.opt.slots * slotBytes); err != nil {
 		return fmt.Errorf("p2p: mailbox: %w", err)
 	}
 	if err = w.eng.Register(w.mailbox.Region()); err != nil {
 		return fmt.Errorf("p2p: register mailbox: %w", err)
 	}
 	w.regs = append(w.regs, w.mailbox.Region())
-	if w.scratch, err = rdma.AllocHost(maxLoads * 16); err != nil {
+	if w.scratch, err = w.alloc(maxLoads * 16); err != nil {
 		return fmt.Errorf("p2p: scratch: %w", err)
 	}
 	if err = w.eng.Register(w.scratch.Region()); err != nil {
@@ -188,7 +189,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	// Digests need the blocks' bytes: host memory only.
 	host := kv.Regions[0].Loc.IsHost()
 	if host && w.cfg.Role.CanSave() && w.opt.verify {
-		if w.digests, err = rdma.AllocHost(kv.Blocks * 4); err != nil {
+		if w.digests, err = w.alloc(kv.Blocks * 4); err != nil {
 			return fmt.Errorf("p2p: digest table: %w", err)
 		}
 		if err = w.eng.Register(w.digests.Region()); err != nil {
@@ -197,7 +198,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 		w.regs = append(w.regs, w.digests.Region())
 	}
 	if host && w.cfg.Role.CanLoad() && w.opt.verify {
-		if w.sums, err = rdma.AllocHost(maxLoads * kv.Blocks * 4); err != nil {
+		if w.sums, err = w.alloc(maxLoads * kv.Blocks * 4); err != nil {
 			return fmt.Errorf("p2p: digest cells: %w", err)
 		}
 		if err = w.eng.Register(w.sums.Region()); err != nil {
@@ -235,7 +236,7 @@ func (w *Worker) unregister() error {
 		}
 	}
 	w.regs = nil
-	for _, m := range []*rdma.HostMemory{w.mailbox, w.scratch, w.digests, w.sums} {
+	for _, m := range []hostMem{w.mailbox, w.scratch, w.digests, w.sums} {
 		if m != nil {
 			if err := m.Free(); err != nil {
 				errs = append(errs, err)
@@ -951,5 +952,17 @@ func (w *Worker) Close() error {
 		// Nothing is withdrawn or freed: the engine may still use it.
 		return fmt.Errorf("p2p: close: %d loads have transfers whose end the transfer engine cannot tell: the KV memory, mailbox and scratch they use may still be written, and are not freed: %w", n, rdma.ErrBusy)
 	}
-	return w.unregister()
+	err := w.unregister()
+	if w.owned {
+		err = errors.Join(err, w.eng.Close())
+	}
+	return err
 }
+
+// Engine returns the worker's transfer engine: the one given to New or in
+// Env.Engine, or the one it opened (kv_connector_extra_config
+// "transfer"), which its Close closes. With "transfer": "shm" the KV
+// memory to Register must come from that engine's Alloc:
+//
+//	mem, err := w.Engine().(*shm.Engine).Alloc(n)
+func (w *Worker) Engine() rdma.Engine { return w.eng }
