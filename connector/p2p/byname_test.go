@@ -1,3 +1,5 @@
+//go:build unix
+
 package p2p_test
 
 import (
