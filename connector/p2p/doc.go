@@ -53,8 +53,8 @@
 //
 // Each producer worker registers a mailbox beside its KV memory:
 // mailbox_slots slots of 16 bytes, slot i at Rank.Mailbox+16i, two 8-byte
-// words in the hosts' byte order. Everything goes over the transfer engine: no other channel
-// between the instances is needed.
+// words in the hosts' byte order. Everything goes over the transfer
+// engine: no other channel between the instances is needed.
 //
 //	offset 0: offer word, written only by the producer's worker
 //	          0 (never used), or offer<<2|1 (armed), offer<<2|2 (ended)
@@ -109,6 +109,7 @@
 // engine_id, Params.Engine): in the next Update every load from it is
 // failed from its first block, as any failed load is, the requests kept
 // for them are released, and later reports of those loads are ignored.
+// Give producers an engine_id, so that their parameters name them.
 // Forget does not stop the workers' transfers: it is for a peer whose
 // memory is gone, not a way to cancel loads from a live one.
 //
