@@ -4,9 +4,11 @@ package p2p
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/rdma"
 )
 
 // TestForget: a load from a producer that is gone never settles, and the
@@ -14,14 +16,26 @@ import (
 // engine id fails the load and releases the request in the next Update,
 // and the worker's late report of it is ignored.
 func TestForget(t *testing.T) {
-	for _, finished := range []bool{false, true} {
-		name := "loading"
+	for _, tc := range []struct {
+		tp       int
+		finished bool
+	}{{1, false}, {1, true}, {2, false}, {2, true}} {
+		finished := tc.finished
+		name := fmt.Sprintf("tp%d/loading", tc.tp)
 		if finished {
-			name = "finished"
+			name = fmt.Sprintf("tp%d/finished", tc.tp)
 		}
 		t.Run(name, func(t *testing.T) {
 			h := newHold()
-			p, c := settledPair(t, h)
+			// Rank 0's block reads are held; rank 1's run.
+			co := opts(tc.tp, 1, 4, connector.BlockMajor)
+			co.wrap = func(rank int, e rdma.Engine) rdma.Engine {
+				if rank == 0 {
+					return holding{e, h}
+				}
+				return e
+			}
+			p, c := pair(t, opts(tc.tp, 1, 4, connector.BlockMajor), co)
 			tokens := prompt(111, 6*4)
 			params := p.prefill("r", tokens)
 			r, _ := c.admit("r", tokens, params, 0)
@@ -32,6 +46,16 @@ func TestForget(t *testing.T) {
 				if err != nil || !keep {
 					t.Fatalf("Finish during the load = %v, %v; want true (keep the blocks)", keep, err)
 				}
+			}
+			if tc.tp > 1 {
+				id := c.sched.reqs["r"].load
+				waitFor(t, "rank 1 to report the load done", func() bool {
+					if prog := c.updateRaw(t); len(prog.Loaded)+len(prog.Failed)+len(prog.Released) != 0 {
+						t.Fatalf("progress %+v for a load whose rank 0 reads did not end", prog)
+					}
+					x, ok := c.sched.transfers.Get(id)
+					return ok && x.done == 1
+				})
 			}
 			// Its reads never end: the request waits.
 			for range 3 {

@@ -97,6 +97,7 @@ type transfer struct {
 	slot   int    // offers
 	gen    uint64 // the generation it was planned in
 	failAt int    // loads: lowest failed block index over all ranks, -1 if none
+	done   int    // ranks that reported it done so far
 }
 
 func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns hashing.Namespace, log *slog.Logger, b *board) *Scheduler {
@@ -359,6 +360,13 @@ func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error
 	if err := s.transfers.Apply("p2p: Update", outs, failed, s.finishTransfer); err != nil {
 		return nil, err
 	}
+	for _, o := range outs {
+		for _, id := range o.Done {
+			if x, ok := s.transfers.Get(id); ok {
+				x.done++ // some ranks are still to report it
+			}
+		}
+	}
 	for _, id := range ignored {
 		if s.ignore[id]--; s.ignore[id] <= 0 {
 			delete(s.ignore, id)
@@ -468,7 +476,7 @@ func (s *Scheduler) writeOff(id uint64) {
 		if s.ignore == nil {
 			s.ignore = make(map[uint64]int)
 		}
-		s.ignore[id] = s.workers
+		s.ignore[id] = s.workers - x.done
 	}
 	if x.kind == kindLoad {
 		x.failAt = 0
