@@ -29,6 +29,12 @@ type Transfer struct {
 	First  int                 // index of Blocks[0] in the request's block table of Group
 	Blocks []BlockID           // engine blocks of Group, the same in every worker
 	Hashes []hashing.BlockHash // Hashes[i] is the hash of Blocks[i]'s tokens: the chain's hash of the prefix that ends with it
+	// Params are the connector's own parameters of the transfer, opaque
+	// to the engine, which ships them to the workers unchanged (the P2P
+	// connector's: where the producer's blocks are); nil for none. A
+	// connector whose workers are other processes needs them: the
+	// Metadata is all that reaches those workers.
+	Params []byte
 }
 
 // Reason says why a block's transfer failed.
@@ -88,19 +94,19 @@ func (m *Metadata) Reset() {
 	m.Saves = m.Saves[:0]
 }
 
-// Wire format, version 3. Every encoding is one frame: a header, a body
+// Wire format, version 4. Every encoding is one frame: a header, a body
 // and a checksum over both.
 //
 //	frame    = magic version length body checksum
 //	magic    = "KVM" (a Metadata) | "KVO" (an Output)
-//	version  = 0x03
+//	version  = 0x04
 //	length   = uint32, little-endian: the number of bytes in body
 //	body     = metadata | output, as magic says
 //	checksum = uint32, little-endian: CRC-32 (IEEE) of magic, version,
 //	           length and body, every byte before it
 //
 //	metadata = step generation nloads transfer* nsaves transfer*
-//	transfer = id nreq byte* group first nblocks block* hash*
+//	transfer = id nreq byte* group first nblocks block* hash* nparams byte*
 //	output   = rank ndone id* nfailed failure*
 //	failure  = transfer index reason
 //
@@ -124,9 +130,9 @@ func (m *Metadata) Reset() {
 // it is no authentication, and a party that can write frames can forge
 // them.
 //
-// Version 3 added the group of a transfer; version 2 added the length and
-// the checksum.
-const wireVersion = 3
+// Version 4 added the params of a transfer; version 3 the group of a
+// transfer; version 2 the length and the checksum.
+const wireVersion = 4
 
 // frameHeader is the size of magic, version and length; frameTrailer of
 // the checksum.
@@ -256,6 +262,8 @@ func (m *Metadata) appendBody(b []byte) ([]byte, error) {
 			for _, h := range t.Hashes {
 				b = append(b, h[:]...)
 			}
+			b = binary.AppendUvarint(b, uint64(len(t.Params)))
+			b = append(b, t.Params...)
 		}
 	}
 	return b, nil
@@ -461,6 +469,9 @@ func (d *decoder) transfers(dst []Transfer) []Transfer {
 		t.Hashes = make([]hashing.BlockHash, nb)
 		for j := range t.Hashes {
 			copy(t.Hashes[j][:], d.bytes(len(hashing.BlockHash{})))
+		}
+		if np := d.count(1); np > 0 {
+			t.Params = append([]byte(nil), d.bytes(np)...)
 		}
 		dst = append(dst, t)
 	}

@@ -120,6 +120,7 @@ func sampleMetadata() []struct {
 		{"saves", connector.Metadata{Step: 6, Generation: 1, Saves: []connector.Transfer{save}}},
 		{"loads and saves", connector.Metadata{Step: 7, Generation: 1, Loads: []connector.Transfer{load}, Saves: []connector.Transfer{save}}},
 		{"rotation", connector.Metadata{Step: 8, Generation: 2, Saves: []connector.Transfer{save}}},
+		{"params", connector.Metadata{Step: 9, Generation: 2, Loads: []connector.Transfer{{ID: 14, Req: "p", Blocks: blocks(3, 1), Hashes: hashes(6, 1), Params: []byte(`{"v":2}`)}}}},
 		{"big numbers", connector.Metadata{Step: math.MaxUint64, Generation: math.MaxUint64 - 1,
 			Loads: []connector.Transfer{{ID: math.MaxUint64, Req: "req-ffff", First: math.MaxInt32, Blocks: []connector.BlockID{math.MaxInt32, 1 << 20}, Hashes: hashes(4, 2)}},
 			Saves: []connector.Transfer{{ID: 1 << 40, Req: "", First: 1 << 30, Blocks: []connector.BlockID{1 << 24}, Hashes: hashes(5, 1)}}}},
@@ -345,8 +346,8 @@ func TestWireChecksum(t *testing.T) {
 		if got, want := binary.LittleEndian.Uint32(f.b[4:]), uint32(len(f.b)-12); got != want {
 			t.Errorf("%s: length = %d, want %d", f.name, got, want)
 		}
-		if f.b[3] != 3 {
-			t.Errorf("%s: version = %d, want 3", f.name, f.b[3])
+		if f.b[3] != 4 {
+			t.Errorf("%s: version = %d, want 4", f.name, f.b[3])
 		}
 	}
 }
@@ -354,16 +355,16 @@ func TestWireChecksum(t *testing.T) {
 // TestWireGolden pins the encoding: a change to it must come with a new
 // wire version (see the versioning policy in metadata.go).
 func TestWireGolden(t *testing.T) {
-	m := connector.Metadata{Step: 7, Generation: 1, Loads: []connector.Transfer{{ID: 1, Req: "r", Group: 2, First: -1, Blocks: []connector.BlockID{3}, Hashes: make([]hashing.BlockHash, 1)}}}
+	m := connector.Metadata{Step: 7, Generation: 1, Loads: []connector.Transfer{{ID: 1, Req: "r", Group: 2, First: -1, Blocks: []connector.BlockID{3}, Hashes: make([]hashing.BlockHash, 1), Params: []byte("p")}}}
 	o := connector.Output{Rank: 1, Done: []uint64{1}, Failed: []connector.Failure{{Transfer: 1, Index: 0, Reason: connector.ReasonIO}}}
 	for _, tt := range []struct {
 		name string
 		v    interface{ MarshalBinary() ([]byte, error) }
 		want string
 	}{
-		// step gen nloads id nreq "r" group(2) first(-1) nblocks block(3) hash nsaves
-		{"metadata", &m, "4b564d03" + "2b000000" + "07010101017204010106" + strings.Repeat("00", 32) + "00" + "7753b721"},
-		{"output", &o, "4b564f03" + "07000000" + "02010101010001" + "5a0b9777"},
+		// step gen nloads id nreq "r" group(2) first(-1) nblocks block(3) hash nparams "p" nsaves
+		{"metadata", &m, "4b564d04" + "2d000000" + "07010101017204010106" + strings.Repeat("00", 32) + "0170" + "00" + "4b607f42"},
+		{"output", &o, "4b564f04" + "07000000" + "02010101010001" + "d5e20f03"},
 	} {
 		b, err := tt.v.MarshalBinary()
 		if err != nil {
@@ -383,13 +384,17 @@ func TestWireOldVersionRefused(t *testing.T) {
 	// transfers had a group.
 	v2meta, _ := hex.DecodeString("4b564d02" + "2a000000" + "070101010172010106" + strings.Repeat("00", 32) + "00" + "4e7bfdfe")
 	v2out, _ := hex.DecodeString("4b564f02" + "07000000" + "02010101010001" + "354732ec")
+	// Frames of wire version 3, the golden ones of TestWireGolden before
+	// transfers had params.
+	v3meta, _ := hex.DecodeString("4b564d03" + "2b000000" + "07010101017204010106" + strings.Repeat("00", 32) + "00" + "7753b721")
+	v3out, _ := hex.DecodeString("4b564f03" + "07000000" + "02010101010001" + "5a0b9777")
 	for _, f := range []struct {
 		v         int
 		meta, out []byte
-	}{{1, v1meta, v1out}, {2, v2meta, v2out}} {
+	}{{1, v1meta, v1out}, {2, v2meta, v2out}, {3, v3meta, v3out}} {
 		var m connector.Metadata
 		err := m.UnmarshalBinary(f.meta)
-		want := fmt.Sprintf("wire version %d is no longer accepted: re-encode with version 3", f.v)
+		want := fmt.Sprintf("wire version %d is no longer accepted: re-encode with version 4", f.v)
 		if !errors.Is(err, connector.ErrBadMetadata) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "metadata frame") {
 			t.Errorf("Metadata.UnmarshalBinary(version %d) = %v, want ErrBadMetadata with %q", f.v, err, want)
 		}
@@ -430,8 +435,8 @@ func TestMetadataRejects(t *testing.T) {
 		{"magic", append([]byte("XXX"), good[3:]...), "bad magic"},
 		{"an output frame", out, `bad magic "KVO", want "KVM"`},
 		{"negative group", negGroup, "transfer 1: group -1, want >= 0"},
-		{"version 0", withVersion(0), "unknown wire version 0, want 3"},
-		{"version 4", withVersion(4), "unknown wire version 4, want 3"},
+		{"version 0", withVersion(0), "unknown wire version 0, want 4"},
+		{"version 5", withVersion(5), "unknown wire version 5, want 4"},
 		{"header only", good[:8], "truncated: 8 bytes"},
 		{"truncated", good[:len(good)-1], "truncated: length"},
 		{"trailing", append(bytes.Clone(good), 0), "1 bytes appended"},

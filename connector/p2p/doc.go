@@ -3,11 +3,16 @@
 // finished request's blocks in its own KV memory, and the consumer
 // (kv_consumer, the decode instance) reads them straight into the blocks it
 // allocated, through an [rdma.Engine]: [rdma.Loopback] in one process,
-// rdma/mooncake across processes and hosts. No store is involved and no
-// byte is staged.
+// rdma/shm across the processes of one host, rdma/mooncake across
+// processes and hosts. No store is involved and no byte is staged.
 //
-// It registers under [Name] ("P2PConnector"), but connector.Env does not
-// carry a transfer engine yet: open the halves with [New].
+// Open the halves with [New], giving it the transfer engines, or by name
+// ("P2PConnector", [Name]) from kv_transfer_config: connector.OpenScheduler
+// first, then connector.OpenWorker for each rank, with the same engine_id,
+// in the same process. A worker opened by name uses the transfer engine in
+// Env.Engine, or opens one itself by kv_connector_extra_config
+// "transfer": "loopback", "shm" or "mooncake" (see [TransferLoopback],
+// [TransferShm], [TransferMooncake]), which its Close closes.
 //
 // # Usage
 //
@@ -44,15 +49,69 @@
 // (tenant, model, weights version and generation, KV format, layout)
 // differs refuses them, so KV never crosses identities.
 //
-// # How the consumer says it is done
+// # The mailbox: how the consumer says it is done
 //
-// Each producer worker registers a mailbox beside its KV memory: one
-// 8-byte slot per offer it may hold. It arms the offer's slot when the
-// offer is made; the consumer's worker, after its reads, reads the slot
-// back (still armed means the blocks were the offer's while it read) and
-// writes it to say it is done. The producer clears a slot before it gives
-// up on an offer. Everything goes over the transfer engine: no other
-// channel between the instances is needed.
+// Each producer worker registers a mailbox beside its KV memory:
+// mailbox_slots slots of 16 bytes, slot i at Rank.Mailbox+16i, two 8-byte
+// words in the hosts' byte order. Everything goes over the transfer
+// engine: no other channel between the instances is needed.
+//
+//	offset 0: offer word, written only by the producer's worker
+//	          0 (never used), or offer<<2|1 (armed), offer<<2|2 (ended)
+//	offset 8: done word, written only by consumers' workers
+//	          the offer ID of the last consumer that said it is done
+//
+// An offer is named by its slot and its ID (Params.Slot, Params.Offer), a
+// sequence number unique among the producer's offers that only grows, so
+// a slot's offer words only grow too; the slot is ID mod mailbox_slots,
+// and the scheduler half gives a slot to one offer at a time. Each word
+// has a single writer, so no write overwrites the other side's, and no
+// remote compare-and-swap is needed: a notice and an offer can never be
+// taken for another offer's, whatever the order of the writes.
+//
+// The producer's worker:
+//  1. arms the offer (writes armed(offer) into the offer word) once the
+//     digests of its blocks are in the digest table; it does so when the
+//     scheduler half of its process makes the offer in Finish, and a worker
+//     of another process when it starts the Metadata that carries it;
+//  2. in each Poll, takes the offer for done when the done word holds its
+//     ID, or for expired when keep_timeout passed since it was armed;
+//     either way it writes ended(offer) into the offer word before it
+//     reports the offer (after which the engine may reuse the blocks);
+//  3. in Close, writes ended(offer) for every offer it holds.
+//
+// The consumer's worker:
+//  1. reads the offer word until it is armed(offer) (for up to
+//     open_timeout); ended(offer), or the word of a newer offer, means the
+//     offer is gone;
+//  2. reads the blocks (and their digests), then the offer word again:
+//     only if it is still armed(offer) were the blocks the offer's while
+//     they were read;
+//  3. writes the offer ID into the done word, also when step 1 or 2
+//     failed for any reason but the offer being gone (a timeout, a
+//     transport error, Close): a notice written before the offer is armed
+//     is kept, and the producer frees the blocks at its next Poll. It
+//     writes nothing when the offer is gone (the slot may hold a newer
+//     offer, whose notice it would erase), or when its transfers did not
+//     settle.
+//
+// A consumer that writes its notice just as the producer expires the
+// offer and reuses the slot may erase the newer offer's notice: that
+// offer is then released after keep_timeout, never early.
+//
+// # A producer that is gone
+//
+// When a producer instance restarts or dies, loads from it may never be
+// reported (its transport may keep them pending), and a request that
+// Finish kept for such a load would stay kept. The engine, once it knows
+// the producer is gone (its router or orchestrator says so), calls
+// [Scheduler.Forget] with the producer's engine id (its kv_transfer_config
+// engine_id, Params.Engine): in the next Update every load from it is
+// failed from its first block, as any failed load is, the requests kept
+// for them are released, and later reports of those loads are ignored.
+// Give producers an engine_id, so that their parameters name them.
+// Forget does not stop the workers' transfers: it is for a peer whose
+// memory is gone, not a way to cancel loads from a live one.
 //
 // # Verified reads
 //
@@ -72,22 +131,45 @@
 // moving its bytes any more. Until then the engine keeps the request's
 // blocks (it may not run the request, and Finish keeps them), so a late
 // transfer never writes a block that was recomputed or handed to another
-// request. The wait has no bound: a transfer that never settles (a hung
-// device or transport) is a hang of its load and of the worker's Close,
-// logged every 10 s. Transfer engines bound it themselves: closing one
-// (rdma/mooncake gives up after Config.CloseTimeout) makes the wait fail;
-// a load whose transfers' end cannot be told is then never reported, and
-// the worker's Close returns an error wrapping [rdma.ErrBusy] and frees
-// no memory those transfers may touch.
+// request. While the worker is open the wait has no bound (it is logged
+// every 10 s): a transfer that never settles (a hung device or transport)
+// is a hang of its load. A worker's Close waits for it for up to
+// close_timeout, then gives up: the load is never reported, and Close
+// returns an error wrapping [rdma.ErrBusy] and frees no memory the
+// transfer may touch (the KV memory must stay allocated too). So Close
+// never hangs on a dead peer, and when it returns nil no transfer of the
+// worker writes the KV memory any more. A transfer engine that cannot tell
+// whether a transfer ended (its Wait fails) is treated the same way.
+// Closing the transfer engine ends its transfers (rdma/mooncake gives up
+// after Config.CloseTimeout).
+//
+// # Across processes
+//
+// A producer and its consumers share nothing but the bytes of the
+// transfer parameters: the producer's namespace and engine id, the offer
+// and its mailbox slot, the block ids and hashes, and per rank the
+// segment name, the KV regions' addresses and layout, the mailbox and the
+// digest table. The consumer's scheduler half hands them to its workers in
+// the Metadata (each load's Transfer.Params), so workers in other
+// processes need only the Metadata's bytes and their engine. Within one
+// instance, the workers of the scheduler half's process hand it their
+// memory when they register, and arm each offer as Finish makes it;
+// workers in another process hand their memory over with
+// [Worker.Handshake] and [Scheduler.SetHandshake], and arm an offer when
+// they start the Metadata that carries it.
 //
 // # Configuration
 //
 // kv_connector_extra_config keys: "keep_timeout" (how long a producer
-// keeps an offer's blocks, "120s"), "mailbox_slots" (offers a producer
-// worker holds at once, 1024), "open_timeout" (opening a producer's
-// segment, "10s"), "verify" (a producer publishes the CRC-32 of each block
-// it offers, a consumer checks each block it reads against it: "checksum",
-// the default, or "none"). Any other key is an error naming it.
+// keeps an offer's blocks, "120s"), "close_timeout" (how long a worker's
+// Close waits for transfers to settle, "30s"), "mailbox_slots" (offers a
+// producer worker holds at once, 1024), "open_timeout" (opening a
+// producer's segment, and waiting for an offer to be armed, "10s"),
+// "transfer" (the transfer engine a worker opened by name without
+// Env.Engine opens: "loopback", "shm" or "mooncake"), "verify" (a
+// producer publishes the CRC-32 of each block it offers, a consumer
+// checks each block it reads against it: "checksum", the default, or
+// "none"). Any other key is an error naming it.
 //
 // # Concurrency
 //

@@ -3,6 +3,7 @@ package p2p
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,15 +20,16 @@ func init() { connector.Register(Name, driver{}) }
 // driver is the registry's entry. The halves it opens are linked in
 // process, as New links them: OpenScheduler opens the scheduler half under
 // the config's engine_id, and OpenWorker, given the rank's transfer engine
-// in Env.Engine, joins the scheduler half of the same engine_id, which
-// must be open in this process. Closing the scheduler half frees the
-// engine_id.
+// in Env.Engine or opening the one kv_connector_extra_config "transfer"
+// names, joins the scheduler half of the same engine_id, which must be
+// open in this process. Closing the scheduler half frees the engine_id.
 type driver struct{}
 
 // opened holds the scheduler halves the registry opened, by engine_id.
 var opened struct {
 	sync.Mutex
-	m map[string]*Scheduler
+	m      map[string]*Scheduler
+	fabric *rdma.Fabric // the loopback engines' ("transfer": "loopback"), from first use
 }
 
 func (driver) OpenScheduler(cfg connector.Config, env connector.Env) (connector.Scheduler, error) {
@@ -51,7 +53,7 @@ func (driver) OpenScheduler(cfg connector.Config, env connector.Env) (connector.
 		return nil, fmt.Errorf("%w: %s: a scheduler half of engine_id %q is already open in this process", connector.ErrConfig, Name, cfg.EngineID)
 	}
 	tp := env.Identity.Layout.TPSize
-	b := &board{ranks: make([]*Rank, tp), loads: make(map[uint64]*loadPlan)}
+	b := &board{ranks: make([]*Rank, tp)}
 	s := newScheduler(cfg, opt, env.Identity, ns, logger(env), b)
 	id := cfg.EngineID
 	s.onClose = func() {
@@ -73,8 +75,11 @@ func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Wor
 	if err != nil {
 		return nil, err
 	}
-	if env.Engine == nil {
-		return nil, fmt.Errorf("%w: %s moves blocks with an rdma.Engine: set Env.Engine to this rank's", connector.ErrConfig, Name)
+	switch {
+	case env.Engine == nil && opt.transfer == "":
+		return nil, fmt.Errorf("%w: %s moves blocks with an rdma.Engine: set Env.Engine to this rank's, or kv_connector_extra_config.transfer to %q, %q or %q", connector.ErrConfig, Name, TransferLoopback, TransferShm, TransferMooncake)
+	case env.Engine != nil && opt.transfer != "":
+		return nil, fmt.Errorf("%w: %s: Env.Engine is set and kv_connector_extra_config.transfer = %q: give the engine one way", connector.ErrConfig, Name, opt.transfer)
 	}
 	ns, err := env.Identity.Namespace()
 	if err != nil {
@@ -92,7 +97,16 @@ func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Wor
 	if tp := env.Identity.Layout.TPSize; env.Rank < 0 || env.Rank >= tp {
 		return nil, fmt.Errorf("%w: Env.Rank = %d, want [0, %d) for TP size %d", connector.ErrConfig, env.Rank, tp, tp)
 	}
-	return newWorker(cfg, opt, env.Rank, env.Engine, env.Identity.Generation, logger(env), s.board), nil
+	if env.Engine != nil {
+		return newWorker(cfg, opt, env.Rank, env.Engine, env.Identity.Generation, logger(env), s.board), nil
+	}
+	e, err := openTransfer(opt.transfer, cfg.EngineID, env.Rank, logger(env), opt.openTimeout)
+	if err != nil {
+		return nil, err
+	}
+	w := newWorker(cfg, opt, env.Rank, e, env.Identity.Generation, logger(env), s.board)
+	w.owned = true
+	return w, nil
 }
 
 // checkGroups refuses a layout of KV cache groups other than one of full
@@ -113,15 +127,17 @@ func logger(env connector.Env) *slog.Logger {
 
 // options are the connector's settings, from kv_connector_extra_config.
 type options struct {
-	keepTimeout time.Duration // "keep_timeout": how long a producer keeps an offer's blocks
-	slots       int           // "mailbox_slots": offers a producer worker can hold at once
-	openTimeout time.Duration // "open_timeout": bound on opening a producer's segment
-	verify      bool          // "verify": check each block read against the producer's CRC-32
+	keepTimeout  time.Duration // "keep_timeout": how long a producer keeps an offer's blocks
+	slots        int           // "mailbox_slots": offers a producer worker can hold at once
+	openTimeout  time.Duration // "open_timeout": bound on opening a producer's segment
+	closeTimeout time.Duration // "close_timeout": bound on a worker's Close waiting for transfers to settle
+	verify       bool          // "verify": check each block read against the producer's CRC-32
+	transfer     string        // "transfer": the engine a worker opened by name opens, "" for Env.Engine's
 }
 
 // extraKeys are the kv_connector_extra_config keys the connector reads;
 // any other key is an error.
-var extraKeys = []string{"keep_timeout", "mailbox_slots", "open_timeout", "verify"}
+var extraKeys = []string{"close_timeout", "keep_timeout", "mailbox_slots", "open_timeout", "transfer", "verify"}
 
 func parseOptions(cfg connector.Config) (options, error) {
 	var o options
@@ -141,11 +157,25 @@ func parseOptions(cfg connector.Config) (options, error) {
 	if o.openTimeout <= 0 {
 		return o, fmt.Errorf("%w: kv_connector_extra_config.open_timeout = %v, want > 0", connector.ErrConfig, o.openTimeout)
 	}
+	if o.closeTimeout, err = cfg.ExtraDuration("close_timeout", 30*time.Second); err != nil {
+		return o, err
+	}
+	if o.closeTimeout <= 0 {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.close_timeout = %v, want > 0", connector.ErrConfig, o.closeTimeout)
+	}
 	v, err := cfg.ExtraChoice("verify", "checksum", "checksum", "none")
 	if err != nil {
 		return o, err
 	}
 	o.verify = v == "checksum"
+	if o.transfer, err = cfg.ExtraString("transfer", ""); err != nil {
+		return o, err
+	}
+	if o.transfer != "" {
+		if _, err := cfg.ExtraChoice("transfer", "", transfers...); err != nil {
+			return o, err
+		}
+	}
 	if o.slots, err = cfg.ExtraInt("mailbox_slots", 1024); err != nil {
 		return o, err
 	}
@@ -160,8 +190,10 @@ func parseOptions(cfg connector.Config) (options, error) {
 // serving tensor-parallel rank i (there must be env.Identity.Layout.TPSize
 // of them). The halves are linked in process: each worker hands the
 // scheduler half its memory when it registers, and the scheduler half
-// hands the workers the producers' addresses of the loads it plans. The
-// connector does not close the engines.
+// hands its offers to the workers as it makes them, to arm at once. A
+// consumer's loads need no link: each carries the producer's transfer
+// parameters in the Metadata (Transfer.Params). The connector does not
+// close the engines.
 //
 // A producer (kv_producer, or kv_both) offers the full blocks of each
 // request that ends ([Scheduler.Finish] keeps them) and returns their
@@ -176,6 +208,9 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 	opt, err := parseOptions(cfg)
 	if err != nil {
 		return nil, nil, err
+	}
+	if opt.transfer != "" {
+		return nil, nil, fmt.Errorf("%w: p2p.New: kv_connector_extra_config.transfer = %q: New takes its transfer engines as arguments; transfer is for workers opened by name", connector.ErrConfig, opt.transfer)
 	}
 	ns, err := env.Identity.Namespace()
 	if err != nil {
@@ -197,7 +232,7 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &board{ranks: make([]*Rank, tp), loads: make(map[uint64]*loadPlan)}
+	b := &board{ranks: make([]*Rank, tp)}
 	s := newScheduler(cfg, opt, env.Identity, ns, log, b)
 	ws := make([]*Worker, tp)
 	for i, e := range engines {
@@ -206,17 +241,20 @@ func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Sche
 	return s, ws, nil
 }
 
-// board links the halves of one New: the workers' memory for the
-// scheduler half, and the remote side of each planned load for the
-// workers. In a connector whose workers are other processes, the same
-// values would travel in the handshake and in the Metadata.
+// board links the halves of one New in a producer: the workers' memory
+// for the scheduler half (the workers of another process hand it over
+// with Handshake and SetHandshake), and the offers for the workers to arm
+// as they are made (the workers of another process arm them from the
+// Metadata). A consumer needs none of it: its loads carry everything in
+// the Metadata.
 type board struct {
-	mu    sync.Mutex
-	ranks []*Rank              // per rank, once its worker registered
-	loads map[uint64]*loadPlan // by load transfer ID, from Allocated until the load ends
+	mu      sync.Mutex
+	ranks   []*Rank   // per rank, once its worker registered
+	workers []*Worker // per rank, the worker of this process that registered, if any
 }
 
-// loadPlan is the producer's side of one load.
+// loadPlan is the producer's side of one load, from the parameters the
+// load carries.
 type loadPlan struct {
 	params Params              // the producer's parameters
 	remote []connector.BlockID // the producer's blocks, in the order of the transfer's blocks
@@ -227,6 +265,42 @@ func (b *board) setRank(rank int, r Rank) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.ranks[rank] = &r
+}
+
+// join records w, registered in this process, as the worker of rank, for
+// handOn.
+func (b *board) join(rank int, w *Worker, r Rank) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ranks[rank] = &r
+	if b.workers == nil {
+		b.workers = make([]*Worker, len(b.ranks))
+	}
+	b.workers[rank] = w
+}
+
+// leave forgets w, which closed.
+func (b *board) leave(rank int, w *Worker) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.workers != nil && b.workers[rank] == w {
+		b.workers[rank] = nil
+	}
+}
+
+// handOn hands offer t to the workers of this process, which arm it at
+// once, without waiting for the Metadata that carries it; they then skip
+// it there. Workers of other processes arm it when they start that
+// Metadata.
+func (b *board) handOn(t connector.Transfer) {
+	b.mu.Lock()
+	ws := slices.Clone(b.workers)
+	b.mu.Unlock()
+	for _, w := range ws {
+		if w != nil {
+			w.handOn(t)
+		}
+	}
 }
 
 // handshake returns every rank's memory, or false while one is missing.
@@ -243,28 +317,15 @@ func (b *board) handshake() ([]Rank, bool) {
 	return out, true
 }
 
-func (b *board) plan(id uint64, p *loadPlan) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.loads[id] = p
-}
+// slotBytes is the size of a mailbox slot: the offer word, then the done
+// word (see the package documentation, "The mailbox").
+const slotBytes = 16
 
-func (b *board) load(id uint64) *loadPlan {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.loads[id]
-}
-
-func (b *board) drop(id uint64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.loads, id)
-}
-
-// Mailbox words: 0 is empty (or revoked); an armed slot holds the offer
-// shifted left by one; a consumed one the same with the low bit set.
-func armed(offer uint64) uint64    { return offer << 1 }
-func consumed(offer uint64) uint64 { return offer<<1 | 1 }
+// Offer words. An offer word holds 0 (never used), or an offer ID shifted
+// left by two with the offer's state in the low bits: 1 armed, 2 ended.
+// Offer IDs are below 2^62.
+func armed(offer uint64) uint64 { return offer<<2 | 1 }
+func ended(offer uint64) uint64 { return offer<<2 | 2 }
 
 // namespaceOf returns the namespace string parameters carry.
 func namespaceOf(ns hashing.Namespace) string { return ns.String() }

@@ -408,7 +408,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestParams(t *testing.T) {
-	valid := `{"v":1,"namespace":"t/abc","offer":4,"slot":4,"block_size":4,"blocks":[1,2],
+	valid := `{"v":2,"namespace":"t/abc","offer":4,"slot":4,"block_size":4,"blocks":[1,2],
 		"hashes":["` + strings.Repeat("ab", 32) + `","` + strings.Repeat("cd", 32) + `"],
 		"ranks":[{"segment":"s","regions":[4096],"mailbox":8192,"slots":16,"layers":2,"blocks":8,"kv":2,"block_bytes":64,"order":"block-major"}]}`
 	p, err := DecodeParams([]byte(valid))
@@ -423,7 +423,7 @@ func TestParams(t *testing.T) {
 		t.Errorf("round trip = %+v, %v", q, err)
 	}
 	for _, tc := range []struct{ name, from, to, want string }{
-		{"version", `"v":1`, `"v":2`, "v = 2"},
+		{"version", `"v":2`, `"v":1`, "v = 1"},
 		{"offer", `"offer":4`, `"offer":0`, "offer = 0"},
 		{"slot", `"slot":4`, `"slot":16`, "slot = 16"},
 		{"block out of range", `"blocks":[1,2]`, `"blocks":[1,8]`, "blocks[1] = 8"},
@@ -432,7 +432,7 @@ func TestParams(t *testing.T) {
 		{"mailbox", `"mailbox":8192`, `"mailbox":8193`, "mailbox"},
 		{"order", `"block-major"`, `"diagonal"`, "order"},
 		{"region size", `"regions":[4096]`, `"regions":[4096,8192,12288]`, "Regions"},
-		{"unknown field", `"v":1`, `"v":1,"x":0`, "unknown field"},
+		{"unknown field", `"v":2`, `"v":2,"x":0`, "unknown field"},
 		{"trailing", `"}]}`, `"}]}{}`, "trailing"},
 	} {
 		bad := strings.Replace(valid, tc.from, tc.to, 1)
@@ -447,7 +447,7 @@ func TestParams(t *testing.T) {
 }
 
 func FuzzDecodeParams(f *testing.F) {
-	f.Add([]byte(`{"v":1,"namespace":"t/abc","offer":4,"slot":0,"block_size":4,"blocks":[1],"hashes":["` + strings.Repeat("ab", 32) + `"],"ranks":[{"segment":"s","regions":[4096],"mailbox":8192,"slots":1,"layers":1,"blocks":2,"kv":1,"block_bytes":8,"order":"layer-major"}]}`))
+	f.Add([]byte(`{"v":2,"namespace":"t/abc","offer":4,"slot":0,"block_size":4,"blocks":[1],"hashes":["` + strings.Repeat("ab", 32) + `"],"ranks":[{"segment":"s","regions":[4096],"mailbox":8192,"slots":1,"layers":1,"blocks":2,"kv":1,"block_bytes":8,"order":"layer-major"}]}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`{"ranks":[{"layers":65536,"blocks":65536,"kv":2,"block_bytes":1073741824,"regions":[1]}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {

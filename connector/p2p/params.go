@@ -26,8 +26,9 @@ var (
 	ErrNoHandshake = errors.New("p2p: workers not registered")
 )
 
-// paramsVersion is the version of the Params encoding.
-const paramsVersion = 1
+// paramsVersion is the version of the Params encoding. Version 2: mailbox
+// slots of 16 bytes, an offer word and a done word.
+const paramsVersion = 2
 
 // Params are the transfer parameters a producer returns when a request
 // ends, for the consumer that continues it: where the request's blocks are
@@ -41,8 +42,9 @@ type Params struct {
 	// Engine is the producer's engine id (kv_transfer_config engine_id),
 	// for logs.
 	Engine string `json:"engine,omitempty"`
-	// Offer identifies the offer; the consumer writes it back into the
-	// producer's mailbox slot Slot when it is done.
+	// Offer identifies the offer (its sequence number, unique among the
+	// producer's offers and growing); the consumer writes it into the
+	// done word of the producer's mailbox slot Slot when it is done.
 	Offer uint64 `json:"offer"`
 	Slot  int    `json:"slot"`
 	// BlockSize is the number of tokens per block.
@@ -145,8 +147,8 @@ func (r Rank) validate() error {
 		return fmt.Errorf("mailbox = %#x, want a non-zero 8-aligned address", r.Mailbox)
 	case r.Slots <= 0 || r.Slots > maxSlots:
 		return fmt.Errorf("slots = %d, want 1 to %d", r.Slots, maxSlots)
-	case r.Mailbox+uint64(r.Slots)*8 < r.Mailbox:
-		return fmt.Errorf("mailbox = %#x: %d slots of 8 bytes wrap around the address space", r.Mailbox, r.Slots)
+	case r.Mailbox+uint64(r.Slots)*slotBytes < r.Mailbox:
+		return fmt.Errorf("mailbox = %#x: %d slots of %d bytes wrap around the address space", r.Mailbox, r.Slots, slotBytes)
 	case r.Order != connector.BlockMajor.String() && r.Order != connector.LayerMajor.String():
 		return fmt.Errorf("order = %q, want %q or %q", r.Order, connector.BlockMajor, connector.LayerMajor)
 	}

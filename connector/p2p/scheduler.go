@@ -42,8 +42,14 @@ type Scheduler struct {
 	progress  connector.Progress
 	released  []connector.RequestID
 	stats     connector.Stats
-	closed    bool
-	onClose   func() // set by the registry: frees the engine_id
+	// Transfers written off by Forget: finished, failed, in the next
+	// Update; the workers' reports of them, still to come from ignore[id]
+	// ranks, are dropped.
+	writtenOff []uint64
+	offRecords map[uint64]*transfer
+	ignore     map[uint64]int
+	closed     bool
+	onClose    func() // set by the registry: frees the engine_id
 }
 
 var (
@@ -58,10 +64,12 @@ type request struct {
 	id connector.RequestID
 	// Consumer side.
 	params     *Params
+	wire       []byte // params encoded, for the workers (Transfer.Params)
 	paramsSeen bool   // Request.TransferParams were taken (or refused)
 	from       int    // blocks the engine had locally at the last Match
 	match      int    // end of the blocks the last Match offered
 	load       uint64 // the planned load, 0 for none
+	notice     uint64 // the planned notice, 0 for none
 	notified   bool   // the producer is (or will be) told
 	// Producer side.
 	blocks  []connector.BlockID // the request's blocks holding computed full blocks
@@ -89,6 +97,7 @@ type transfer struct {
 	slot   int    // offers
 	gen    uint64 // the generation it was planned in
 	failAt int    // loads: lowest failed block index over all ranks, -1 if none
+	done   int    // ranks that reported it done so far
 }
 
 func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns hashing.Namespace, log *slog.Logger, b *board) *Scheduler {
@@ -160,6 +169,7 @@ func (s *Scheduler) SetParams(id connector.RequestID, data []byte) error {
 		return fmt.Errorf("p2p: SetParams(%q): the request is already loading or finished", id)
 	}
 	q.params = &p
+	q.wire = slices.Clone(data)
 	q.notified = false
 	return nil
 }
@@ -262,9 +272,9 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 		First:  q.from,
 		Blocks: slices.Clone(blocks[q.from : q.from+n]),
 		Hashes: slices.Clone(r.Hashes[q.from : q.from+n]),
+		Params: q.wire,
 	}
 	s.meta.Loads = append(s.meta.Loads, t)
-	s.board.plan(t.ID, &loadPlan{params: *q.params, remote: slices.Clone(q.params.Blocks[q.from : q.from+n])})
 	s.track(q, t.ID, kindLoad, q.from, n, 0)
 	q.load = t.ID
 	q.notified = true
@@ -281,9 +291,9 @@ func (s *Scheduler) notify(q *request) {
 	}
 	q.notified = true
 	s.nextID++
-	s.meta.Loads = append(s.meta.Loads, connector.Transfer{ID: s.nextID, Req: q.id})
-	s.board.plan(s.nextID, &loadPlan{params: *q.params, notify: true})
+	s.meta.Loads = append(s.meta.Loads, connector.Transfer{ID: s.nextID, Req: q.id, Params: q.wire})
 	s.track(q, s.nextID, kindNotify, 0, 0, 0)
+	q.notice = s.nextID
 }
 
 // track records a planned transfer.
@@ -346,9 +356,27 @@ func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error
 			x.failAt = f.Index
 		}
 	}
+	outs, ignored := s.dropIgnored(outs)
 	if err := s.transfers.Apply("p2p: Update", outs, failed, s.finishTransfer); err != nil {
 		return nil, err
 	}
+	for _, o := range outs {
+		for _, id := range o.Done {
+			if x, ok := s.transfers.Get(id); ok {
+				x.done++ // some ranks are still to report it
+			}
+		}
+	}
+	for _, id := range ignored {
+		if s.ignore[id]--; s.ignore[id] <= 0 {
+			delete(s.ignore, id)
+		}
+	}
+	for _, id := range s.writtenOff {
+		s.finishTransfer(id, s.offRecords[id])
+		delete(s.offRecords, id)
+	}
+	s.writtenOff = s.writtenOff[:0]
 	s.progress.Released = append(s.progress.Released, s.released...)
 	s.released = s.released[:0]
 	return &s.progress, nil
@@ -359,10 +387,9 @@ func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
 	q := x.req
 	switch x.kind {
 	case kindNotify:
-		s.board.drop(id)
+		q.notice = 0
 		return
 	case kindLoad:
-		s.board.drop(id)
 		q.load = 0
 		if x.gen != s.meta.Generation {
 			// Read under weights that have since been rotated out.
@@ -387,6 +414,110 @@ func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
 		delete(s.reqs, q.id)
 		s.released = append(s.released, q.id)
 	}
+}
+
+// Forget writes off the producer instance whose engine id
+// (kv_transfer_config engine_id, which its parameters carry as
+// Params.Engine) is engineID: for a producer that restarted or is gone
+// for good, whose transfers would otherwise never be reported. In the
+// next Update every load from it that has not been reported is reported
+// failed from its first block (Progress.Failed, with the load failure
+// policy, counted in Stats.LoadFailures), and a request that Finish kept
+// for such a load is released (Progress.Released); notices to it are
+// dropped, and parameters from it that no load used yet match nothing
+// from then on. The workers' later reports of those transfers are
+// ignored. Forget does not stop the workers' transfers: it is for a peer
+// that is gone (whose memory no longer exists, so nothing of it can
+// arrive late), not a way to cancel loads from a live one.
+//
+// Forget of an engine id nothing waits on does nothing. Only parameters
+// that carry an engine id can be written off: an empty engineID is an
+// error. A producer's own offers are not tied to a consumer: they end
+// when their consumer is done or after keep_timeout. Forget does not
+// block.
+func (s *Scheduler) Forget(engineID string) error {
+	if s.closed {
+		return connector.ErrClosed
+	}
+	if engineID == "" {
+		return fmt.Errorf("%w: p2p: Forget(%q): engine id is empty: a producer's parameters name it in Params.Engine (its kv_transfer_config engine_id)", connector.ErrConfig, engineID)
+	}
+	for _, q := range s.reqs {
+		if q.params == nil || q.params.Engine != engineID {
+			continue
+		}
+		for _, id := range []uint64{q.load, q.notice} {
+			if id != 0 {
+				s.writeOff(id)
+			}
+		}
+		q.params = nil
+		q.notified = true
+	}
+	return nil
+}
+
+// writeOff stops tracking transfer id, to finish it, failed, in the next
+// Update, and drops the workers' reports of it from then on.
+func (s *Scheduler) writeOff(id uint64) {
+	x, ok := s.transfers.Get(id)
+	if !ok {
+		return
+	}
+	s.transfers.Drop(id)
+	planned := false
+	s.meta.Loads = slices.DeleteFunc(s.meta.Loads, func(t connector.Transfer) bool {
+		planned = planned || t.ID == id
+		return t.ID == id
+	})
+	if !planned {
+		// In a Metadata the workers may have started: their reports
+		// are dropped.
+		if s.ignore == nil {
+			s.ignore = make(map[uint64]int)
+		}
+		s.ignore[id] = s.workers - x.done
+	}
+	if x.kind == kindLoad {
+		x.failAt = 0
+	}
+	if s.offRecords == nil {
+		s.offRecords = make(map[uint64]*transfer)
+	}
+	s.offRecords[id] = x
+	s.writtenOff = append(s.writtenOff, id)
+}
+
+// dropIgnored returns outs without the reports of written-off transfers,
+// and the ids of the Done reports it dropped (one per rank).
+func (s *Scheduler) dropIgnored(outs []*connector.Output) ([]*connector.Output, []uint64) {
+	if len(s.ignore) == 0 {
+		return outs, nil
+	}
+	var ignored []uint64
+	kept := make([]*connector.Output, len(outs))
+	for i, o := range outs {
+		if o == nil {
+			kept[i] = o
+			continue
+		}
+		c := *o
+		c.Done, c.Failed = nil, nil
+		for _, id := range o.Done {
+			if _, ok := s.ignore[id]; ok {
+				ignored = append(ignored, id)
+				continue
+			}
+			c.Done = append(c.Done, id)
+		}
+		for _, f := range o.Failed {
+			if _, ok := s.ignore[f.Transfer]; !ok {
+				c.Failed = append(c.Failed, f)
+			}
+		}
+		kept[i] = &c
+	}
+	return kept, ignored
 }
 
 // Finish implements connector.Scheduler. A producer offers the request's
@@ -479,8 +610,12 @@ func (s *Scheduler) offer(q *request, blocks []connector.BlockID) error {
 	}
 	s.slots[slot] = true
 	q.encoded = enc
-	s.meta.Saves = append(s.meta.Saves, connector.Transfer{ID: id, Req: q.id, Blocks: p.Blocks, Hashes: p.Hashes})
+	t := connector.Transfer{ID: id, Req: q.id, Blocks: p.Blocks, Hashes: p.Hashes}
+	s.meta.Saves = append(s.meta.Saves, t)
 	s.track(q, id, kindOffer, 0, n, slot)
+	// The workers of this process arm it now: the parameters may reach a
+	// consumer before this producer runs another step.
+	s.board.handOn(t)
 	s.stats.Saves += int64(n)
 	return nil
 }

@@ -91,8 +91,8 @@ func TestWithdrawnWhileDigesting(t *testing.T) {
 	close(release)
 	<-done
 	w.hooks.beforeArm, w.hooks.afterArm = nil, nil
-	if v := w.slot(pp.Slot).Load(); v != consumed(pp.Offer) {
-		t.Fatalf("slot after the offer was withdrawn while digested = %#x, want the withdrawal %#x", v, consumed(pp.Offer))
+	if v := w.slot(pp.Slot).Load(); v != ended(pp.Offer) {
+		t.Fatalf("offer word after the offer was withdrawn while digested = %#x, want the withdrawal %#x", v, ended(pp.Offer))
 	}
 	r, _ := c.admit("r", tokens, params, 0)
 	settle(t, func() bool { return r.loaded || r.failed != nil }, c)

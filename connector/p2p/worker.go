@@ -21,14 +21,16 @@ import (
 // connector.StatsReporter.
 //
 // Register registers the KV memory with the engine, and a mailbox: one
-// 8-byte slot per offer the producer may hold, which consumers write to
-// say they are done. A producer worker arms a slot for each offer in the
-// Metadata's Saves and reports the offer done once the consumer wrote it,
-// or once keep_timeout passed (it then clears the slot first, so that a
-// consumer still reading learns the blocks are no longer its). A consumer
+// 16-byte slot per offer the producer may hold (see the package
+// documentation, "The mailbox"). A producer worker arms each offer its
+// scheduler half hands on in Finish, or that the Metadata's Saves carry,
+// and reports the offer done once the consumer wrote its done word, or
+// once keep_timeout passed; either way it ends the offer first, so that a
+// consumer still reading learns the blocks are no longer its. A consumer
 // worker runs each load of the Metadata's Loads on a goroutine: it reads
-// the producer's blocks into its own with one batch, reads the slot back
-// to check that the offer still stood while it read, and writes the slot.
+// the producer's blocks into its own with one batch, reads the offer word
+// back to check that the offer still stood while it read, and writes the
+// done word.
 //
 // Reads are verified end to end when the KV memory is host memory: a
 // producer worker writes the CRC-32 (IEEE) of each block of an offer into
@@ -43,15 +45,13 @@ import (
 // A load is reported, loaded or failed, only once every transfer it made
 // is settled (final, in the sense of [rdma.Status.Final]: nothing moves
 // its bytes any more), so that the engine never reuses a block a late
-// transfer may still write. A transfer is waited for without a bound,
-// also when its Submit failed after queuing requests: a transfer that
-// never settles (a hung device or transport) keeps its load, and Close,
-// waiting, and is logged every 10 s meanwhile. An engine that cannot tell
-// whether a transfer ended (its Wait fails) leaves the load unreported
-// for good: its blocks stay out of use, and Close returns an error
-// wrapping [rdma.ErrBusy] and frees no memory such a transfer may touch.
-// To give up on a hung transfer, close the transfer engine: rdma/mooncake
-// gives up after Config.CloseTimeout, and its waits then fail.
+// transfer may still write. While the worker is open a transfer is
+// waited for without a bound, also when its Submit failed after queuing
+// requests, and is logged every 10 s meanwhile; Close waits for it for up
+// to close_timeout. A transfer that did not settle by then, or whose end
+// the engine cannot tell (its Wait fails), leaves its load unreported for
+// good: its blocks stay out of use, and Close returns an error wrapping
+// [rdma.ErrBusy] and frees no memory such a transfer may touch.
 type Worker struct {
 	cfg   connector.Config
 	opt   options
@@ -63,22 +63,28 @@ type Worker struct {
 
 	kv      connector.KVCache
 	self    Rank
-	mailbox *rdma.HostMemory // producer slots
-	digests *rdma.HostMemory // producer: the CRC-32 of each block, by block id; nil for device memory
-	scratch *rdma.HostMemory // consumer cells: 16 bytes per running load
-	sums    *rdma.HostMemory // consumer: per cell, the producer's digests of a load's blocks; nil unverified
-	cells   chan int         // free cells: bounds the loads running at once
-	regs    []rdma.Region    // registered with the engine
-	offers  map[uint64]held  // producer: armed offers
-	gen     uint64           // the newest generation seen: the identity's, then Metadata's
+	owned   bool            // eng was opened by the worker (kv_connector_extra_config transfer): Close closes it
+	mailbox hostMem         // producer slots
+	digests hostMem         // producer: the CRC-32 of each block, by block id; nil for device memory
+	scratch hostMem         // consumer cells: 16 bytes per running load
+	sums    hostMem         // consumer: per cell, the producer's digests of a load's blocks; nil unverified
+	cells   chan int        // free cells: bounds the loads running at once
+	regs    []rdma.Region   // registered with the engine
+	offers  map[uint64]held // producer: armed offers
+	handed  map[uint64]bool // producer: offers handed on by the scheduler half, to skip in Metadata
+	gen     uint64          // the newest generation seen: the identity's, then Metadata's
 	out     connector.Output
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	segs   struct {
+	// retire ends close_timeout after Close began: transfers not settled
+	// by then are given up on, their memory retired.
+	retire    context.Context
+	retireNow context.CancelFunc
+	wg        sync.WaitGroup
+	segs      struct {
 		sync.Mutex
-		ids map[string]rdma.SegmentID
+		m map[string]*opening // by segment name
 	}
 	mu struct {
 		sync.Mutex
@@ -97,6 +103,7 @@ type Worker struct {
 	hooks struct {
 		beforeArm func() // a Start's offers are about to be digested and armed
 		afterArm  func() // they are armed, or were withdrawn
+		openWait  func() // a load waits for another load's Open of its segment
 	}
 }
 
@@ -121,10 +128,11 @@ type loadResult struct {
 const maxLoads = 16
 
 func newWorker(cfg connector.Config, opt options, rank int, eng rdma.Engine, gen uint64, log *slog.Logger, b *board) *Worker {
-	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, gen: gen, log: log, board: b, now: time.Now, offers: make(map[uint64]held)}
+	w := &Worker{cfg: cfg, opt: opt, rank: rank, eng: eng, gen: gen, log: log, board: b, now: time.Now, offers: make(map[uint64]held), handed: make(map[uint64]bool)}
 	w.out.Rank = rank
 	w.ctx, w.cancel = context.WithCancel(context.Background())
-	w.segs.ids = make(map[string]rdma.SegmentID)
+	w.retire, w.retireNow = context.WithCancel(context.Background())
+	w.segs.m = make(map[string]*opening)
 	w.mu.arming = make(map[uint64]struct{})
 	return w
 }
@@ -164,14 +172,14 @@ func (w *Worker) Register(kv connector.KVCache) error {
 		}
 		w.regs = append(w.regs, r)
 	}
-	if w.mailbox, err = rdma.AllocHost(w.opt.slots * 8); err != nil {
+	if w.mailbox, err = w.alloc(w.opt.slots * slotBytes); err != nil {
 		return fmt.Errorf("p2p: mailbox: %w", err)
 	}
 	if err = w.eng.Register(w.mailbox.Region()); err != nil {
 		return fmt.Errorf("p2p: register mailbox: %w", err)
 	}
 	w.regs = append(w.regs, w.mailbox.Region())
-	if w.scratch, err = rdma.AllocHost(maxLoads * 16); err != nil {
+	if w.scratch, err = w.alloc(maxLoads * 16); err != nil {
 		return fmt.Errorf("p2p: scratch: %w", err)
 	}
 	if err = w.eng.Register(w.scratch.Region()); err != nil {
@@ -181,7 +189,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	// Digests need the blocks' bytes: host memory only.
 	host := kv.Regions[0].Loc.IsHost()
 	if host && w.cfg.Role.CanSave() && w.opt.verify {
-		if w.digests, err = rdma.AllocHost(kv.Blocks * 4); err != nil {
+		if w.digests, err = w.alloc(kv.Blocks * 4); err != nil {
 			return fmt.Errorf("p2p: digest table: %w", err)
 		}
 		if err = w.eng.Register(w.digests.Region()); err != nil {
@@ -190,7 +198,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 		w.regs = append(w.regs, w.digests.Region())
 	}
 	if host && w.cfg.Role.CanLoad() && w.opt.verify {
-		if w.sums, err = rdma.AllocHost(maxLoads * kv.Blocks * 4); err != nil {
+		if w.sums, err = w.alloc(maxLoads * kv.Blocks * 4); err != nil {
 			return fmt.Errorf("p2p: digest cells: %w", err)
 		}
 		if err = w.eng.Register(w.sums.Region()); err != nil {
@@ -213,7 +221,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	if w.digests != nil {
 		w.self.Digests = uint64(w.digests.Region().Addr)
 	}
-	w.board.setRank(w.rank, w.self)
+	w.board.join(w.rank, w, w.self)
 	return nil
 }
 
@@ -228,7 +236,7 @@ func (w *Worker) unregister() error {
 		}
 	}
 	w.regs = nil
-	for _, m := range []*rdma.HostMemory{w.mailbox, w.scratch, w.digests, w.sums} {
+	for _, m := range []hostMem{w.mailbox, w.scratch, w.digests, w.sums} {
 		if m != nil {
 			if err := m.Free(); err != nil {
 				errs = append(errs, err)
@@ -250,9 +258,16 @@ func (w *Worker) Handshake() ([]byte, error) {
 	return encodeRank(w.self)
 }
 
-// slot returns mailbox slot i.
+// slot returns the offer word of mailbox slot i, which only this worker
+// writes.
 func (w *Worker) slot(i int) *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[i*8]))
+	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[i*slotBytes]))
+}
+
+// doneWord returns the done word of mailbox slot i, which only consumers
+// write.
+func (w *Worker) doneWord(i int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[i*slotBytes+8]))
 }
 
 // Start implements connector.Worker: it arms the offers of m's Saves and
@@ -276,14 +291,13 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	plans := make([]*loadPlan, len(m.Loads))
 	for i := range m.Loads {
 		t := &m.Loads[i]
-		if plans[i] = w.board.load(t.ID); plans[i] == nil {
-			return fmt.Errorf("%w: load %d of request %q was not planned by this connector's scheduler half", connector.ErrBadMetadata, t.ID, t.Req)
-		}
-		if err := w.checkBlocks(t); err != nil {
+		plan, err := w.plan(t)
+		if err != nil {
 			return err
 		}
-		if !plans[i].notify && len(plans[i].remote) != len(t.Blocks) {
-			return fmt.Errorf("%w: load %d has %d blocks, its plan %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), len(plans[i].remote))
+		plans[i] = plan
+		if err := w.checkBlocks(t); err != nil {
+			return err
 		}
 		if len(t.Blocks) > w.kv.Blocks {
 			return fmt.Errorf("%w: load %d has %d blocks, the KV memory %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), w.kv.Blocks)
@@ -295,9 +309,34 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 		}
 	}
 	w.gen = m.Generation
+	saves := m.Saves
+	if len(w.handed) > 0 {
+		saves = nil
+		for _, t := range m.Saves {
+			if w.handed[t.ID] {
+				// Armed when the scheduler half handed it on.
+				delete(w.handed, t.ID)
+				continue
+			}
+			saves = append(saves, t)
+		}
+	}
+	w.offer(saves)
+	for i, t := range m.Loads {
+		blocks := append([]connector.BlockID(nil), t.Blocks...)
+		plan := plans[i]
+		w.wg.Go(func() { w.load(t.ID, blocks, plan) })
+	}
+	return nil
+}
+
+// offer arms the offers saves, under w.life: at once without a digest
+// table, else on a goroutine once their digests are in the table. Their
+// keep_timeout starts now.
+func (w *Worker) offer(saves []connector.Transfer) {
 	deadline := w.now().Add(w.opt.keepTimeout)
 	var jobs []armJob
-	for _, t := range m.Saves {
+	for _, t := range saves {
 		slot := int(t.ID % uint64(w.opt.slots))
 		w.offers[t.ID] = held{slot: slot, deadline: deadline}
 		if w.digests == nil {
@@ -315,12 +354,48 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 		w.mu.Unlock()
 		w.wg.Go(func() { w.arm(jobs) })
 	}
-	for i, t := range m.Loads {
-		blocks := append([]connector.BlockID(nil), t.Blocks...)
-		plan := plans[i]
-		w.wg.Go(func() { w.load(t.ID, blocks, plan) })
+}
+
+// handOn arms offer t, which the scheduler half of this process made in
+// Finish, without waiting for the Metadata that carries it (Start skips
+// it there): an offer stands from the moment its parameters exist, also
+// on a producer that runs no further step. An offer this worker cannot
+// take (closed, not registered, a block out of range) is left to Start,
+// which reports what is wrong.
+func (w *Worker) handOn(t connector.Transfer) {
+	w.life.Lock()
+	defer w.life.Unlock()
+	if w.closed || w.regs == nil || w.checkBlocks(&t) != nil {
+		return
 	}
-	return nil
+	if _, ok := w.offers[t.ID]; ok {
+		return
+	}
+	w.handed[t.ID] = true
+	w.offer([]connector.Transfer{t})
+}
+
+// plan returns the producer's side of load t, from the transfer
+// parameters it carries (Transfer.Params, as the scheduler half took them
+// in SetParams): the consumer's worker needs nothing else.
+func (w *Worker) plan(t *connector.Transfer) (*loadPlan, error) {
+	if len(t.Params) == 0 {
+		return nil, fmt.Errorf("%w: load %d of request %q carries no transfer parameters (Transfer.Params): it was not planned by this connector's scheduler half", connector.ErrBadMetadata, t.ID, t.Req)
+	}
+	p, err := DecodeParams(t.Params)
+	if err != nil {
+		return nil, fmt.Errorf("%w: load %d of request %q: %w", connector.ErrBadMetadata, t.ID, t.Req, err)
+	}
+	if len(p.Ranks) <= w.rank {
+		return nil, fmt.Errorf("%w: load %d of request %q: the producer has %d ranks, this worker is rank %d", connector.ErrBadMetadata, t.ID, t.Req, len(p.Ranks), w.rank)
+	}
+	if len(t.Blocks) == 0 {
+		return &loadPlan{params: p, notify: true}, nil
+	}
+	if t.First < 0 || t.First+len(t.Blocks) > len(p.Blocks) {
+		return nil, fmt.Errorf("%w: load %d of request %q: blocks [%d, %d) of an offer of %d blocks", connector.ErrBadMetadata, t.ID, t.Req, t.First, t.First+len(t.Blocks), len(p.Blocks))
+	}
+	return &loadPlan{params: p, remote: p.Blocks[t.First : t.First+len(t.Blocks)]}, nil
 }
 
 func (w *Worker) checkBlocks(t *connector.Transfer) error {
@@ -402,7 +477,7 @@ func (w *Worker) Save(ctx context.Context, ready connector.Event) error {
 }
 
 // Poll implements connector.Worker: offers the consumer is done with, or
-// that expired (their slot cleared first), and finished loads.
+// that expired, their offer words ended first, and finished loads.
 func (w *Worker) Poll() *connector.Output {
 	w.life.Lock()
 	defer w.life.Unlock()
@@ -412,21 +487,20 @@ func (w *Worker) Poll() *connector.Output {
 	}
 	now := w.now()
 	for id, h := range w.offers {
-		s := w.slot(h.slot)
-		switch {
-		case s.Load() == consumed(id):
-		case now.After(h.deadline):
-			// Close the slot before the engine may reuse the blocks: a
-			// consumer that checks it afterwards drops what it read. An
-			// offer still being digested is never armed.
-			w.mu.Lock()
-			delete(w.mu.arming, id)
-			s.Store(consumed(id))
-			w.mu.stats.SaveFailures += 1
-			w.mu.Unlock()
-		default:
+		done := w.doneWord(h.slot).Load() == id
+		if !done && !now.After(h.deadline) {
 			continue
 		}
+		// End the offer before the engine may reuse the blocks: a
+		// consumer that checks it afterwards drops what it read. An
+		// offer still being digested is never armed.
+		w.mu.Lock()
+		delete(w.mu.arming, id)
+		w.slot(h.slot).Store(ended(id))
+		if !done {
+			w.mu.stats.SaveFailures += 1
+		}
+		w.mu.Unlock()
 		delete(w.offers, id)
 		w.out.Done = append(w.out.Done, id)
 	}
@@ -514,21 +588,23 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 		w.log.Warn("p2p: open producer segment", "segment", peer.Segment, "err", err)
 		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
-	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*8)
+	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*slotBytes)
 	cellIn := rdma.Region{Addr: w.scratch.Region().Addr + uintptr(cell*16), Len: 8, Loc: rdma.Host}
 	cellOut := rdma.Region{Addr: cellIn.Addr + 8, Len: 8, Loc: rdma.Host}
-	// Whatever happens to the blocks, the producer may free them now; but
-	// once the offer is known to be gone, its slot may already carry a
-	// newer offer, which a notice of this one must not overwrite.
-	// A load whose transfers may still run tells nothing: the producer
-	// gives the offer up after keep_timeout.
+	// Whatever happens to the blocks, the producer may free them now, also
+	// when the offer was not armed yet: the notice goes to the done word,
+	// which the producer never writes, so arming does not erase it. Once
+	// the offer is known to be gone, its slot may already carry a newer
+	// offer, whose notice this one must not overwrite. A load whose
+	// transfers may still run tells nothing: the producer gives the offer
+	// up after keep_timeout.
 	gone := false
 	defer func() {
 		if gone || stuck {
 			return
 		}
-		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16+8])) = consumed(p.Offer)
-		r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox}})
+		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16+8])) = p.Offer
+		r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox + 8}})
 		if unsettled(err) {
 			return
 		}
@@ -536,10 +612,11 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 			w.log.Warn("p2p: tell the producer", "segment", peer.Segment, "offer", p.Offer, "err", err)
 		}
 	}()
-	// The producer's worker arms the offer's slot when it starts the step
-	// after the offer was made, which may come after this consumer got
-	// the parameters: wait for it, so that the slot check after the reads
-	// and the notice both mean this offer.
+	// The producer's workers arm the offer when its scheduler half makes
+	// it (or, in another process, when they start the step after), once
+	// its digests are computed, which may come after this consumer got
+	// the parameters: wait for it, so that the reads are of this offer's
+	// blocks.
 	if err := w.awaitArmed(seg, mailbox, cellIn, cell, p.Offer); err != nil {
 		if unsettled(err) {
 			return nil, 0, true
@@ -617,12 +694,11 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 // errWithdrawn: the producer gave the offer up before the consumer read it.
 var errWithdrawn = errors.New("offer withdrawn")
 
-// awaitArmed reads the offer's slot until the producer armed it, for up
-// to open_timeout. A slot holds, in turn, the values of the offers that use
-// it: armed(offer), then consumed(offer) (the consumer is done, or the
-// producer withdrew the offer). A value of an older offer, or 0, means this
-// one is not armed yet; this offer's consumed value, or a newer offer's,
-// means it is gone.
+// awaitArmed reads the offer word of the offer's slot until the producer
+// armed it, for up to open_timeout. The word holds, in turn, the states of
+// the offers that use the slot: armed(offer), then ended(offer). A word of
+// an older offer, or 0, means this one is not armed yet; this offer's
+// ended word, or a newer offer's, means it is gone.
 func (w *Worker) awaitArmed(seg rdma.SegmentID, mailbox uintptr, cellIn rdma.Region, cell int, offer uint64) error {
 	deadline := time.Now().Add(w.opt.openTimeout)
 	wait := 20 * time.Microsecond
@@ -638,7 +714,7 @@ func (w *Worker) awaitArmed(seg rdma.SegmentID, mailbox uintptr, cellIn rdma.Reg
 		switch {
 		case v == armed(offer):
 			return nil
-		case v>>1 >= offer:
+		case v == ended(offer) || v>>2 > offer:
 			return fmt.Errorf("%w: offer %d (slot holds %#x)", errWithdrawn, offer, v)
 		}
 		if time.Now().After(deadline) {
@@ -756,20 +832,27 @@ func (w *Worker) transfer(reqs []rdma.Request) ([]rdma.Result, error) {
 	return out, nil
 }
 
-// settle waits until every request of b is settled, without a bound: a
-// transfer that never settles (a hung device or transport) is a hang, and
+// settle waits until every request of b is settled: a transfer that does
+// not settle (a hung device or transport, a dead peer) is waited for, and
 // never a reuse of memory it may write. It logs every settleWarn while it
-// waits. An engine that cannot tell (Wait fails) is errUnsettled.
+// waits. The wait ends close_timeout after the worker's Close began: the
+// requests are then errUnsettled, as when the engine cannot tell (Wait
+// fails).
 func (w *Worker) settle(b rdma.Batch) error {
 	start := time.Now()
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), settleWarn)
+		ctx, cancel := context.WithTimeout(w.retire, settleWarn)
 		err := b.Wait(ctx)
 		expired := ctx.Err() != nil
 		cancel()
 		switch {
 		case err == nil:
 			return nil
+		case w.retire.Err() != nil && expired:
+			if done, perr := b.Poll(); perr == nil && done {
+				return nil
+			}
+			return fmt.Errorf("%w: %d requests not settled within close_timeout (%v) of Close", errUnsettled, b.Len(), w.opt.closeTimeout)
 		case expired && errors.Is(err, context.DeadlineExceeded):
 			w.log.Warn("p2p: transfer not settled; its memory stays in use until it is", "requests", b.Len(), "waited", time.Since(start).Round(time.Second))
 		default:
@@ -778,22 +861,53 @@ func (w *Worker) settle(b rdma.Batch) error {
 	}
 }
 
+// opening is a producer segment's Open, shared by the loads that need it.
+type opening struct {
+	done chan struct{} // closed once Open returned
+	id   rdma.SegmentID
+	err  error
+}
+
 // segment returns the engine's handle of the producer segment name,
-// opening it once.
+// opening it once: loads that need a segment whose Open is under way wait
+// for that Open, and share its result; loads from other producers are
+// not held up (the map is locked only to look up and record, never across
+// an Open). A failed Open is forgotten once its waiters have its error,
+// so that a later load tries again. It returns early, with an error, when
+// the worker closes.
 func (w *Worker) segment(name string) (rdma.SegmentID, error) {
 	w.segs.Lock()
-	defer w.segs.Unlock()
-	if id, ok := w.segs.ids[name]; ok {
-		return id, nil
+	o, ok := w.segs.m[name]
+	if !ok {
+		o = &opening{done: make(chan struct{})}
+		w.segs.m[name] = o
 	}
-	ctx, cancel := context.WithTimeout(w.ctx, w.opt.openTimeout)
-	defer cancel()
-	id, err := w.eng.Open(ctx, name)
-	if err != nil {
-		return 0, err
+	w.segs.Unlock()
+	if !ok {
+		ctx, cancel := context.WithTimeout(w.ctx, w.opt.openTimeout)
+		o.id, o.err = w.eng.Open(ctx, name)
+		cancel()
+		if o.err != nil {
+			w.segs.Lock()
+			if w.segs.m[name] == o {
+				delete(w.segs.m, name)
+			}
+			w.segs.Unlock()
+		}
+		close(o.done)
+	} else if w.hooks.openWait != nil {
+		select {
+		case <-o.done:
+		default:
+			w.hooks.openWait()
+		}
 	}
-	w.segs.ids[name] = id
-	return id, nil
+	select {
+	case <-o.done:
+		return o.id, o.err
+	case <-w.ctx.Done():
+		return 0, fmt.Errorf("open %q: %w", name, w.ctx.Err())
+	}
 }
 
 // Stats implements connector.StatsReporter.
@@ -803,13 +917,18 @@ func (w *Worker) Stats() connector.Stats {
 	return w.mu.stats
 }
 
-// Close implements connector.Worker: it waits for running loads (and so
-// for their transfers to settle), clears the slots of offers still armed,
-// and withdraws its memory from the engine. If the engine could not tell
-// whether some transfer ended, Close withdraws and frees no memory (the
-// mailbox and scratch it allocated stay mapped) and returns an error wrapping
-// [rdma.ErrBusy]: the KV memory must not be freed either. It is
-// idempotent.
+// Close implements connector.Worker: it stops the loads that have not
+// started their transfers, waits for running ones (and so for their
+// transfers to settle) for up to kv_connector_extra_config close_timeout
+// ("30s"), ends the offers still armed, and withdraws its memory from the
+// engine. A transfer that did not settle by then (a dead peer whose
+// transport does not give up, a hung device), or whose end the engine
+// could not tell, retires the memory it may touch: its load is never
+// reported, so the engine keeps its blocks out of use, and Close
+// withdraws and frees no memory (the mailbox and scratch it allocated
+// stay mapped) and returns an error wrapping [rdma.ErrBusy]: the KV
+// memory must not be freed either. So when Close returns nil, no transfer
+// of the worker touches the KV memory any more. It is idempotent.
 func (w *Worker) Close() error {
 	w.life.Lock()
 	defer w.life.Unlock()
@@ -818,16 +937,32 @@ func (w *Worker) Close() error {
 	}
 	w.closed = true
 	w.cancel()
+	retire := time.AfterFunc(w.opt.closeTimeout, w.retireNow)
 	w.wg.Wait()
+	retire.Stop()
+	w.retireNow()
 	if w.mailbox != nil {
 		for id, h := range w.offers {
-			w.slot(h.slot).Store(consumed(id))
+			w.slot(h.slot).Store(ended(id))
 		}
 	}
 	clear(w.offers)
+	w.board.leave(w.rank, w)
 	if n := w.unsettled(); n > 0 {
 		// Nothing is withdrawn or freed: the engine may still use it.
 		return fmt.Errorf("p2p: close: %d loads have transfers whose end the transfer engine cannot tell: the KV memory, mailbox and scratch they use may still be written, and are not freed: %w", n, rdma.ErrBusy)
 	}
-	return w.unregister()
+	err := w.unregister()
+	if w.owned {
+		err = errors.Join(err, w.eng.Close())
+	}
+	return err
 }
+
+// Engine returns the worker's transfer engine: the one given to New or in
+// Env.Engine, or the one it opened (kv_connector_extra_config
+// "transfer"), which its Close closes. With "transfer": "shm" the KV
+// memory to Register must come from that engine's Alloc:
+//
+//	mem, err := w.Engine().(*shm.Engine).Alloc(n)
+func (w *Worker) Engine() rdma.Engine { return w.eng }
