@@ -52,7 +52,8 @@ type recorder struct {
 		unready []span              // blocks the engines are still computing
 		early   string              // the first put that read an unready block, described
 		layers  map[string][]int    // per namespace ID: each group's layers, for layer-range keys
-		cover   map[string]uint64   // per block key: the layers that puts of its layer ranges surely stored
+		cover   map[string]uint64   // per block key: the layers that puts of its layer ranges surely stored, and no remove removed since
+		ever    map[string]uint64   // per block key: the layers that puts of its layer ranges ever stored
 		rounds  map[string][]uint64 // per block key: rounds[i] are the layers puts stored more than i times: each full round may count as a save of the block
 		held    bool                // gets wait in hold until release (see holdGets)
 		waiting int                 // gets waiting in hold
@@ -184,6 +185,7 @@ func newRecorder(st store.Store) (*recorder, store.Store) {
 	r.mu.failGet = make(map[string]bool)
 	r.mu.layers = make(map[string][]int)
 	r.mu.cover = make(map[string]uint64)
+	r.mu.ever = make(map[string]uint64)
 	r.mu.rounds = make(map[string][]uint64)
 	if v, ok := st.(store.Vectored); ok {
 		return r, vrecorder{r, v}
@@ -381,12 +383,15 @@ func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err 
 		case res[i].Err == nil && ranged:
 			// The block is stored once its every layer is, and a put of
 			// it counts each time every layer was stored once more.
+			// Stored (ever) once every layer was, though removes may
+			// have taken some in between; surely stored while every
+			// layer is.
 			full, b := bits(0, n), bits(lo, hi)
-			if r.mu.cover[k] |= b; r.mu.cover[k] == full {
+			if r.mu.ever[k] |= b; r.mu.ever[k] == full {
 				r.mu.stored[k] = true
-				if r.mu.sure[k] == 0 {
-					r.mu.sure[k] = r.mu.seq
-				}
+			}
+			if r.mu.cover[k] |= b; r.mu.cover[k] == full && r.mu.sure[k] == 0 {
+				r.mu.sure[k] = r.mu.seq
 			}
 			rs := r.mu.rounds[k]
 			j := 0
