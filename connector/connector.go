@@ -264,7 +264,11 @@ type Worker interface {
 // step computed for the request and rolls it back to LoadFailure.Valid. A
 // scheduler half therefore saves nothing a request computed in the step
 // of its load until every worker reported the load: it plans those saves
-// once the load is confirmed, in a later Metadata.
+// once the load is confirmed, in a later Metadata, and only when the
+// Outputs of that step itself confirm it. A load reported later ended
+// after the step read its blocks, so the step's work is void: the engine
+// discards it, the request waits for the load as for a whole one, and the
+// blocks after the load's go back to the pool.
 //
 // Fallback: a Worker that is not a LayerWorker loads a request's blocks
 // whole before the request runs, and saves them after the step.
@@ -273,12 +277,13 @@ type LayerWorker interface {
 
 	// WaitLayer blocks until layer l, and every layer before it, of every
 	// load the last Start began is in KV memory, or its load failed (the
-	// next Poll reports the failure). It returns ctx's error once ctx is
-	// done, and [ErrClosed] once the worker is closed. Within a step,
-	// layers are waited on in increasing order, each at most once;
-	// skipping layers is allowed (waiting for l waits for every layer
-	// before it). A layer out of range, or waited on again or out of
-	// order, is an error naming the layer.
+	// next Poll reports the failure). If ctx is done before that it
+	// returns ctx's error, and [ErrClosed] once the worker is closed; the
+	// same layer may then be waited on again. Within a step, layers are
+	// waited on in increasing order, each at most once until a wait
+	// returns nil; skipping layers is allowed (waiting for l waits for
+	// every layer before it). A layer out of range, or waited on again or
+	// out of order, is an error naming the layer.
 	WaitLayer(ctx context.Context, l int) error
 
 	// SaveLayer starts the saves of layer l, and of every layer before it
@@ -441,7 +446,7 @@ type Stats struct {
 	StagedBytes    int64 // bytes copied through a staging buffer
 	LookupNanos    int64 // time spent in lookups
 	TransferNanos  int64 // time spent in loads and saves
-	StaleDiscarded int64 // transfers of an old generation dropped
+	StaleDiscarded int64 // blocks of transfers of an old generation dropped
 	Corrupt        int64 // blocks whose loaded bytes failed verification (also in LoadFailures)
 	StoreErrors    int64 // store calls that failed (timeouts included): a failed lookup is a miss, a failed load failed blocks
 	StoreTimeouts  int64 // store calls that ran past their deadline (also in StoreErrors)

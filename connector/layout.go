@@ -195,9 +195,12 @@ func (kv KVCache) Spans(dst []rdma.Region, b BlockID) []rdma.Region {
 // LayerSpans appends to dst the memory spans of layers [lo, hi) of block
 // b, in the order a store value holds them (layer by layer, K before V),
 // and returns it: the part of [KVCache.Spans] that those layers cover,
-// with BlockMajor one span. The KVCache must be valid, b in range and
-// 0 <= lo < hi <= Layers.
+// with BlockMajor one span. The KVCache must be valid and b in range; it
+// panics unless 0 <= lo < hi <= Layers.
 func (kv KVCache) LayerSpans(dst []rdma.Region, b BlockID, lo, hi int) []rdma.Region {
+	if lo < 0 || lo >= hi || hi > kv.Layers {
+		panic(fmt.Sprintf("connector: KVCache.LayerSpans: layers [%d, %d) of a cache of %d layers", lo, hi, kv.Layers))
+	}
 	n := kv.BlockBytes
 	if kv.Order == BlockMajor {
 		r := kv.Regions[0]

@@ -78,9 +78,12 @@ type Config struct {
 	// the load. What that step computes for it counts only once the
 	// connector reports the load done in the step's Done; a failed load
 	// discards it (the sampled token too) and the request recomputes from
-	// what survived. Layouts with KV cache groups other than one full
-	// attention group keep whole loads, as does a request whose prefill
-	// the step's budget cannot start.
+	// what survived. A load the step's Outputs do not report (the Poll
+	// after a LayerWorker's last layer must) also discards the step's work:
+	// the request then waits for the load as for a whole one, and Done
+	// returns an error wrapping ErrConnector. Layouts with KV cache groups
+	// other than one full attention group keep whole loads, as does a
+	// request whose prefill the step's budget cannot start.
 	LayerwiseLoads bool
 }
 

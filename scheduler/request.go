@@ -148,6 +148,7 @@ type request struct {
 	discard   bool // Done: the step's work for it is void (its inline load failed); rollBack takes it to valid
 	failLoad  bool // with discard: the load failed under PolicyFail
 	valid     int  // with discard: the tokens of KV that survived
+	awaitLoad bool // with discard: no Output reported the load's end: the request waits for it (Loading)
 	known     bool // the connector knows it (Match or Scheduled was called)
 	held      bool // Finish said keep: blocks wait for Progress.Released
 	exclusive int  // blocks counted in Scheduler.pendingFree while held

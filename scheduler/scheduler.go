@@ -1163,6 +1163,7 @@ func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 	if !s.inFlight {
 		return fmt.Errorf("%w: Done called without a Step (last step %d)", ErrNoStep, s.step)
 	}
+	s.discarded = s.discarded[:0]
 	if s.conn == nil && len(outs) > 0 {
 		return fmt.Errorf("%w: Done got %d Outputs but the scheduler has no connector", ErrBadResult, len(outs))
 	}
@@ -1259,11 +1260,12 @@ func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 	return bad
 }
 
-// Discarded returns the requests whose work in the last step Done threw
-// away, because they ran in the step of a load that failed
-// (Config.LayerwiseLoads): the engine drops the tokens it sampled for them
-// in that step, which Done did not count. Owned by the Scheduler, valid
-// until the next Done.
+// Discarded returns the requests whose work in the step the last Done
+// call ended it threw away, because they ran in the step of a load that
+// failed or went unreported (Config.LayerwiseLoads): the engine drops the
+// tokens it sampled for them in that step, which Done did not count. It
+// is empty after a Done that changed nothing. Owned by the Scheduler,
+// valid until the next Done.
 func (s *Scheduler) Discarded() []connector.RequestID { return s.discarded }
 
 // resolveInline acts on the loads of the step's inline requests (Config.
@@ -1274,7 +1276,6 @@ func (s *Scheduler) Discarded() []connector.RequestID { return s.discarded }
 // last layer reports every load): that is an error wrapping ErrConnector.
 func (s *Scheduler) resolveInline(prog *connector.Progress) error {
 	var bad []error
-	s.discarded = s.discarded[:0]
 	for _, r := range s.items {
 		if !r.inline {
 			continue
@@ -1282,6 +1283,7 @@ func (s *Scheduler) resolveInline(prog *connector.Progress) error {
 		r.inline = false
 		r.discard, r.valid = true, r.local
 		if prog == nil {
+			r.awaitLoad = true
 			continue
 		}
 		if slices.Contains(prog.Loaded, r.id) {
@@ -1293,7 +1295,10 @@ func (s *Scheduler) resolveInline(prog *connector.Progress) error {
 		}
 		i := slices.IndexFunc(prog.Failed, func(f connector.LoadFailure) bool { return f.Req == r.id })
 		if i < 0 {
-			bad = append(bad, fmt.Errorf("the Outputs of step %d report no end of the layer-wise load of request %q: its work of the step is discarded", s.step, r.id))
+			// The load may still be writing into its blocks: the request
+			// waits for it as a whole load does.
+			r.awaitLoad = true
+			bad = append(bad, fmt.Errorf("the Outputs of step %d report no end of the layer-wise load of request %q: its work of the step is discarded, and it waits for the load", s.step, r.id))
 			continue
 		}
 		f := prog.Failed[i]
@@ -1325,6 +1330,26 @@ func (s *Scheduler) rollBack() {
 		}
 		s.discarded = append(s.discarded, r.id)
 		r.discard = false
+		if r.awaitLoad {
+			// The blocks after the load's held only the discarded work,
+			// which no connector saves (see connector.LayerWorker): they
+			// go back to the pool, as a whole load holds none.
+			r.awaitLoad = false
+			r.computed = r.local
+			p := (r.local + r.external) / s.bs
+			t := r.tabs[0]
+			for j := len(t) - 1; j >= p; j-- {
+				if err := s.pools[0].Release(t[j : j+1]); err != nil {
+					panic("scheduler: " + err.Error()) // r holds the block
+				}
+				r.gs[0].refs--
+			}
+			r.tabs[0] = t[:p]
+			s.running.remove(r)
+			r.state = Loading
+			s.loading.insert(r)
+			continue
+		}
 		if r.failLoad {
 			r.failLoad = false
 			s.end(r, Failed, fmt.Errorf("%w: request %q: %d of %d tokens valid", ErrLoadFailed, r.id, r.valid, r.local+r.external))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -30,6 +31,13 @@ type miniEngine struct {
 	mems []*rdma.HostMemory
 	kv   connector.KVCache
 	bs   int
+	// withhold, in stepLayers: the next step that loads hands Done none
+	// of its Outputs, and the step after hands them late (a worker whose
+	// Poll after the last layer does not report its loads); withheld
+	// keeps them, unreported the error Done returned for it.
+	withhold   bool
+	withheld   []*connector.Output
+	unreported error
 }
 
 const (
@@ -463,8 +471,21 @@ func (e *miniEngine) stepLayers() (*Plan, error) {
 		}
 		e.outs = append(e.outs, w.Poll())
 	}
-	if err := e.s.Done(res, e.outs); err != nil {
-		return nil, err
+	outs, withheld := e.outs, false
+	switch {
+	case e.withhold && len(p.Metadata.Loads) > 0:
+		for _, o := range e.outs {
+			e.withheld = append(e.withheld, &connector.Output{Rank: o.Rank, Done: slices.Clone(o.Done), Failed: slices.Clone(o.Failed)})
+		}
+		outs, withheld, e.withhold = nil, true, false
+	case e.withheld != nil:
+		outs, e.withheld = append(e.withheld, e.outs...), nil
+	}
+	if err := e.s.Done(res, outs); err != nil {
+		if !withheld || !errors.Is(err, ErrConnector) {
+			return nil, err
+		}
+		e.unreported = err // the step is done: Done carried on
 	}
 	discarded := e.s.Discarded()
 	for _, r := range res {
@@ -479,7 +500,7 @@ func (e *miniEngine) stepLayers() (*Plan, error) {
 			return nil, err
 		}
 	}
-	if n := e.s.Stats().Loading; n > 0 {
+	if n := e.s.Stats().Loading; n > 0 && !withheld {
 		return nil, fmt.Errorf("step %d: %d requests wait for a load, which a layer-wise engine runs in its step", p.Step, n)
 	}
 	return p, nil
@@ -552,5 +573,40 @@ func longWorkload(e *miniEngine, tag string) {
 		base := seq(1000*(i%3), 20+4*(i%4))
 		p := append(append(base, seq(7*i, i%5)...), seq(500+i, 12)...)
 		e.add(fmt.Sprintf("%s%d", tag, i), p, 3+i%4)
+	}
+}
+
+// TestLayerwiseUnreportedLoad: when the Outputs of the step of a
+// layer-wise load do not report it (a worker breaking the rule that the
+// Poll after the last layer reports every load), Done returns an error
+// wrapping ErrConnector, discards the step's work of the requests, which
+// wait for their loads as whole loads do, and the outputs stay the
+// reference's once the reports come.
+func TestLayerwiseUnreportedLoad(t *testing.T) {
+	cfg := Config{Identity: e2eIdentity(4), Blocks: 96, MaxBatchedTokens: 48, PrefixCaching: true}
+	refCfg := cfg
+	refCfg.PrefixCaching = false
+	ref := newMiniEngine(t, nil, refCfg)
+	workload(ref, "q")
+	want := ref.run()
+
+	extra := map[string]any{"lookup": "sync", "layer_chunks": e2eLayers}
+	lw := cfg
+	lw.LayerwiseLoads = true
+	st := e2eStore(t)
+	a := newMiniEngineWith(t, st, lw, extra)
+	workload(a, "q")
+	a.drain(a.stepLayers, 64)
+	b := newMiniEngineWith(t, st, lw, extra)
+	b.withhold = true
+	workload(b, "q")
+	if diff := diffOutputs(want, b.drain(b.stepLayers, 64)); diff != "" {
+		t.Fatalf("outputs differ from the reference:\n%s", diff)
+	}
+	if b.unreported == nil || !strings.Contains(b.unreported.Error(), "report no end of the layer-wise load") {
+		t.Fatalf("Done of the step whose loads went unreported returned %v, want an error saying so", b.unreported)
+	}
+	if b.s.Stats().ExternalTokens == 0 {
+		t.Fatalf("engine B loaded nothing: %+v", b.s.Stats())
 	}
 }

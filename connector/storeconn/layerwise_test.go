@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -29,11 +30,12 @@ func lwIdentity() hashing.Identity {
 // one layer-wise worker with host KV memory of 16 blocks of 4 layers × K/V
 // × 64 bytes.
 type lwRig struct {
-	t   *testing.T
-	s   connector.Scheduler
-	w   connector.LayerWorker
-	kv  connector.KVCache
-	mem *rdma.HostMemory
+	t    *testing.T
+	s    connector.Scheduler
+	w    connector.LayerWorker
+	kv   connector.KVCache
+	mem  *rdma.HostMemory
+	late *connector.Output // lateStep's
 }
 
 func newLWRig(t *testing.T, st store.Store, order connector.Order, extra map[string]any) *lwRig {
@@ -123,6 +125,27 @@ func (r *lwRig) step(m *connector.Metadata, compute func(l int)) *connector.Prog
 		r.t.Fatalf("Update: %v", err)
 	}
 	return p
+}
+
+// lateStep runs a step as step does, but keeps the worker's Output
+// (copied) in r.late instead of passing it to Update.
+func (r *lwRig) lateStep(m *connector.Metadata, compute func(l int)) {
+	r.t.Helper()
+	ctx := context.Background()
+	if err := r.w.Start(ctx, m); err != nil {
+		r.t.Fatalf("Start: %v", err)
+	}
+	for l := range lwLayers {
+		if err := r.w.WaitLayer(ctx, l); err != nil {
+			r.t.Fatalf("WaitLayer(%d): %v", l, err)
+		}
+		compute(l)
+	}
+	if err := r.w.Save(ctx, connector.Ready); err != nil {
+		r.t.Fatalf("Save: %v", err)
+	}
+	o := r.w.Poll()
+	r.late = &connector.Output{Rank: o.Rank, Done: slices.Clone(o.Done), Failed: slices.Clone(o.Failed)}
 }
 
 // settle steps with nothing new until done reports true.
@@ -430,10 +453,13 @@ func TestLayerwiseMisuse(t *testing.T) {
 // TestLoadStepSavesWaitForTheLoad: a request that computes in the step of
 // its load has its new blocks saved only once every worker reported the
 // load, in a later Metadata; when the load fails they are never saved,
-// since they were computed over KV that did not arrive.
+// since they were computed over KV that did not arrive, nor when the
+// step's Outputs do not report the load (late: it is reported a step
+// later, after the step's compute read its blocks).
 func TestLoadStepSavesWaitForTheLoad(t *testing.T) {
-	for _, fails := range []bool{false, true} {
-		t.Run(fmt.Sprintf("fails=%v", fails), func(t *testing.T) {
+	for _, c := range []struct{ fails, late bool }{{false, false}, {true, false}, {false, true}} {
+		fails, late := c.fails, c.late
+		t.Run(fmt.Sprintf("fails=%v/late=%v", fails, late), func(t *testing.T) {
 			mem := newMem(t)
 			extra := map[string]any{"layer_chunks": 2, "lookup": "sync"}
 			a := newLWRig(t, mem, connector.BlockMajor, extra)
@@ -460,7 +486,20 @@ func TestLoadStepSavesWaitForTheLoad(t *testing.T) {
 			if len(m.Loads) != 1 || len(m.Saves) != 0 {
 				t.Fatalf("the load step's Metadata has %d loads and %d saves, want 1 and 0: its saves wait for the load", len(m.Loads), len(m.Saves))
 			}
-			p := b.step(m, func(l int) { b.fill(4, l, 2) })
+			var p *connector.Progress
+			if late {
+				b.lateStep(m, func(l int) { b.fill(4, l, 2) })
+				var err error
+				if p, err = b.s.Update(nil); err != nil || len(p.Loaded)+len(p.Failed) != 0 {
+					t.Fatalf("Update without the step's Outputs = %+v, %v, want nothing", p, err)
+				}
+				b.s.Plan()
+				if p, err = b.s.Update([]*connector.Output{b.late}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				p = b.step(m, func(l int) { b.fill(4, l, 2) })
+			}
 			if fails {
 				if len(p.Failed) != 1 || p.Failed[0].Valid != bs {
 					t.Fatalf("Progress = %+v, want r failed with 1 block valid", p)
@@ -478,7 +517,10 @@ func TestLoadStepSavesWaitForTheLoad(t *testing.T) {
 			if fails && len(saved) != 0 {
 				t.Fatalf("after a failed load the next Metadata saves blocks %v computed over it", saved)
 			}
-			if !fails && fmt.Sprint(saved) != "[2 3]" {
+			if late && len(saved) != 0 {
+				t.Fatalf("after a load reported a step late the next Metadata saves blocks %v computed before it ended", saved)
+			}
+			if !fails && !late && fmt.Sprint(saved) != "[2 3]" {
 				t.Fatalf("after the load the next Metadata saves blocks %v, want [2 3]", saved)
 			}
 			b.step(next, nil)
@@ -500,5 +542,78 @@ func TestLookupNeedsEveryChunk(t *testing.T) {
 	b := newLWRig(t, mem, connector.BlockMajor, extra)
 	if got := b.match(req); got != bs {
 		t.Fatalf("Match = %d tokens with block 1's middle chunk gone, want %d", got, bs)
+	}
+}
+
+// failsPuts fails every put with a transfer error.
+type failsPuts struct{ store.Store }
+
+func (failsPuts) Put(_ context.Context, keys []string, _ []rdma.Region, res []store.Result) error {
+	for i := range keys {
+		res[i] = store.Result{Err: store.ErrTransfer}
+	}
+	return nil
+}
+
+// TestChunkedStatsCountBlocks: a block stored as several values counts
+// once in the worker's Stats, however many of its values failed or went
+// stale.
+func TestChunkedStatsCountBlocks(t *testing.T) {
+	for _, chunks := range []int{1, 2, 4} {
+		t.Run(fmt.Sprintf("chunks=%d", chunks), func(t *testing.T) {
+			extra := map[string]any{"layer_chunks": chunks}
+			ctx := context.Background()
+
+			// Two blocks whose every put fails.
+			r := newLWRig(t, failsPuts{newMem(t)}, connector.BlockMajor, extra)
+			req := request("r", 2*bs+1)
+			if err := r.s.Scheduled(req, req.Prompt, blocks(3)); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.w.Start(ctx, r.s.Plan()); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.w.Save(ctx, connector.Ready); err != nil {
+				t.Fatal(err)
+			}
+			waitDone(t, r.w)
+			if got := r.w.(connector.StatsReporter).Stats().SaveFailures; got != 2 {
+				t.Errorf("SaveFailures = %d after 2 blocks failed to save, want 2", got)
+			}
+
+			// One block whose save goes stale: its step's event fires only
+			// after a Start of a newer generation.
+			r2 := newLWRig(t, newMem(t), connector.BlockMajor, extra)
+			req2 := request("s", bs+1)
+			if err := r2.s.Scheduled(req2, req2.Prompt, blocks(2)); err != nil {
+				t.Fatal(err)
+			}
+			if err := r2.w.Start(ctx, r2.s.Plan()); err != nil {
+				t.Fatal(err)
+			}
+			ev := &notYet{}
+			if err := r2.w.Save(ctx, ev); err != nil {
+				t.Fatal(err)
+			}
+			if err := r2.s.(connector.Rotator).Rotate(1); err != nil {
+				t.Fatal(err)
+			}
+			if err := r2.w.Start(ctx, r2.s.Plan()); err != nil {
+				t.Fatal(err)
+			}
+			ev.fire()
+			waitDone(t, r2.w)
+			if got := r2.w.(connector.StatsReporter).Stats().StaleDiscarded; got != 1 {
+				t.Errorf("StaleDiscarded = %d after 1 block's save went stale, want 1", got)
+			}
+		})
+	}
+}
+
+// waitDone polls w until it reports a transfer done: its Stats count
+// the transfer by then.
+func waitDone(t *testing.T, w connector.Worker) {
+	t.Helper()
+	for d := newDeadline(t, "a transfer reported done"); len(w.Poll().Done) == 0; d.tick() {
 	}
 }

@@ -110,6 +110,7 @@ type request struct {
 	// the load; deferNext is saveNext once they are planned.
 	deferred  []retry
 	deferNext []int
+	deferStep uint64 // the step whose Metadata carries the load: only its Update may confirm the deferred saves
 }
 
 // lookup is one batch exists probe for a request, run by the pool.
@@ -890,11 +891,12 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 // so a later call records them again.
 func (s *Scheduler) deferSaves(q *request, r *connector.Request, full int, tables [][]connector.BlockID) {
 	q.deferred = q.deferred[:0]
+	q.deferStep = s.meta.Step + 1 // the next Plan's
 	for g, t := range tables {
 		start := max(q.saveNext[g], q.noSave[g])
 		var rt *retry
 		for i := start; i < full; i++ {
-			if t[i] == connector.NoBlock || s.knownPresent(q, g, i) {
+			if t[i] == connector.NoBlock || s.knownPresent(q, g, i) || s.saving[groupHash{g, r.Hashes[i]}] > 0 {
 				rt = nil
 				continue
 			}
@@ -917,9 +919,17 @@ func (s *Scheduler) deferSaves(q *request, r *connector.Request, full int, table
 
 // confirmLoad acts on a load of q that every worker reported with no
 // failure: the saves deferred while it ran are planned in the next Plan,
-// for the blocks the request's tables then still hold.
+// for the blocks the request's tables then still hold. Only the Update
+// of the step that carried the load confirms them: a load reported later
+// ended after the step's compute had read its blocks, so what the step
+// computed is void (the engine discards it and recomputes), and so are
+// the saves.
 func (s *Scheduler) confirmLoad(q *request) {
 	if len(q.deferred) == 0 {
+		return
+	}
+	if s.meta.Step != q.deferStep {
+		q.deferred = nil
 		return
 	}
 	for _, rt := range q.deferred {

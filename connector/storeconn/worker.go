@@ -507,7 +507,9 @@ func (w *Worker) ended(j *job, fails []connector.Failure) {
 		w.stats.loads.Add(n)
 		for _, r := range j.x.fail {
 			switch r {
-			case 0, connector.ReasonStale:
+			case 0:
+			case connector.ReasonStale:
+				w.stats.stale.Add(1)
 			case connector.ReasonCorrupt:
 				w.stats.corrupt.Add(1)
 				w.stats.loadFailures.Add(1)
@@ -517,6 +519,15 @@ func (w *Worker) ended(j *job, fails []connector.Failure) {
 		}
 	} else {
 		w.stats.saves.Add(n)
+		for _, r := range j.x.fail {
+			switch r {
+			case 0, connector.ReasonNoSpace, connector.ReasonCanceled:
+			case connector.ReasonStale:
+				w.stats.stale.Add(1)
+			default:
+				w.stats.saveFailures.Add(1)
+			}
+		}
 	}
 	for i, r := range j.x.fail {
 		if r != 0 {
@@ -556,7 +567,8 @@ func (w *Worker) checkLayer(op string, l, last int) error {
 // WaitLayer implements connector.LayerWorker: it returns once every load
 // chunk of the last Start that holds layer l or an earlier one has ended.
 // With layer_chunks = 1 a block is one value, and WaitLayer waits for the
-// step's whole loads.
+// step's whole loads. A step's chunked loads go one chunk after another
+// on one transfer goroutine; layer_chunks > 1 is for layer-wise engines.
 func (w *Worker) WaitLayer(ctx context.Context, l int) error {
 	w.life.Lock()
 	closed := w.life.closed
@@ -567,7 +579,6 @@ func (w *Worker) WaitLayer(ctx context.Context, l int) error {
 	if err := w.checkLayer("WaitLayer", l, w.waited); err != nil {
 		return err
 	}
-	w.waited = l
 	for {
 		w.ly.Lock()
 		if w.ly.closed {
@@ -584,6 +595,7 @@ func (w *Worker) WaitLayer(ctx context.Context, l int) error {
 		ch := w.ly.changed
 		w.ly.Unlock()
 		if !pending {
+			w.waited = l
 			return nil
 		}
 		select {
@@ -943,7 +955,9 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 	t := &j.t
 	sc.fails = sc.fails[:0]
 	if w.stale(j) {
-		w.stats.stale.Add(int64(len(t.Blocks)))
+		if j.x == nil { // in chunks: counted per block when the last ends
+			w.stats.stale.Add(int64(len(t.Blocks)))
+		}
 		return fail(sc.fails, t.ID, 0, len(t.Blocks), connector.ReasonStale)
 	}
 	// Every failed block counts, also those of a batch that failed as a
@@ -1180,7 +1194,9 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		return fail(sc.fails, t.ID, 0, len(t.Blocks), reason(err))
 	}
 	if w.stale(j) {
-		w.stats.stale.Add(int64(len(t.Blocks)))
+		if j.x == nil { // in chunks: counted per block when the last ends
+			w.stats.stale.Add(int64(len(t.Blocks)))
+		}
 		return fail(sc.fails, t.ID, 0, len(t.Blocks), connector.ReasonStale)
 	}
 	gm := &w.groups[t.Group]
@@ -1282,7 +1298,9 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 				noSpace = true
 				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: idx[k], Reason: connector.ReasonNoSpace})
 			default:
-				w.stats.saveFailures.Add(1)
+				if j.x == nil { // in chunks: counted per block when the last ends
+					w.stats.saveFailures.Add(1)
+				}
 				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: idx[k], Reason: reason(r.Err)})
 			}
 		}

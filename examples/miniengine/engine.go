@@ -288,12 +288,11 @@ func (e *Engine) Step(ctx context.Context) error {
 		}
 		e.outs = append(e.outs, e.worker.Poll())
 	}
-	if err := e.sched.Done(e.res, e.outs); err != nil {
-		return err
-	}
+	err = e.sched.Done(e.res, e.outs)
 	// A request that ran in the step of a load that failed computed over
 	// KV that did not arrive: its token does not count (scheduler.
-	// Scheduler.Discarded).
+	// Scheduler.Discarded), also when Done returned an error after it
+	// ended the step.
 	for _, id := range e.sched.Discarded() {
 		if r := e.reqs[id]; r != nil && slices.ContainsFunc(e.res, func(x scheduler.Result) bool { return x.ID == id }) {
 			r.out = r.out[:len(r.out)-1]
@@ -301,6 +300,9 @@ func (e *Engine) Step(ctx context.Context) error {
 				r.first = time.Time{}
 			}
 		}
+	}
+	if err != nil {
+		return err
 	}
 	e.ended = e.sched.TakeEnded(e.ended[:0])
 	e.observe()
