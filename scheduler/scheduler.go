@@ -149,6 +149,8 @@ type Stats struct {
 	ExternalTokens int64 // tokens loaded through the connector
 	ComputedTokens int64 // tokens computed
 	LoadFailures   int64 // failed loads
+	InlineLoads    int64 // loads run in the step that computed their request (Config.LayerwiseLoads)
+	DiscardedSteps int64 // of which the step's work was discarded: the load failed or went unreported
 	// Pool is the block pool's: with KV cache groups, the sum of every
 	// group's pool (see [Scheduler.PoolStats]).
 	Pool PoolStats
@@ -972,6 +974,7 @@ func (s *Scheduler) admit(budget *int) {
 		if inline {
 			r.inline, r.external = true, ext
 			r.computed += ext // the item starts after the KV it loads
+			s.stats.InlineLoads++
 		} else if ext > 0 {
 			r.state = Loading
 			r.external = ext
@@ -1329,6 +1332,7 @@ func (s *Scheduler) rollBack() {
 			continue
 		}
 		s.discarded = append(s.discarded, r.id)
+		s.stats.DiscardedSteps++
 		r.discard = false
 		if r.awaitLoad {
 			// The blocks after the load's held only the discarded work,

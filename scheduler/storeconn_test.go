@@ -526,6 +526,9 @@ func TestLayerwiseLoadsEndToEnd(t *testing.T) {
 	refLong := newMiniEngine(t, nil, refCfg)
 	longWorkload(refLong, "q")
 	wantLong := refLong.run()
+	refFirst := newMiniEngine(t, nil, refCfg)
+	firstToken(refFirst, "q")
+	wantFirst := refFirst.run()
 
 	extra := map[string]any{"lookup": "sync", "layer_chunks": e2eLayers, "failed_ttl": "1ns"}
 	lw := cfg
@@ -556,13 +559,24 @@ func TestLayerwiseLoadsEndToEnd(t *testing.T) {
 				t.Fatalf("engine C: %+v, want more tokens loaded than B loaded of A's, with no failure", sc)
 			}
 			sb := b.s.Stats()
-			if sb.ExternalTokens == 0 {
-				t.Fatalf("engine B loaded nothing: %+v", sb)
+			if sb.ExternalTokens == 0 || sb.InlineLoads == 0 {
+				t.Fatalf("engine B loaded nothing in the step of its requests: %+v", sb)
 			}
-			if faults && sb.LoadFailures == 0 {
-				t.Fatalf("no load failed over a store failing 30%% of its gets: %+v", sb)
+			if faults && (sb.LoadFailures == 0 || sb.DiscardedSteps == 0) {
+				t.Fatalf("no load failed, or no step was discarded, over a store failing 30%% of its gets: %+v", sb)
 			}
 			t.Logf("B: external %d tokens, computed %d, load failures %d", sb.ExternalTokens, sb.ComputedTokens, sb.LoadFailures)
+
+			// Requests that end with their first token, as a prefill
+			// instance's do, in the step of their load.
+			d := newMiniEngineWith(t, bst, lw, extra)
+			firstToken(d, "q")
+			if diff := diffOutputs(wantFirst, d.drain(d.stepLayers, 64)); diff != "" {
+				t.Fatalf("engine D (one token per request) outputs differ from the reference:\n%s", diff)
+			}
+			if sd := d.s.Stats(); sd.InlineLoads == 0 {
+				t.Fatalf("engine D ran no load in the step of its request: %+v", sd)
+			}
 		})
 	}
 }
@@ -608,5 +622,13 @@ func TestLayerwiseUnreportedLoad(t *testing.T) {
 	}
 	if b.s.Stats().ExternalTokens == 0 {
 		t.Fatalf("engine B loaded nothing: %+v", b.s.Stats())
+	}
+}
+
+// firstToken is workload with one generated token per request.
+func firstToken(e *miniEngine, tag string) {
+	for i := range 12 {
+		base := seq(1000*(i%3), 20+4*(i%4))
+		e.add(fmt.Sprintf("%s%d", tag, i), append(base, seq(7*i, i%5)...), 1)
 	}
 }

@@ -45,7 +45,7 @@ func open(broken string) connectortest.OpenFunc {
 			// Raw values move straight from block-major KV memory: the
 			// store reads the blocks themselves.
 			cfg.Extra = map[string]any{"verify": "none"}
-		case "layer-chunks", "layer-early", "save-ahead":
+		case "layer-chunks", "layer-early", "save-ahead", "layer-ignores-ready":
 			// A value per layer: loads and saves move layer by layer.
 			cfg.Extra = map[string]any{"layer_chunks": 2}
 		}
@@ -146,6 +146,8 @@ func open(broken string) connectortest.OpenFunc {
 				w = layerEarly{inner}
 			case "save-ahead":
 				w = &saveAhead{Worker: inner, last: env.Identity.Layout.Layers - 1}
+			case "layer-ignores-ready":
+				w = layerIgnoresReady{inner}
 			}
 			p.Workers = append(p.Workers, w)
 		}
@@ -770,6 +772,13 @@ type layerEarly struct{ *storeconn.Worker }
 
 func (layerEarly) WaitLayer(context.Context, int) error { return nil }
 
+// layerIgnoresReady's SaveLayer saves at once, not when ready fires.
+type layerIgnoresReady struct{ *storeconn.Worker }
+
+func (w layerIgnoresReady) SaveLayer(ctx context.Context, l int, _ connector.Event) error {
+	return w.Worker.SaveLayer(ctx, l, connector.Ready)
+}
+
 // saveAhead's first SaveLayer of a step starts the saves of every layer,
 // computed or not.
 type saveAhead struct {
@@ -845,6 +854,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"never-wakes", "the halves are Wakers, but none signalled"},
 		{"layer-early", "returned (err <nil>) while the store held every get"},
 		{"save-ahead", "whose layer 1 the step had not computed yet"},
+		{"layer-ignores-ready", "before the step's ready event fired: a save read a block the step was still computing"},
 		{"ignores-layout", "the store holds it under heads4's namespace"},
 		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
 		{"early-read-raw", "a save read a block the step was still computing"},

@@ -70,12 +70,13 @@
 // Where every worker is a connector.LayerWorker, half of the state
 // machine's cases (and the LayerWise subtest) drive the workers layer by
 // layer, as an engine overlapping compute and transfers does: after Start,
-// for each layer in order, every worker's WaitLayer, then the layer's
-// compute, then every worker's SaveLayer; then Save. The blocks a step
-// computes hold unfinished bytes in every layer until its turn, and the
-// harness notes a put handed a layer not yet computed: a SaveLayer that
-// saves ahead of the compute is caught there, or by the garbage it
-// stored. What each layer of each loaded block held when its WaitLayer
+// for each layer in order, every worker's WaitLayer, then every worker's
+// SaveLayer with an event that fires once the layer is computed, as a
+// device engine queues the layer's compute and records an event after
+// it; then Save. The blocks a step computes hold unfinished bytes in
+// every layer until its turn, and the harness notes a put handed a layer
+// not yet computed: a SaveLayer that saves ahead of the compute, or
+// before its event fires, is caught there, or by the garbage it stored. What each layer of each loaded block held when its WaitLayer
 // returned is kept, and must be the saved bytes once the worker reports
 // the block loaded; the Poll after WaitLayer of the last layer must
 // report every load of the step. The LayerWise subtest also holds every

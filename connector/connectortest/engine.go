@@ -1269,9 +1269,10 @@ type layerSnap struct {
 // runs on other goroutines, and must not return before the harness lets
 // the gets go (a while after the first reached the store), since none of
 // the loads' bytes can have arrived. With probeSaves, after each
-// SaveLayer but the last the harness waits a while before it computes the
-// next layer: a worker that started a save of a later layer has handed
-// the store that layer's memory by then.
+// SaveLayer the harness waits a while before it computes the layer, and
+// after firing the layer's event a while before the next layer: a worker
+// that saves a layer before its event fires, or a later layer, has handed
+// the store that memory by then.
 func (e *engine) computeLayers(ctx context.Context, meta *connector.Metadata, computed []fresh, probe bool) {
 	e.t.Helper()
 	e.w.count.layerSteps++
@@ -1318,6 +1319,23 @@ func (e *engine) computeLayers(ctx context.Context, meta *connector.Metadata, co
 				}
 			}
 		}
+		// SaveLayer(l) as an engine on a device calls it: once layer l's
+		// compute is queued, with an event that fires when it is done.
+		// Until then layer l is unready too.
+		evs := make([]*event, len(e.layered))
+		for rank, lw := range e.layered {
+			evs[rank] = newEvent()
+			var ev connector.Event = evs[rank]
+			if e.waiter {
+				ev = waitEvent{evs[rank]}
+			}
+			if err := lw.SaveLayer(ctx, l, ev); err != nil {
+				e.t.Fatalf("%s: worker %d: SaveLayer(%d) in step %d: %v", e.label, rank, l, meta.Step, err)
+			}
+		}
+		if probeSaves {
+			time.Sleep(probeGrace) // a save that does not wait for the event reads layer l unready
+		}
 		// Compute layer l; the layers after it stay unready.
 		var unready []span
 		for _, c := range computed {
@@ -1334,16 +1352,17 @@ func (e *engine) computeLayers(ctx context.Context, meta *connector.Metadata, co
 						continue
 					}
 					for _, sp := range e.kv[rank].Group(c.g).LayerSpans(nil, b, e.layerOf(c.g, later), e.layerOf(c.g, later)+1) {
-						unready = append(unready, span{sp.Addr, sp.End(), fmt.Sprintf("%s's %s (%s of request %s, rank %d), whose layer %d the step had not computed yet (SaveLayer(%d) was the last call)", e.label, e.engineBlock(c.g, b), e.entryName(c.g, c.i), c.r.conn.ID, rank, later, l)})
+						unready = append(unready, span{sp.Addr, sp.End(), fmt.Sprintf("%s's %s (%s of request %s, rank %d), whose layer %d the step had not computed yet (its SaveLayer's ready event had not fired)", e.label, e.engineBlock(c.g, b), e.entryName(c.g, c.i), c.r.conn.ID, rank, later)})
 					}
 				}
 			}
 		}
+		if early := e.w.rec.earlyRead(); early != "" {
+			e.t.Fatalf("%s: %s", e.label, early)
+		}
 		e.w.rec.setUnready(unready)
-		for rank, lw := range e.layered {
-			if err := lw.SaveLayer(ctx, l, connector.Ready); err != nil {
-				e.t.Fatalf("%s: worker %d: SaveLayer(%d) in step %d: %v", e.label, rank, l, meta.Step, err)
-			}
+		for _, ev := range evs {
+			ev.fire()
 		}
 		if probeSaves && l < layers-1 {
 			time.Sleep(probeGrace)

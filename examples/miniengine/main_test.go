@@ -373,8 +373,8 @@ func TestLayerwise(t *testing.T) {
 	}
 	on := mustRun(t, lw, true, o.PressureBlocks)
 	mustSame(t, "layer-wise under pressure", off, on)
-	if on.ExternalTokens == 0 {
-		t.Errorf("layer-wise under pressure: no external hits")
+	if on.ExternalTokens == 0 || on.InlineLoads == 0 {
+		t.Errorf("layer-wise under pressure: %d external tokens, %d loads in the step of their request; want both", on.ExternalTokens, on.InlineLoads)
 	}
 	lw.Instances = 2
 	mustSame(t, "layer-wise, two instances", off, mustRun(t, lw, true, o.Blocks))
@@ -382,8 +382,8 @@ func TestLayerwise(t *testing.T) {
 	lw.FaultRate = 0.2
 	faulty := mustRun(t, lw, true, o.PressureBlocks)
 	mustSame(t, "layer-wise with faults", off, faulty)
-	if faulty.ExternalTokens == 0 || faulty.ConnFailures == 0 {
-		t.Errorf("layer-wise with faults: %d external tokens, %d failed transfers; want both", faulty.ExternalTokens, faulty.ConnFailures)
+	if faulty.ExternalTokens == 0 || faulty.DiscardedSteps == 0 {
+		t.Errorf("layer-wise with faults: %d external tokens, %d steps discarded after failed loads; want both", faulty.ExternalTokens, faulty.DiscardedSteps)
 	}
 	hybrid := small(t)
 	hybrid.Kind, hybrid.Model.Layers, hybrid.Layerwise = "hybrid", 3, true

@@ -75,6 +75,8 @@ type Stats struct {
 	ConnNanos         int64 // time the connector spent in lookups and transfers
 	ConnLookupNanos   int64 // of which lookups: on the engine's goroutine with "lookup": "sync"
 	ConnLookups       int64 // lookups (one batch exists each)
+	InlineLoads       int64 // loads run in the step that computed their request (-layerwise)
+	DiscardedSteps    int64 // of which the step's work was discarded
 	outputs           map[turnKey][]hashing.Token
 	prompts           map[turnKey][]hashing.Token
 	gens              map[turnKey]uint64 // the weights generation a turn was submitted under
@@ -240,6 +242,9 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 	}
 	for _, e := range all {
 		st.IdleSteps += e.IdleSteps()
+		ss := e.sched.Stats()
+		st.InlineLoads += ss.InlineLoads
+		st.DiscardedSteps += ss.DiscardedSteps
 		s, wk := e.ConnStats()
 		st.ConnLoads += wk.Loads
 		st.ConnLoadBytes += wk.LoadBytes
