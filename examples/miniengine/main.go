@@ -491,6 +491,7 @@ type Run struct {
 	TokensPerS   float64 `json:"tokens_per_s"` // prompt + generated tokens served per second
 	TTFTms       float64 `json:"mean_ttft_ms"`
 	TPOTms       float64 `json:"mean_tpot_ms"`
+	Latencyms    float64 `json:"mean_latency_ms"` // submission to end
 	LaterTTFTms  float64 `json:"subsequent_turn_ttft_ms"`
 	LocalHitRate float64 `json:"kv_hit_rate_local"`
 	ExtHitRate   float64 `json:"kv_hit_rate_external"`
@@ -517,7 +518,7 @@ func newRun(name string, on bool, blocks int, st Stats) Run {
 		Succeeded: st.Succeeded, Failed: st.Failed, Seconds: sec,
 		RequestsPerS: float64(st.Succeeded+st.Failed) / sec,
 		TokensPerS:   float64(st.PromptTokens+st.OutputTokens) / sec,
-		TTFTms:       ms(st.TTFT), TPOTms: ms(st.TPOT), LaterTTFTms: ms(st.LaterTTFT),
+		TTFTms:       ms(st.TTFT), TPOTms: ms(st.TPOT), LaterTTFTms: ms(st.LaterTTFT), Latencyms: ms(st.Latency),
 		LocalHitRate: st.HitRate(st.LocalTokens), ExtHitRate: st.HitRate(st.ExternalTokens),
 		Computed: st.ComputedTokens, BlocksLoaded: st.ConnLoads, BlocksSaved: st.ConnSaves, Failures: st.ConnFailures,
 		ConnectorMs: float64(st.ConnNanos) / 1e6, LoadBytes: st.ConnLoadBytes,
@@ -874,6 +875,7 @@ func printPD(out io.Writer, off, pd Run, procs *Run) {
 	row("duration (s)", num("%.2f", func(r Run) float64 { return r.Seconds }))
 	row("mean TTFT (ms)", num("%.1f", func(r Run) float64 { return r.TTFTms }))
 	row("mean TPOT (ms)", num("%.2f", func(r Run) float64 { return r.TPOTms }))
+	row("mean request latency (ms)", num("%.1f", func(r Run) float64 { return r.Latencyms }))
 	row("KV transferred (MiB)", kv("%.1f", func(r Run) float64 { return float64(r.LoadBytes) / (1 << 20) }))
 	row("blocks transferred", kv("%.0f", func(r Run) float64 { return float64(r.BlocksLoaded) }))
 	if procs != nil && procs.Lost != "" {

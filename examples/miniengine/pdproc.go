@@ -658,7 +658,7 @@ func (c *pdCoord) run(ctx context.Context) (Stats, error) {
 	history := make([][]hashing.Token, w.Sessions)
 	reqs := map[connector.RequestID]*pdReq{}
 	st := Stats{outputs: map[turnKey][]hashing.Token{}, prompts: map[turnKey][]hashing.Token{}, gens: map[turnKey]uint64{}}
-	var ttft, tpot, later time.Duration
+	var ttft, tpot, later, latency time.Duration
 	var nlater, ntpot int
 	total := w.Sessions * w.Turns
 	ended := 0
@@ -693,6 +693,7 @@ func (c *pdCoord) run(ctx context.Context) (Stats, error) {
 		st.Duration = time.Since(start)
 		if ended > 0 {
 			st.TTFT = ttft / time.Duration(ended)
+			st.Latency = latency / time.Duration(ended)
 		}
 		if ntpot > 0 {
 			st.TPOT = tpot / time.Duration(ntpot)
@@ -761,6 +762,7 @@ func (c *pdCoord) run(ctx context.Context) (Stats, error) {
 			}
 			st.outputs[k] = m.Out
 			st.OutputTokens += len(m.Out)
+			latency += time.Unix(0, m.Done).Sub(r.added)
 			st.LocalTokens += m.Local
 			st.ExternalTokens += m.External
 			st.ComputedTokens += m.Computed
