@@ -19,6 +19,17 @@
 // instances sharing one store (-instances 2), a cold start of a new
 // instance (-cold-start), an online weight update mid-run
 // (-weight-update-at N), and store faults (-fault-rate).
+//
+// With -pd it also runs disaggregated prefill and decode over the p2p
+// connector: once in one process (loopback transfer engine), and once as
+// two processes that it starts from its own binary, a prefill instance
+// and a decode instance, moving the KV over -pd-transfer: shm (the
+// default, one Linux host) or mooncake (the Mooncake Transfer Engine,
+// MOONCAKE_TRANSFER_ENGINE_LIBRARY and the MOONCAKE_* settings). This
+// process coordinates them (see pdproc.go):
+//
+//	go run ./examples/miniengine -pd
+//	go run ./examples/miniengine -pd -pd-transfer mooncake
 package main
 
 import (
