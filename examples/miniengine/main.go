@@ -143,6 +143,9 @@ func main() {
 		// An instance of -pd across processes: its coordinator ends it
 		// (by ending its input), not the terminal's interrupt.
 		signal.Ignore(os.Interrupt)
+		// Its stderr is a pipe to the coordinator: once the coordinator
+		// is gone, a write there fails rather than kill the process.
+		signal.Ignore(syscall.SIGPIPE)
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 		code := pdInstance(ctx, os.Stderr)
 		stop()

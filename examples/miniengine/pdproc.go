@@ -127,7 +127,7 @@ type pdReport struct {
 // and returns its exit code.
 func pdInstance(ctx context.Context, errw io.Writer) int {
 	role := os.Getenv(pdRoleEnv)
-	if err := servePD(ctx, role); err != nil {
+	if err := servePD(ctx, role, errw); err != nil {
 		fmt.Fprintf(errw, "miniengine %s instance (pid %d): %v\n", role, os.Getpid(), err)
 		return 1
 	}
@@ -136,7 +136,7 @@ func pdInstance(ctx context.Context, errw io.Writer) int {
 
 // servePD connects to the coordinator and serves requests until its input
 // ends, then finishes what it holds.
-func servePD(ctx context.Context, role string) error {
+func servePD(ctx context.Context, role string, errw io.Writer) error {
 	var cfg pdConfig
 	if err := json.Unmarshal([]byte(os.Getenv(pdConfigEnv)), &cfg); err != nil {
 		return fmt.Errorf("%s: %w", pdConfigEnv, err)
@@ -178,7 +178,11 @@ func servePD(ctx context.Context, role string) error {
 	if closeErr != nil {
 		st.CloseErr = closeErr.Error()
 	}
-	s.send(pdMsg{Op: "bye", Stats: &st})
+	if s.send(pdMsg{Op: "bye", Stats: &st}); s.sendErr != nil {
+		// Nobody reads the bye: say on stderr how the instance ended.
+		fmt.Fprintf(errw, "miniengine %s instance (pid %d): the coordinator is gone (%v): %d requests ended unreported, %d kept requests released; engine closed\n",
+			role, os.Getpid(), s.sendErr, st.Unsent, st.HeldAtEnd)
+	}
 	// Unblock and join the reader.
 	connErr := conn.Close()
 	for range in {
