@@ -635,6 +635,7 @@ type pdCoord struct {
 	prefill, decode *pdProc
 	events          <-chan pdEvent
 	stall           time.Duration // the longest wait for an instance's message
+	prefilled       int           // requests the prefill instance ended
 }
 
 // pdReq is a request on its way through the instances.
@@ -747,6 +748,10 @@ func (c *pdCoord) run(ctx context.Context) (Stats, error) {
 		case m.Op != "done" || reqs[m.ID] == nil || reqs[m.ID].at != p:
 			return st, fmt.Errorf("%s sent %q for request %q: not a request it has", p.describe(), m.Op, m.ID)
 		case p == c.prefill:
+			c.prefilled++
+			if c.o.pdOnPrefilled != nil {
+				c.o.pdOnPrefilled(c.prefilled, c.prefill.cmd.Process)
+			}
 			if m.Err != "" {
 				// Its prefill failed: the decode instance computes it.
 				c.rep.rerouted++
@@ -785,11 +790,11 @@ func (c *pdCoord) run(ctx context.Context) (Stats, error) {
 				}
 			}
 			history[k.Session] = append(history[k.Session], m.Out...)
-			if k.Turn+1 < w.Turns {
-				submit(k.Session, k.Turn+1)
-			}
 			if c.o.pdOnEnd != nil {
 				c.o.pdOnEnd(ended, c.prefill.cmd.Process, c.decode.cmd.Process)
+			}
+			if k.Turn+1 < w.Turns {
+				submit(k.Session, k.Turn+1)
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -86,7 +87,7 @@ func TestPrefillDecodeProcs(t *testing.T) {
 }
 
 // TestPDDecodeKilled: the decode instance is killed (SIGKILL) once a
-// request ended. The coordinator notices its connection end, counts the
+// request ended, before the next turn is submitted. The coordinator notices its connection end, counts the
 // requests it took with it failed, and ends the prefill instance, which
 // keeps the blocks of requests handed to the dead instance until
 // keep_timeout (1 s here), then closes its engine cleanly (its Close
@@ -120,39 +121,93 @@ func TestPDDecodeKilled(t *testing.T) {
 	checkGone(t, r, before)
 }
 
-// TestPDPrefillKilled: the prefill instance is killed (SIGKILL) once a
-// request ended. The coordinator notices its connection end and tells the
-// decode instance, which forgets the producer (p2p Scheduler.Forget):
-// loads from it fail and the decode instance computes those requests
-// itself, as it does the requests the prefill instance took with it.
-// Every request completes with the tokens of one instance, and the
-// decode instance ends cleanly.
-func TestPDPrefillKilled(t *testing.T) {
-	o := small(t)
-	before := memfds(t)
-	off := mustRun(t, o, false, o.Blocks)
-	var killErr error
-	o.pdOnEnd = func(ended int, prefill, decode *os.Process) {
-		if ended == 1 {
-			killErr = prefill.Kill()
+// dead waits, for up to a minute, until process pid has died (it is a
+// zombie, or reaped).
+func dead(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return // reaped
 		}
+		// pid (comm) state ...: the state follows the last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X') {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for the killed process %d to die: /proc/%d/stat says %q", pid, pid, b)
+		}
+		runtime.Gosched()
 	}
-	r, err := runPDProcs(context.Background(), o)
-	if killErr != nil {
-		t.Fatalf("kill the prefill instance: %v", killErr)
+}
+
+// TestPDPrefillKilled: the prefill instance is killed (SIGKILL) mid-run.
+// The coordinator notices its connection end and tells the decode
+// instance, which forgets the producer (p2p Scheduler.Forget): loads from
+// it fail and the decode instance computes those requests itself, as it
+// does the requests the prefill instance took with it. Every request
+// completes with the tokens of one instance, and the decode instance
+// ends cleanly.
+//
+// Killed after a request ended, before the next turn is submitted to it,
+// the prefill instance takes that turn with it. Killed as it ended its
+// first request, whose transfer parameters reach the decode instance
+// once the prefill instance is dead, it leaves that request's KV
+// unreachable: its load fails.
+func TestPDPrefillKilled(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		kill     func(o *Options, kill func(*os.Process))
+		rerouted bool // want requests of the prefill instance computed by the decode instance
+		unloaded bool // want requests whose KV never arrived
+	}{
+		{"after a request ended", func(o *Options, kill func(*os.Process)) {
+			o.pdOnEnd = func(ended int, prefill, _ *os.Process) {
+				if ended == 1 {
+					kill(prefill)
+				}
+			}
+		}, true, false},
+		{"with parameters on their way", func(o *Options, kill func(*os.Process)) {
+			o.pdOnPrefilled = func(n int, prefill *os.Process) {
+				if n == 1 {
+					kill(prefill)
+				}
+			}
+		}, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := small(t)
+			before := memfds(t)
+			off := mustRun(t, o, false, o.Blocks)
+			tc.kill(&o, func(p *os.Process) {
+				if err := p.Kill(); err != nil {
+					t.Errorf("kill the prefill instance: %v", err)
+				}
+				dead(t, p.Pid)
+			})
+			r, err := runPDProcs(context.Background(), o)
+			if err != nil {
+				t.Fatalf("runPDProcs with the prefill instance killed: %v", err)
+			}
+			total := o.Workload.Sessions * o.Workload.Turns
+			if r.Lost != rolePrefill || r.Succeeded != total || r.Failed != 0 {
+				t.Errorf("lost %q, %d succeeded, %d failed; want the prefill instance lost and all %d requests succeeded", r.Lost, r.Succeeded, r.Failed, total)
+			}
+			mustSame(t, "prefill killed", off, r.stats)
+			d := r.pd.decode
+			if d.Forgotten != 1 || d.CloseErr != "" {
+				t.Errorf("the decode instance forgot %d producers, Close: %q; want 1 and nil", d.Forgotten, d.CloseErr)
+			}
+			if tc.rerouted && r.Rerouted == 0 {
+				t.Errorf("no request of the prefill instance was computed by the decode instance; want at least the turn submitted after the kill")
+			}
+			if tc.unloaded && d.Unloaded == 0 {
+				t.Errorf("every request with transfer parameters loaded; want the first one's load, from the dead prefill instance, to fail")
+			}
+			t.Logf("the decode instance computed %d requests sent to the prefill instance, and %d whose KV never arrived", r.Rerouted, d.Unloaded)
+			checkGone(t, r, before)
+		})
 	}
-	if err != nil {
-		t.Fatalf("runPDProcs with the prefill instance killed: %v", err)
-	}
-	total := o.Workload.Sessions * o.Workload.Turns
-	if r.Lost != rolePrefill || r.Succeeded != total || r.Failed != 0 {
-		t.Errorf("lost %q, %d succeeded, %d failed; want the prefill instance lost and all %d requests succeeded", r.Lost, r.Succeeded, r.Failed, total)
-	}
-	mustSame(t, "prefill killed", off, r.stats)
-	d := r.pd.decode
-	if d.Forgotten != 1 || d.CloseErr != "" {
-		t.Errorf("the decode instance forgot %d producers, Close: %q; want 1 and nil", d.Forgotten, d.CloseErr)
-	}
-	t.Logf("the decode instance computed %d requests sent to the prefill instance, and %d whose KV never arrived", r.Rerouted, d.Unloaded)
-	checkGone(t, r, before)
 }
