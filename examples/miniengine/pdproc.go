@@ -513,7 +513,7 @@ func runPDProcs(ctx context.Context, o Options) (Run, error) {
 		}()
 	}
 	prefill, decode := procs[0], procs[1]
-	if err := pdAccept(ln, procs); err != nil {
+	if err := pdAccept(ctx, ln, procs); err != nil {
 		return Run{}, err
 	}
 	rep.prefillPID, rep.decodePID = prefill.hello.PID, decode.hello.PID
@@ -556,8 +556,8 @@ func runPDProcs(ctx context.Context, o Options) (Run, error) {
 }
 
 // pdAccept accepts the instances' connections and their hellos, bounded
-// by a minute, or fails when an instance exits first.
-func pdAccept(ln *net.UnixListener, procs []*pdProc) error {
+// by a minute, or fails when an instance exits first or ctx ends.
+func pdAccept(ctx context.Context, ln *net.UnixListener, procs []*pdProc) error {
 	deadline := time.Now().Add(time.Minute)
 	type accepted struct {
 		conn  *net.UnixConn
@@ -594,7 +594,10 @@ func pdAccept(ln *net.UnixListener, procs []*pdProc) error {
 	for pending > 0 {
 		// Wait for a connection, or for an instance that has not
 		// connected to exit.
-		cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(acc)}}
+		cases := []reflect.SelectCase{
+			{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+			{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(acc)},
+		}
 		var waiting []*pdProc
 		for _, p := range procs {
 			if p.conn == nil {
@@ -603,8 +606,11 @@ func pdAccept(ln *net.UnixListener, procs []*pdProc) error {
 			}
 		}
 		i, v, _ := reflect.Select(cases)
-		if i > 0 {
-			p := waiting[i-1]
+		if i == 0 {
+			return ctx.Err()
+		}
+		if i > 1 {
+			p := waiting[i-2]
 			return fmt.Errorf("%s exited before it connected (%v)", p.describe(), p.err)
 		}
 		a := v.Interface().(accepted)
