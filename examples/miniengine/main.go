@@ -622,6 +622,11 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
+	if o.PD {
+		if err := o.pdPreflight(); err != nil {
+			return fmt.Errorf("-pd-transfer %s: %w", o.PDTransfer, err)
+		}
+	}
 	closeShared, err := o.openShared(ctx)
 	if err != nil {
 		return fmt.Errorf("-store %s: %w", o.Store, err)

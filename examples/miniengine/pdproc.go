@@ -41,6 +41,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -144,16 +145,18 @@ func servePD(ctx context.Context, role string, errw io.Writer) error {
 	if cfg.Role != role {
 		return fmt.Errorf("%s = %q, but %s says role %q", pdRoleEnv, role, pdConfigEnv, cfg.Role)
 	}
+	// The engine first: an instance that cannot open it exits before it
+	// connects, and the coordinator reports its stderr.
+	e, err := cfg.open()
+	if err != nil {
+		return err
+	}
 	var d net.Dialer
 	dctx, cancel := context.WithTimeout(ctx, time.Minute)
 	conn, err := d.DialContext(dctx, "unix", os.Getenv(pdSocketEnv))
 	cancel()
 	if err != nil {
-		return fmt.Errorf("connect to the coordinator: %w", err)
-	}
-	e, err := cfg.open()
-	if err != nil {
-		return errors.Join(err, conn.Close())
+		return errors.Join(fmt.Errorf("connect to the coordinator: %w", err), e.Close())
 	}
 	s := &pdServer{cfg: cfg, e: e, enc: json.NewEncoder(conn)}
 	in := make(chan pdMsg)
@@ -425,8 +428,8 @@ type pdProc struct {
 // describe names the process and what it wrote on stderr, for errors.
 func (p *pdProc) describe() string {
 	s := fmt.Sprintf("the %s instance (pid %d)", p.role, p.cmd.Process.Pid)
-	if out := p.stderr.String(); out != "" {
-		s += ", whose stderr says: " + out
+	if out := strings.TrimSpace(p.stderr.String()); out != "" {
+		s += fmt.Sprintf(" (stderr: %s)", out)
 	}
 	return s
 }
@@ -451,11 +454,8 @@ const pdKeepTimeout = 30 * time.Second
 // returns errInstanceGone, with the run, when the decode instance ended
 // mid-run (its requests count failed).
 func runPDProcs(ctx context.Context, o Options) (Run, error) {
-	if o.PDTransfer == p2p.TransferMooncake {
-		if _, err := mooncake.ConfigFromEnv(); err != nil {
-			return Run{}, fmt.Errorf("-pd-transfer mooncake: %w: each instance opens a Mooncake Transfer Engine from %s (required), %s, %s and %s, loading %s from %s (else the loader's path)",
-				err, mooncake.EnvLocalHostname, mooncake.EnvMetadata, mooncake.EnvProtocol, mooncake.EnvDevice, "libtransfer_engine.so", mooncake.EnvLibrary)
-		}
+	if err := o.pdPreflight(); err != nil {
+		return Run{}, err
 	}
 	keep := o.pdKeep
 	if keep == 0 {
@@ -553,6 +553,20 @@ func runPDProcs(ctx context.Context, o Options) (Run, error) {
 	r := newRun("prefill/decode across processes", true, o.Blocks, st)
 	r.pd, r.Transfer, r.Lost, r.Rerouted = rep, rep.transfer, rep.lost, rep.rerouted
 	return r, errors.Join(runErr, endErr)
+}
+
+// pdPreflight checks what the instance processes need from the
+// environment before any starts: Mooncake's settings, with -pd-transfer
+// mooncake.
+func (o Options) pdPreflight() error {
+	if o.PDTransfer != p2p.TransferMooncake {
+		return nil
+	}
+	if _, err := mooncake.ConfigFromEnv(); err != nil {
+		return fmt.Errorf("%w: each instance opens a Mooncake Transfer Engine from %s (required), %s, %s and %s, loading libtransfer_engine.so from %s (else the loader's path)",
+			err, mooncake.EnvLocalHostname, mooncake.EnvMetadata, mooncake.EnvProtocol, mooncake.EnvDevice, mooncake.EnvLibrary)
+	}
+	return nil
 }
 
 // pdAccept accepts the instances' connections and their hellos, bounded

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -18,17 +20,24 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestPDMooncakeUnset: -pd-transfer mooncake without the Transfer
-// Engine's settings is an error naming them, before any process starts.
+// TestPDMooncakeUnset: -pd -pd-transfer mooncake without the Transfer
+// Engine's settings is an error naming them, before anything runs.
 func TestPDMooncakeUnset(t *testing.T) {
 	t.Setenv("MOONCAKE_LOCAL_HOSTNAME", "")
 	o := small(t)
-	o.PDTransfer = p2p.TransferMooncake
-	_, err := runPDProcs(context.Background(), o)
+	o.PD, o.PDTransfer = true, p2p.TransferMooncake
+	var out bytes.Buffer
+	err := Main(context.Background(), o, &out, io.Discard)
 	for _, want := range []string{"-pd-transfer mooncake", "MOONCAKE_LOCAL_HOSTNAME", "MOONCAKE_TRANSFER_ENGINE_LIBRARY"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("runPDProcs(-pd-transfer mooncake, MOONCAKE_LOCAL_HOSTNAME unset) = %v, want an error naming %s", err, want)
+			t.Errorf("Main(-pd -pd-transfer mooncake, MOONCAKE_LOCAL_HOSTNAME unset) = %v, want an error naming %s", err, want)
 		}
+	}
+	if out.Len() != 0 {
+		t.Errorf("Main(-pd -pd-transfer mooncake, MOONCAKE_LOCAL_HOSTNAME unset) ran first:\n%s", out.String())
+	}
+	if _, err := runPDProcs(context.Background(), o); err == nil || !strings.Contains(err.Error(), "MOONCAKE_LOCAL_HOSTNAME") {
+		t.Errorf("runPDProcs(-pd-transfer mooncake, MOONCAKE_LOCAL_HOSTNAME unset) = %v, want an error naming it", err)
 	}
 }
 
