@@ -40,6 +40,19 @@ type EngineConfig struct {
 	// registers its KV memory with Worker and closes both.
 	Conn   connector.Scheduler
 	Worker connector.Worker
+
+	// Alloc, when not nil, allocates the KV memory instead of
+	// rdma.AllocHost: from the worker's transfer engine, when that
+	// engine registers only memory of its own (rdma/shm's Alloc). The
+	// engine frees it in Close, after closing the connector.
+	Alloc func(n int) (Memory, error)
+}
+
+// Memory is KV memory the engine allocated: rdma.HostMemory, or memory of
+// a transfer engine (shm.Memory).
+type Memory interface {
+	Region() rdma.Region
+	Free() error
 }
 
 // Engine is a single-worker inference engine: the scheduler package plans
@@ -50,7 +63,7 @@ type Engine struct {
 	sched  *scheduler.Scheduler
 	conn   connector.Scheduler
 	worker connector.Worker
-	mems   []*rdma.HostMemory
+	mems   []Memory
 	kv     *KV       // the transformer's
 	hkv    *HybridKV // the hybrid model's
 	reqs   map[connector.RequestID]*live
@@ -152,7 +165,13 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 func (e *Engine) allocKV() (connector.KVCache, error) {
 	cfg := e.cfg
 	alloc := func(n int) (rdma.Region, error) {
-		m, err := rdma.AllocHost(n)
+		var m Memory
+		var err error
+		if cfg.Alloc != nil {
+			m, err = cfg.Alloc(n)
+		} else {
+			m, err = rdma.AllocHost(n)
+		}
 		if err != nil {
 			return rdma.Region{}, err
 		}

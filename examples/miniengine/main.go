@@ -19,6 +19,17 @@
 // instances sharing one store (-instances 2), a cold start of a new
 // instance (-cold-start), an online weight update mid-run
 // (-weight-update-at N), and store faults (-fault-rate).
+//
+// With -pd it also runs disaggregated prefill and decode over the p2p
+// connector: once in one process (loopback transfer engine), and once as
+// two processes that it starts from its own binary, a prefill instance
+// and a decode instance, moving the KV over -pd-transfer: shm (the
+// default, one Linux host) or mooncake (the Mooncake Transfer Engine,
+// MOONCAKE_TRANSFER_ENGINE_LIBRARY and the MOONCAKE_* settings). This
+// process coordinates them (see pdproc.go):
+//
+//	go run ./examples/miniengine -pd
+//	go run ./examples/miniengine -pd -pd-transfer mooncake
 package main
 
 import (
@@ -72,10 +83,11 @@ type Options struct {
 	Tenant string // the ON runs' tenant; "" gives each run a fresh one
 	Keep   bool   // keep the ON runs' keys, and the Mooncake client up until interrupted
 
-	Instances      int  // engines sharing one store (ON runs)
-	ColdStart      bool // run the cold-start scenario
-	PD             bool // run disaggregated prefill and decode over the p2p connector
-	WeightUpdateAt int  // rotate the weights after this many requests end (0: never)
+	Instances      int    // engines sharing one store (ON runs)
+	ColdStart      bool   // run the cold-start scenario
+	PD             bool   // run disaggregated prefill and decode over the p2p connector
+	PDTransfer     string // -pd across processes: the p2p connector's transfer engine, "shm" or "mooncake"; "loopback": in one process only
+	WeightUpdateAt int    // rotate the weights after this many requests end (0: never)
 
 	Wait      bool   // block while every engine waits for its connector (connector.Waker), instead of stepping
 	Layerwise bool   // -layerwise: compute layer by layer, loading and saving each layer's KV as its own store value (connector.LayerWorker)
@@ -87,35 +99,59 @@ type Options struct {
 	Progress bool
 	tty      bool // progress goes to a terminal: redraw one line
 
-	wrapStore func(store.Store) store.Store // tests: wraps the ON runs' store
-	shared    store.Store                   // an open Mooncake client every ON run shares
-	tenant    string                        // the ON runs' tenant; each run gets its own
-	runs      *int                          // ON runs so far, naming their tenants
-	obs       *observer                     // with -metrics
-	sink      *eventSink                    // with -kv-events
-	onRun     func(*observer)               // tests: called at the end of each ON run, its engines still open
-	events    *kvevents.Stats               // tests: the publisher's counters when it closed
+	wrapStore     func(store.Store) store.Store                // tests: wraps the ON runs' store
+	shared        store.Store                                  // an open Mooncake client every ON run shares
+	tenant        string                                       // the ON runs' tenant; each run gets its own
+	runs          *int                                         // ON runs so far, naming their tenants
+	obs           *observer                                    // with -metrics
+	sink          *eventSink                                   // with -kv-events
+	onRun         func(*observer)                              // tests: called at the end of each ON run, its engines still open
+	events        *kvevents.Stats                              // tests: the publisher's counters when it closed
+	pdKeep        time.Duration                                // tests: the p2p keep_timeout of -pd across processes (0: pdKeepTimeout)
+	pdOnEnd       func(ended int, prefill, decode *os.Process) // tests: called as each request ends, before the next turn's submission, -pd across processes
+	pdOnPrefilled func(n int, prefill *os.Process)             // tests: called as the prefill instance ends each request, before the decode instance has it, -pd across processes
 }
 
 func defaultOptions() Options {
 	return Options{
-		Workload:  Workload{Sessions: 8, System: 128, FirstTurn: 768, Growth: 192, Output: 16, Turns: 4, Seed: 1},
-		Kind:      "transformer",
-		Model:     ModelConfig{Vocab: 512, Dim: 64, Heads: 4, Layers: 2, FFN: 128, Seed: 1},
-		Window:    64,
-		Block:     16,
-		Verify:    "checksum",
-		Batch:     512,
-		Par:       runtime.NumCPU(),
-		Instances: 1,
-		Store:     "memstore",
-		Repeat:    1,
-		Progress:  true,
-		Wait:      true,
+		Workload:   Workload{Sessions: 8, System: 128, FirstTurn: 768, Growth: 192, Output: 16, Turns: 4, Seed: 1},
+		Kind:       "transformer",
+		Model:      ModelConfig{Vocab: 512, Dim: 64, Heads: 4, Layers: 2, FFN: 128, Seed: 1},
+		Window:     64,
+		Block:      16,
+		Verify:     "checksum",
+		Batch:      512,
+		Par:        runtime.NumCPU(),
+		Instances:  1,
+		Store:      "memstore",
+		PDTransfer: defaultPDTransfer(),
+		Repeat:     1,
+		Progress:   true,
+		Wait:       true,
 	}
 }
 
+// defaultPDTransfer is -pd-transfer's default: shm where rdma/shm runs.
+func defaultPDTransfer() string {
+	if runtime.GOOS == "linux" {
+		return p2p.TransferShm
+	}
+	return p2p.TransferLoopback
+}
+
 func main() {
+	if os.Getenv(pdRoleEnv) != "" {
+		// An instance of -pd across processes: its coordinator ends it
+		// (by ending its input), not the terminal's interrupt.
+		signal.Ignore(os.Interrupt)
+		// Its stderr is a pipe to the coordinator: once the coordinator
+		// is gone, a write there fails rather than kill the process.
+		signal.Ignore(syscall.SIGPIPE)
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		code := pdInstance(ctx, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
 	o := defaultOptions()
 	fs := flag.NewFlagSet("miniengine", flag.ExitOnError)
 	w := &o.Workload
@@ -144,7 +180,8 @@ func main() {
 	fs.BoolVar(&o.Keep, "keep", o.Keep, "keep the ON runs' keys; with -store mooncake, also keep the client up (its segment holds the values) until interrupted")
 	fs.IntVar(&o.Instances, "instances", o.Instances, "engine instances sharing one store in the ON runs; sessions alternate between them turn by turn")
 	fs.BoolVar(&o.ColdStart, "cold-start", o.ColdStart, "also run the cold-start scenario: a new instance serves a workload another one already ran")
-	fs.BoolVar(&o.PD, "pd", o.PD, "also run disaggregated prefill/decode: a prefill instance hands every request's KV to a decode instance over the loopback transfer engine (p2p connector)")
+	fs.BoolVar(&o.PD, "pd", o.PD, "also run disaggregated prefill/decode: a prefill instance hands every request's KV to a decode instance (p2p connector), in one process over the loopback transfer engine, and as two processes started from this binary over -pd-transfer")
+	fs.StringVar(&o.PDTransfer, "pd-transfer", o.PDTransfer, "with -pd, the transfer engine between the prefill and decode processes: shm (same host, Linux), or mooncake (Mooncake Transfer Engine: MOONCAKE_TRANSFER_ENGINE_LIBRARY, MOONCAKE_LOCAL_HOSTNAME, ...); loopback runs prefill/decode in one process only")
 	fs.IntVar(&o.WeightUpdateAt, "weight-update-at", o.WeightUpdateAt, "rotate to new weights after this many requests end (0: never)")
 	fs.StringVar(&o.Verify, "verify", o.Verify, "check every loaded block against the trailer saved with it (checksum) or not (none)")
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
@@ -212,6 +249,15 @@ func (o *Options) Validate() error {
 		}
 	default:
 		return fmt.Errorf("-model = %q, want transformer or hybrid", o.Kind)
+	}
+	switch o.PDTransfer {
+	case p2p.TransferLoopback, p2p.TransferMooncake:
+	case p2p.TransferShm:
+		if o.PD && runtime.GOOS != "linux" {
+			return fmt.Errorf("-pd-transfer = shm needs Linux (rdma/shm), not %s: use -pd-transfer loopback (prefill and decode in one process) or mooncake", runtime.GOOS)
+		}
+	default:
+		return fmt.Errorf("-pd-transfer = %q, want shm, mooncake or loopback", o.PDTransfer)
 	}
 	if o.Store != "memstore" && o.Store != "mooncake" {
 		return fmt.Errorf("-store = %q, want memstore or mooncake", o.Store)
@@ -460,6 +506,7 @@ type Run struct {
 	TokensPerS   float64 `json:"tokens_per_s"` // prompt + generated tokens served per second
 	TTFTms       float64 `json:"mean_ttft_ms"`
 	TPOTms       float64 `json:"mean_tpot_ms"`
+	Latencyms    float64 `json:"mean_latency_ms"` // submission to end
 	LaterTTFTms  float64 `json:"subsequent_turn_ttft_ms"`
 	LocalHitRate float64 `json:"kv_hit_rate_local"`
 	ExtHitRate   float64 `json:"kv_hit_rate_external"`
@@ -471,8 +518,12 @@ type Run struct {
 	LookupMs     float64 `json:"lookup_ms"`    // of which lookups
 	Lookups      int64   `json:"lookups"`
 	LoadBytes    int64   `json:"bytes_loaded"`
-	IdleSteps    float64 `json:"idle_steps_per_request"` // steps that computed nothing, per request
+	IdleSteps    float64 `json:"idle_steps_per_request"`  // steps that computed nothing, per request
+	Transfer     string  `json:"transfer,omitempty"`      // -pd across processes: the transfer engine
+	Lost         string  `json:"lost_instance,omitempty"` // -pd across processes: the instance that ended mid-run
+	Rerouted     int     `json:"rerouted,omitempty"`      // -pd across processes: requests of a lost prefill instance that the decode instance computed
 	stats        Stats
+	pd           *pdReport // -pd across processes
 }
 
 func newRun(name string, on bool, blocks int, st Stats) Run {
@@ -482,7 +533,7 @@ func newRun(name string, on bool, blocks int, st Stats) Run {
 		Succeeded: st.Succeeded, Failed: st.Failed, Seconds: sec,
 		RequestsPerS: float64(st.Succeeded+st.Failed) / sec,
 		TokensPerS:   float64(st.PromptTokens+st.OutputTokens) / sec,
-		TTFTms:       ms(st.TTFT), TPOTms: ms(st.TPOT), LaterTTFTms: ms(st.LaterTTFT),
+		TTFTms:       ms(st.TTFT), TPOTms: ms(st.TPOT), LaterTTFTms: ms(st.LaterTTFT), Latencyms: ms(st.Latency),
 		LocalHitRate: st.HitRate(st.LocalTokens), ExtHitRate: st.HitRate(st.ExternalTokens),
 		Computed: st.ComputedTokens, BlocksLoaded: st.ConnLoads, BlocksSaved: st.ConnSaves, Failures: st.ConnFailures,
 		ConnectorMs: float64(st.ConnNanos) / 1e6, LoadBytes: st.ConnLoadBytes,
@@ -571,6 +622,11 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
+	if o.PD {
+		if err := o.pdPreflight(); err != nil {
+			return fmt.Errorf("-pd-transfer %s: %w", o.PDTransfer, err)
+		}
+	}
 	closeShared, err := o.openShared(ctx)
 	if err != nil {
 		return fmt.Errorf("-store %s: %w", o.Store, err)
@@ -647,7 +703,7 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 			}
 		}
 	}
-	var pd *Run
+	var pd, pdProcs *Run
 	if o.PD {
 		r, err := runPD(ctx, o)
 		if err != nil {
@@ -658,6 +714,17 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 			diff = append(diff, fmt.Sprintf("prefill/decode: session %d turn %d differs", k.Session, k.Turn))
 		}
 		pd = &r
+		if o.PDTransfer != p2p.TransferLoopback {
+			r, err := runPDProcs(ctx, o)
+			if err != nil {
+				return fmt.Errorf("prefill/decode across processes (-pd-transfer %s): %w", o.PDTransfer, err)
+			}
+			if k, ok := sameOutputs(all[0][0].stats, r.stats); !ok {
+				identical = false
+				diff = append(diff, fmt.Sprintf("prefill/decode across processes: session %d turn %d differs", k.Session, k.Turn))
+			}
+			pdProcs = &r
+		}
 	}
 	var cold *Run
 	if o.ColdStart {
@@ -680,8 +747,9 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 			Runs      []Run   `json:"runs"`
 			ColdStart *Run    `json:"cold_start,omitempty"`
 			PD        *Run    `json:"prefill_decode,omitempty"`
+			PDProcs   *Run    `json:"prefill_decode_processes,omitempty"`
 			Identical bool    `json:"outputs_identical"`
-		}{o, runs, cold, pd, identical})
+		}{o, runs, cold, pd, pdProcs, identical})
 	}
 	printTable(out, o, runs)
 	if cold != nil {
@@ -693,14 +761,7 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 			cold.TTFTms, 100*cold.ExtHitRate, cold.BlocksLoaded, verdict)
 	}
 	if pd != nil {
-		off := runs[0]
-		fmt.Fprintf(out, "\nprefill/decode over the p2p connector (loopback transfer engine), beside one instance without a connector:\n")
-		fmt.Fprintf(out, "%-26s | %9s %9s\n", "", "single", "P/D")
-		fmt.Fprintf(out, "%-26s | %9.2f %9.2f\n", "duration (s)", off.Seconds, pd.Seconds)
-		fmt.Fprintf(out, "%-26s | %9.1f %9.1f\n", "mean TTFT (ms)", off.TTFTms, pd.TTFTms)
-		fmt.Fprintf(out, "%-26s | %9.2f %9.2f\n", "mean TPOT (ms)", off.TPOTms, pd.TPOTms)
-		fmt.Fprintf(out, "%-26s | %9s %9.1f\n", "KV transferred (MiB)", "-", float64(pd.LoadBytes)/(1<<20))
-		fmt.Fprintf(out, "%-26s | %9s %9d\n", "blocks transferred", "-", pd.BlocksLoaded)
+		printPD(out, runs[0], *pd, pdProcs)
 	}
 	if identical {
 		fmt.Fprintln(out, "\noutputs identical: yes (every generated token, connector on vs off)")
@@ -795,6 +856,51 @@ func runPD(ctx context.Context, o Options) (Run, error) {
 		return Run{}, err
 	}
 	return newRun("prefill/decode", true, o.Blocks, st), nil
+}
+
+// printPD prints the prefill/decode runs beside one instance without a
+// connector: in one process, and across processes when procs is not nil.
+func printPD(out io.Writer, off, pd Run, procs *Run) {
+	cols := []Run{off, pd}
+	head := []string{"single", "P/D 1 proc"}
+	if procs != nil {
+		cols = append(cols, *procs)
+		head = append(head, "P/D 2 procs")
+	}
+	if procs == nil {
+		fmt.Fprintf(out, "\nprefill/decode over the p2p connector, in one process (loopback transfer engine), beside one instance without a connector:\n")
+	} else {
+		fmt.Fprintf(out, "\nprefill/decode over the p2p connector, in one process (loopback transfer engine) and as two processes (%s), beside one instance without a connector:\n", procs.Transfer)
+	}
+	row := func(name string, f func(i int, r Run) string) {
+		fmt.Fprintf(out, "%-26s |", name)
+		for i, r := range cols {
+			fmt.Fprintf(out, " %11s", f(i, r))
+		}
+		fmt.Fprintln(out)
+	}
+	num := func(format string, f func(Run) float64) func(int, Run) string {
+		return func(_ int, r Run) string { return fmt.Sprintf(format, f(r)) }
+	}
+	kv := func(format string, f func(Run) float64) func(int, Run) string {
+		return func(i int, r Run) string {
+			if i == 0 {
+				return "-"
+			}
+			return fmt.Sprintf(format, f(r))
+		}
+	}
+	row("", func(i int, _ Run) string { return head[i] })
+	row("success / failed", func(_ int, r Run) string { return fmt.Sprintf("%d/%d", r.Succeeded, r.Failed) })
+	row("duration (s)", num("%.2f", func(r Run) float64 { return r.Seconds }))
+	row("mean TTFT (ms)", num("%.1f", func(r Run) float64 { return r.TTFTms }))
+	row("mean TPOT (ms)", num("%.2f", func(r Run) float64 { return r.TPOTms }))
+	row("mean request latency (ms)", num("%.1f", func(r Run) float64 { return r.Latencyms }))
+	row("KV transferred (MiB)", kv("%.1f", func(r Run) float64 { return float64(r.LoadBytes) / (1 << 20) }))
+	row("blocks transferred", kv("%.0f", func(r Run) float64 { return float64(r.BlocksLoaded) }))
+	if procs != nil && procs.Lost != "" {
+		fmt.Fprintf(out, "the %s instance ended mid-run; the decode instance computed %d requests itself\n", procs.Lost, procs.Rerouted)
+	}
 }
 
 func printTable(out io.Writer, o Options, runs []Run) {

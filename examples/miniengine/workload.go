@@ -64,6 +64,7 @@ type Stats struct {
 	ExternalTokens    int
 	ComputedTokens    int
 	TTFT, TPOT        time.Duration // means
+	Latency           time.Duration // mean time from a request's submission to its end
 	LaterTTFT         time.Duration // mean TTFT of turns after the first
 	Steps             int
 	IdleSteps         int   // steps that computed nothing
@@ -119,7 +120,7 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 	turnOf := map[connector.RequestID]turnKey{}
 	added := map[turnKey]time.Time{}
 	st := Stats{outputs: map[turnKey][]hashing.Token{}, prompts: map[turnKey][]hashing.Token{}, gens: map[turnKey]uint64{}}
-	var ttft, tpot, later time.Duration
+	var ttft, tpot, later, latency time.Duration
 	var nlater, ntpot int
 	all := engines
 	if h.prefill != nil {
@@ -199,6 +200,7 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 			}
 			st.outputs[k] = f.Out
 			st.OutputTokens += len(f.Out)
+			latency += f.Done.Sub(added[k])
 			st.LocalTokens += f.Metrics.LocalTokens
 			st.ExternalTokens += f.Metrics.ExternalTokens
 			st.ComputedTokens += f.Metrics.ComputedTokens
@@ -233,6 +235,7 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 	st.Duration = time.Since(start)
 	if ended > 0 {
 		st.TTFT = ttft / time.Duration(ended)
+		st.Latency = latency / time.Duration(ended)
 	}
 	if ntpot > 0 {
 		st.TPOT = tpot / time.Duration(ntpot)
