@@ -17,12 +17,37 @@ import (
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/rdma/mooncake"
 	"github.com/kvconnect/kvconnect/rdma/shm"
 )
 
 // benchProducerEnv starts TestBenchProducer as the producer of
-// BenchmarkCrossProcess.
+// BenchmarkCrossProcess, over the transfer engine it names.
 const benchProducerEnv = "KVCONNECT_P2P_BENCH_PRODUCER"
+
+// benchEngine opens a transfer engine of kind (TransferShm or
+// TransferMooncake, configured from the environment) and returns it with
+// a function allocating host memory it can register.
+func benchEngine(kind string) (rdma.Engine, func(n int) (hostMem, error), error) {
+	if kind == TransferMooncake {
+		cfg, err := mooncake.ConfigFromEnv()
+		if err != nil {
+			return nil, nil, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		e, err := mooncake.Open(ctx, cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		return e, func(n int) (hostMem, error) { return rdma.AllocHost(n) }, nil
+	}
+	e, err := shm.New(nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return e, func(n int) (hostMem, error) { return e.Alloc(n) }, nil
+}
 
 // The offer BenchmarkCrossProcess reads: 16 blocks of 2 MiB (one layer,
 // one of K and V: a block is one span), and one more block holding the
@@ -41,7 +66,7 @@ func benchIdentity() hashing.Identity {
 	}
 }
 
-func benchCache(m *shm.Memory) connector.KVCache {
+func benchCache(m hostMem) connector.KVCache {
 	return connector.KVCache{Layers: 1, Blocks: benchBlocks + 1, KV: 1, BlockBytes: benchBlockBytes, Order: connector.BlockMajor, Regions: []rdma.Region{m.Region()}}
 }
 
@@ -49,20 +74,21 @@ func benchCache(m *shm.Memory) connector.KVCache {
 func benchByte(i int) byte { return byte(i*7 + i>>13) }
 
 // TestBenchProducer is the producer process of BenchmarkCrossProcess; it
-// skips unless started by it. It offers one request of 17 blocks over an
-// shm engine, prints the transfer parameters, and holds the offer until
+// skips unless started by it. It offers one request of 17 blocks over the
+// transfer engine benchProducerEnv names, prints the transfer parameters, and holds the offer until
 // its stdin closes: it never polls, so the offer stays armed however
 // often a consumer reads it.
 func TestBenchProducer(t *testing.T) {
-	if os.Getenv(benchProducerEnv) == "" {
+	kind := os.Getenv(benchProducerEnv)
+	if kind == "" {
 		t.Skip("the producer process of BenchmarkCrossProcess, started by it")
 	}
-	e, err := shm.New(nil)
+	e, alloc, err := benchEngine(kind)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	m, err := e.Alloc((benchBlocks + 1) * benchBlockBytes)
+	m, err := alloc((benchBlocks + 1) * benchBlockBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,17 +145,36 @@ func TestBenchProducer(t *testing.T) {
 
 // BenchmarkCrossProcess measures the consumer worker's read path across
 // processes: the producer runs in a child process (TestBenchProducer) and
-// holds an offer of 16 blocks of 2 MiB in shared memory; in each
-// iteration this process reads them through the worker's load (waiting
-// for the offer word, the blocks and their digests in one batch, the
-// offer word again, the done notice), verifying and not, and, as the
-// baseline, through a plain shm engine (one batch of the same 16 reads of
-// the same memory). All three engines have the default copying workers.
-// It reports the bandwidths and the ratio of each load's bandwidth to the
-// plain engine's (target >= 0.9 for the unverified load).
+// holds an offer of 16 blocks of 2 MiB; in each iteration this process
+// reads them through the worker's load (waiting for the offer word, the
+// blocks and their digests in one batch, the offer word again, the done
+// notice), verifying and not, and, as the baseline, through a plain
+// engine of the same kind (one batch of the same 16 reads of the same
+// memory). It reports the bandwidths and the ratio of each load's
+// bandwidth to the plain engine's (target >= 0.9 for the unverified load).
+// Over shm (all engines with the default copying workers), and over
+// mooncake where MOONCAKE_TRANSFER_ENGINE_LIBRARY is set (its engines
+// configured from the environment, MOONCAKE_LOCAL_HOSTNAME 127.0.0.1 when
+// unset).
 func BenchmarkCrossProcess(b *testing.B) {
+	for _, kind := range []string{TransferShm, TransferMooncake} {
+		b.Run(kind, func(b *testing.B) {
+			if kind == TransferMooncake {
+				if os.Getenv(mooncake.EnvLibrary) == "" {
+					b.Skipf("no real Mooncake Transfer Engine: set %s to a libtransfer_engine.so to run this", mooncake.EnvLibrary)
+				}
+				if os.Getenv(mooncake.EnvLocalHostname) == "" {
+					b.Setenv(mooncake.EnvLocalHostname, "127.0.0.1")
+				}
+			}
+			benchCrossProcess(b, kind)
+		})
+	}
+}
+
+func benchCrossProcess(b *testing.B, kind string) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchProducer$", "-test.bench=^$", "-test.count=1", "-test.v=false")
-	cmd.Env = append(os.Environ(), benchProducerEnv+"=1")
+	cmd.Env = append(os.Environ(), benchProducerEnv+"="+kind)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -176,12 +221,12 @@ func BenchmarkCrossProcess(b *testing.B) {
 	plan := &loadPlan{params: pp, remote: pp.Blocks[:benchBlocks]}
 	blocks := pp.Blocks[:benchBlocks] // the consumers' blocks: the same ids
 
-	consumer := func(verify string) (*Worker, *shm.Memory) {
-		e, err := shm.New(nil)
+	consumer := func(verify string) (*Worker, hostMem) {
+		e, alloc, err := benchEngine(kind)
 		if err != nil {
 			b.Fatal(err)
 		}
-		m, err := e.Alloc((benchBlocks + 1) * benchBlockBytes)
+		m, err := alloc((benchBlocks + 1) * benchBlockBytes)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -208,12 +253,12 @@ func BenchmarkCrossProcess(b *testing.B) {
 		b.Fatalf("the verifying consumer does not verify, or the other does")
 	}
 
-	// The baseline: a plain shm engine reading the same blocks.
-	pe, err := shm.New(nil)
+	// The baseline: a plain engine reading the same blocks.
+	pe, alloc, err := benchEngine(kind)
 	if err != nil {
 		b.Fatal(err)
 	}
-	pm, err := pe.Alloc(benchBlocks * benchBlockBytes)
+	pm, err := alloc(benchBlocks * benchBlockBytes)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -276,7 +321,7 @@ func BenchmarkCrossProcess(b *testing.B) {
 	load(verified)
 	load(unverified)
 	plain()
-	for _, m := range []*shm.Memory{vm, um} {
+	for _, m := range []hostMem{vm, um} {
 		if !bytes.Equal(m.Bytes()[:benchBlocks*benchBlockBytes], pm.Bytes()) {
 			b.Fatal("a consumer's blocks differ from the plain engine's read of them")
 		}
@@ -298,9 +343,9 @@ func BenchmarkCrossProcess(b *testing.B) {
 	gbs := func(d time.Duration) float64 {
 		return float64(benchBlocks*benchBlockBytes) * float64(b.N) / d.Seconds() / 1e9
 	}
-	b.ReportMetric(gbs(tp), "shm-GB/s")
+	b.ReportMetric(gbs(tp), "engine-GB/s")
 	b.ReportMetric(gbs(tu), "p2p-GB/s")
 	b.ReportMetric(gbs(tv), "p2p-verified-GB/s")
-	b.ReportMetric(tp.Seconds()/tu.Seconds(), "p2p/shm")
-	b.ReportMetric(tp.Seconds()/tv.Seconds(), "p2p-verified/shm")
+	b.ReportMetric(tp.Seconds()/tu.Seconds(), "p2p/engine")
+	b.ReportMetric(tp.Seconds()/tv.Seconds(), "p2p-verified/engine")
 }
