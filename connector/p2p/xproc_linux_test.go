@@ -387,7 +387,8 @@ func (c *xchild) send(t *testing.T, m xprocMsg) {
 }
 
 // xprocKinds returns the transfer engines the cross-process tests run
-// over: shm, and mooncake where MOONCAKE_TRANSFER_ENGINE_LIBRARY is set.
+// over: shm, and mooncake, which needTransfer skips unless
+// MOONCAKE_TRANSFER_ENGINE_LIBRARY is set.
 func xprocKinds() []string {
 	return []string{p2p.TransferShm, p2p.TransferMooncake}
 }
