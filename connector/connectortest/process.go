@@ -215,7 +215,7 @@ func startConsumer(t *testing.T, name string) *consumerProc {
 		t.Fatalf("start the consumer process: %v", err)
 	}
 	wr.Close()
-	c := &consumerProc{cmd: cmd, in: in, msgs: make(chan string, 1), done: make(chan struct{})}
+	c := &consumerProc{cmd: cmd, in: in, msgs: make(chan string, 16), done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		defer r.Close()
