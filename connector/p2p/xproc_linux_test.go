@@ -465,8 +465,10 @@ func TestCrossProcessKilledConsumer(t *testing.T) {
 			c := startXchild(t, roleHold, kind)
 			prod := openInstanceExtra(t, xprocIdentity(), connector.RoleProducer, "xproc-prefill-killed-"+kind, xprocExtra(kind, "2s"))
 			c.recv(t, "ready line")
-			params := prefill(t, prod, xprocTokens(), []connector.BlockID{3, 4, 5, 6, 7, 8})
+			// The producer's keep_timeout runs from when it armed the
+			// offer, after this.
 			finished := time.Now()
+			params := prefill(t, prod, xprocTokens(), []connector.BlockID{3, 4, 5, 6, 7, 8})
 			c.send(t, xprocMsg{Params: params})
 			if m := c.recv(t, "hold report"); !m.Held {
 				t.Fatalf("the child reports %+v, want held", m)
