@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -16,6 +18,7 @@ import (
 	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/rdma/shm"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
 )
@@ -754,6 +757,98 @@ func (s lastTokenP2P) Match(r *connector.Request, computed int) (connector.Match
 	return m, err
 }
 
+// openP2PShm opens the producer and consumer halves of the p2p connector
+// by name, each worker with an shm transfer engine of its own and KV
+// memory from it, with the named breakage wrapped around them. The
+// instances may be in different processes.
+func openP2PShm(broken string) (prod, cons connectortest.OpenFunc) {
+	n := 0
+	role := func(r connector.Role) connectortest.OpenFunc {
+		return func(cfg connector.Config, env connector.Env) (connectortest.Pair, error) {
+			n++
+			cfg.Connector, cfg.Role = p2p.Name, r
+			cfg.EngineID = fmt.Sprintf("%s-%d-%d", r, os.Getpid(), n)
+			cfg.Extra = map[string]any{"transfer": p2p.TransferShm, "keep_timeout": "1s"}
+			s, err := connector.OpenScheduler(cfg, env)
+			if err != nil {
+				return connectortest.Pair{}, err
+			}
+			p := connectortest.Pair{Scheduler: s}
+			if broken == "p2p-xproc-finds-offers" {
+				if r == connector.RoleProducer {
+					p.Scheduler = publishesOffers{s.(*p2p.Scheduler)}
+				} else {
+					p.Scheduler = findsOffers{s.(*p2p.Scheduler)}
+				}
+			}
+			for rank := range env.Identity.Layout.TPSize {
+				env.Rank = rank
+				w, err := connector.OpenWorker(cfg, env)
+				if err != nil {
+					return p, err
+				}
+				p.Workers = append(p.Workers, w)
+			}
+			p.Alloc = func(rank, n int) (connectortest.Memory, error) {
+				return p.Workers[rank].(*p2p.Worker).Engine().(*shm.Engine).Alloc(n)
+			}
+			return p, nil
+		}
+	}
+	return role(connector.RoleProducer), role(connector.RoleConsumer)
+}
+
+// offersInProcess is where publishesOffers leaves the transfer parameters
+// of its offers, by the hash of their first block, for findsOffers.
+var offersInProcess struct {
+	sync.Mutex
+	first  map[connector.RequestID]hashing.BlockHash
+	params map[hashing.BlockHash][]byte
+}
+
+// publishesOffers is a producer that also leaves its offers' transfer
+// parameters in offersInProcess.
+type publishesOffers struct{ *p2p.Scheduler }
+
+func (s publishesOffers) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	if len(r.Hashes) > 0 {
+		offersInProcess.Lock()
+		if offersInProcess.first == nil {
+			offersInProcess.first = make(map[connector.RequestID]hashing.BlockHash)
+		}
+		offersInProcess.first[r.ID] = r.Hashes[0]
+		offersInProcess.Unlock()
+	}
+	return s.Scheduler.Finish(r, tables...)
+}
+
+func (s publishesOffers) TransferParams(id connector.RequestID) ([]byte, error) {
+	p, err := s.Scheduler.TransferParams(id)
+	if err == nil {
+		offersInProcess.Lock()
+		if offersInProcess.params == nil {
+			offersInProcess.params = make(map[hashing.BlockHash][]byte)
+		}
+		offersInProcess.params[offersInProcess.first[id]] = p
+		offersInProcess.Unlock()
+	}
+	return p, err
+}
+
+// findsOffers is a consumer that ignores the transfer parameters it is
+// handed and takes those offersInProcess holds for the prompt: right
+// within one process, nothing across processes.
+type findsOffers struct{ *p2p.Scheduler }
+
+func (s findsOffers) Match(r *connector.Request, computed int) (connector.Match, error) {
+	if len(r.Hashes) > 0 {
+		offersInProcess.Lock()
+		r.TransferParams = offersInProcess.params[r.Hashes[0]]
+		offersInProcess.Unlock()
+	}
+	return s.Scheduler.Match(r, computed)
+}
+
 // TestStoreConnector runs the harness on the reference connector: it must
 // pass.
 func TestStoreConnector(t *testing.T) {
@@ -814,6 +909,16 @@ func TestBrokenTarget(t *testing.T) {
 	if broken == "" {
 		t.Skip("run by TestHarnessCatchesBrokenConnectors in a child process")
 	}
+	if strings.HasPrefix(broken, "p2p-xproc-") {
+		prod, cons := openP2PShm(broken)
+		if broken == "p2p-xproc-loopback" {
+			// Correct in one process: the consumer's engine finds the
+			// producer's segment in the process's fabric.
+			prod, cons = openP2P("")
+		}
+		connectortest.Run(t, prod, connectortest.Options{NewStore: newStore, OpenConsumer: cons, ConsumerProcess: true})
+		return
+	}
 	if strings.HasPrefix(broken, "p2p-") {
 		prod, cons := openP2P(broken)
 		connectortest.Run(t, prod, connectortest.Options{NewStore: newStore, OpenConsumer: cons})
@@ -868,6 +973,11 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"writes-noblock-neighbour", "it is the engine's own"},
 		{"p2p-early-load", "never written (still poisoned)"},
 		{"p2p-last-token", "covers the last prompt token"},
+	}
+	if runtime.GOOS == "linux" { // rdma/shm
+		cases = append(cases,
+			struct{ broken, want string }{"p2p-xproc-finds-offers", "matched 0 blocks of the prompts handed on"},
+			struct{ broken, want string }{"p2p-xproc-loopback", "with 2 loads failed; want 10 blocks in all"})
 	}
 	for _, c := range cases {
 		t.Run(c.broken, func(t *testing.T) {

@@ -23,9 +23,15 @@
 // instance, such as connector/p2p) also sets Options.OpenConsumer; Run
 // then drives two model engines, prefilling on the producer and handing
 // each request on with the transfer parameters of the producer's
-// connector.TransferParamsSource. -rapid.checks sets how many state
-// machine cases run (100 by default); go test -v logs how many loads,
-// failed loads, saves, rotations and faults they made.
+// connector.TransferParamsSource. With Options.ConsumerProcess as well,
+// Run hands each request on to a consumer engine in a child process of
+// the test binary instead, through a pipe that carries only the prompts
+// and their transfer parameters: a consumer that finds the producer's
+// offers or memory through its own process fails there. A connector whose
+// transfer engine registers only memory of its own (rdma/shm) allocates
+// the KV memory the harness registers through Pair.Alloc. -rapid.checks
+// sets how many state machine cases run (100 by default); go test -v logs
+// how many loads, failed loads, saves, rotations and faults they made.
 //
 // # The model engine
 //

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -209,7 +210,7 @@ type engine struct {
 	// computeLayers.
 	probeLoads, probeSaves bool
 	kv                     []connector.KVCache // per rank, as registered
-	mem                    []*rdma.HostMemory
+	mem                    []Memory
 	pools                  []pool  // per group
 	reqs                   []*freq // admitted or waiting, in arrival order
 	kept                   map[connector.RequestID]*freq
@@ -304,7 +305,15 @@ func newEngine(w *world, s spec, id hashing.Identity, pair Pair) (*engine, error
 			if g.Kind == hashing.RecurrentState {
 				gc.KV, gc.BlockBytes = 1, g.StateBytes
 			}
-			m, err := rdma.AllocHost(gc.Layers * gc.KV * gc.Blocks * gc.BlockBytes)
+			var m Memory
+			var err error
+			if n := gc.Layers * gc.KV * gc.Blocks * gc.BlockBytes; pair.Alloc != nil {
+				if m, err = pair.Alloc(rank, n); err == nil && (m.Region().Len != n || len(m.Bytes()) != n) {
+					err = errors.Join(fmt.Errorf("Pair.Alloc(%d, %d) returned %d bytes (region of %d)", rank, n, len(m.Bytes()), m.Region().Len), m.Free())
+				}
+			} else {
+				m, err = rdma.AllocHost(n)
+			}
 			if err != nil {
 				return e, err
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/storetest"
 )
@@ -25,7 +27,25 @@ type Pair struct {
 	// besides its halves (transfer engines, say). The harness calls it
 	// once, after it closed both halves.
 	Close func() error
+
+	// Alloc, when not nil, allocates n bytes of host memory for the KV
+	// cache of rank, instead of rdma.AllocHost: for transfer engines that
+	// register only memory of their own, such as rdma/shm's
+	// (shm.Engine.Alloc). The harness frees it after Close.
+	Alloc func(rank, n int) (Memory, error)
 }
+
+// Memory is host memory for a worker's KV cache, from Pair.Alloc: the
+// harness writes and reads it through Bytes, registers Region with the
+// worker, and frees it once the pair is closed. *rdma.HostMemory and
+// *shm.Memory are Memory.
+type Memory interface {
+	Region() rdma.Region
+	Bytes() []byte
+	Free() error
+}
+
+var _ Memory = (*rdma.HostMemory)(nil)
 
 // OpenFunc opens a connector pair: the scheduler half, and one worker half
 // for each rank 0 to env.Identity.Layout.TPSize-1 (with env.Rank set to
@@ -90,6 +110,21 @@ type Options struct {
 	// in Request.TransferParams. The checks that read the store are not
 	// made.
 	OpenConsumer OpenFunc
+
+	// ConsumerProcess, with OpenConsumer, runs every consumer pair in a
+	// child process of the test binary, so that the producer and the
+	// consumer share nothing but the bytes of the transfer parameters,
+	// which the harness hands over through a pipe: a connector whose
+	// consumer reaches the producer's offers or memory through its own
+	// process (a package-level registry, say) fails. Run then runs the
+	// CrossProcess subtests alone (the Handoff cases, each with its own
+	// consumer process), not the in-process ones: run it twice, with and
+	// without. The child runs, alone (-test.run), the test that called
+	// Run, whose Run then drives the consumer's engine: that test must
+	// reach Run with the same Options there, and the pairs' transfer
+	// engines must reach across processes (rdma/shm, or rdma/mooncake;
+	// not rdma.Loopback).
+	ConsumerProcess bool
 
 	// gaveUp, set by Run, holds what the first wait that reached
 	// waitBound waited for: later cases then fail at once, rather than
@@ -163,6 +198,13 @@ type Options struct {
 // parameters, preemption and local eviction on the consumer, with the same
 // checks except those that read the store.
 //
+// With Options.ConsumerProcess it runs CrossProcess instead: the Handoff
+// cases with two prompts sharing a prefix, each case's consumer engine
+// driven in a child process of the test binary that gets only the
+// prompts and their transfer parameters, checks every block it loads as
+// the other subtests do, and reports its matches and loads; the producer
+// must then release the offers.
+//
 // Nothing depends on the speed of the machine: where the harness waits for
 // a connector's background work it waits for the condition, failing after
 // a minute with what it waited for; where nothing is in flight and the
@@ -173,6 +215,20 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 		t.Fatal("connectortest: Options.NewStore is nil")
 	}
 	opts.gaveUp = new(string)
+	if opts.ConsumerProcess {
+		if opts.OpenConsumer == nil {
+			t.Fatal("connectortest: Options.ConsumerProcess is set without Options.OpenConsumer")
+		}
+		switch serve, other := servesConsumer(t.Name()); {
+		case serve:
+			serveConsumer(t, opts)
+		case other:
+			t.Skipf("in the consumer process of %s", os.Getenv(consumerEnv))
+		default:
+			runCrossProcess(t, open, opts)
+		}
+		return
+	}
 	if opts.OpenConsumer != nil {
 		runDisaggregated(t, open, opts)
 		return

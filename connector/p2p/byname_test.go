@@ -25,6 +25,7 @@ type instance struct {
 	workers []connector.Worker
 	kv      []connector.KVCache
 	free    []func() error
+	closed  bool
 }
 
 // openInstance opens an instance of role by name, its workers opening
@@ -32,27 +33,21 @@ type instance struct {
 // memory: from the worker's shm engine for "shm", else host memory.
 func openInstance(t *testing.T, id hashing.Identity, role connector.Role, engineID, kind string) *instance {
 	t.Helper()
-	cfg := connector.Config{Connector: p2p.Name, Role: role, EngineID: engineID, Extra: map[string]any{"transfer": kind}}
+	return openInstanceExtra(t, id, role, engineID, map[string]any{"transfer": kind})
+}
+
+// openInstanceExtra is openInstance with the whole
+// kv_connector_extra_config, whose "transfer" gives the kind.
+func openInstanceExtra(t *testing.T, id hashing.Identity, role connector.Role, engineID string, extra map[string]any) *instance {
+	t.Helper()
+	kind, _ := extra["transfer"].(string)
+	cfg := connector.Config{Connector: p2p.Name, Role: role, EngineID: engineID, Extra: extra}
 	s, err := connector.OpenScheduler(cfg, connector.Env{Identity: id})
 	if err != nil {
 		t.Fatalf("OpenScheduler(%s): %v", engineID, err)
 	}
 	in := &instance{sched: s}
-	t.Cleanup(func() {
-		for i, w := range in.workers {
-			if err := w.Close(); err != nil {
-				t.Errorf("%s: worker %d: Close: %v", engineID, i, err)
-			}
-		}
-		if err := in.sched.Close(); err != nil {
-			t.Errorf("%s: scheduler Close: %v", engineID, err)
-		}
-		for _, f := range in.free {
-			if err := f(); err != nil {
-				t.Errorf("%s: free: %v", engineID, err)
-			}
-		}
-	})
+	t.Cleanup(func() { in.close(t, engineID) })
 	for rank := range id.Layout.TPSize {
 		w, err := connector.OpenWorker(cfg, connector.Env{Identity: id, Rank: rank})
 		if err != nil {
@@ -86,6 +81,28 @@ func openInstance(t *testing.T, id hashing.Identity, role connector.Role, engine
 	return in
 }
 
+// close closes in's halves and frees its KV memory, once.
+func (in *instance) close(t *testing.T, engineID string) {
+	t.Helper()
+	if in.closed {
+		return
+	}
+	in.closed = true
+	for i, w := range in.workers {
+		if err := w.Close(); err != nil {
+			t.Errorf("%s: worker %d: Close: %v", engineID, i, err)
+		}
+	}
+	if err := in.sched.Close(); err != nil {
+		t.Errorf("%s: scheduler Close: %v", engineID, err)
+	}
+	for _, f := range in.free {
+		if err := f(); err != nil {
+			t.Errorf("%s: free: %v", engineID, err)
+		}
+	}
+}
+
 // step runs one engine step of in and returns its progress.
 func (in *instance) step(t *testing.T) *connector.Progress {
 	t.Helper()
@@ -111,10 +128,10 @@ func (in *instance) step(t *testing.T) *connector.Progress {
 // bound with what it waited for.
 func (in *instance) until(t *testing.T, what string, cond func(*connector.Progress) bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for !cond(in.step(t)) {
 		if time.Now().After(deadline) {
-			t.Fatalf("waited 20 s for %s", what)
+			t.Fatalf("waited a minute for %s", what)
 		}
 		runtime.Gosched()
 	}
