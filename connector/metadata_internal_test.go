@@ -30,7 +30,13 @@ func frameOf(magic string, body []byte) []byte {
 // which random frames almost never reach: decoding never panics, refusals
 // wrap ErrBadMetadata, and what decodes round-trips.
 func FuzzWireBody(f *testing.F) {
-	for _, m := range benchMetadata() {
+	seeds := benchMetadata()
+	// and one whose load carries a connector's parameters
+	seeds = append(seeds, struct {
+		name string
+		m    Metadata
+	}{"params", Metadata{Step: 9, Generation: 2, Loads: []Transfer{{ID: 14, Req: "p", Blocks: []BlockID{3}, Hashes: make([]hashing.BlockHash, 1), Params: []byte(`{"v":2,"offer":77}`)}}}})
+	for _, m := range seeds {
 		body, err := m.m.appendBody(nil)
 		if err != nil {
 			f.Fatal(err)

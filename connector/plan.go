@@ -5,7 +5,7 @@ import "github.com/kvconnect/kvconnect/hashing"
 // PlanBuffer holds the Metadata a scheduler half fills during a step and
 // hands out at its Plan, double-buffered, for connector implementations:
 // the Metadata handed out stays valid until the next HandOut while the
-// next one fills. The handed-out Metadata's blocks and hashes are copies,
+// next one fills. The handed-out Metadata's blocks, hashes and params are copies,
 // in space reused every other step, so the engine reading (or, against
 // the contract, writing) them never touches the slices the connector keeps
 // in its own records of the transfers. The zero PlanBuffer is ready to
@@ -16,10 +16,11 @@ type PlanBuffer struct {
 	cur    int
 }
 
-// planArena holds the copies of one Metadata's blocks and hashes.
+// planArena holds the copies of one Metadata's blocks, hashes and params.
 type planArena struct {
 	blocks []BlockID
 	hashes []hashing.BlockHash
+	params []byte
 }
 
 // Filling returns the Metadata of the step being planned, for the
@@ -33,17 +34,21 @@ func (b *PlanBuffer) Filling() *Metadata { return &b.bufs[b.cur] }
 func (b *PlanBuffer) HandOut() *Metadata {
 	m := &b.bufs[b.cur]
 	a := &b.arenas[b.cur]
-	a.blocks, a.hashes = a.blocks[:0], a.hashes[:0]
+	a.blocks, a.hashes, a.params = a.blocks[:0], a.hashes[:0], a.params[:0]
 	for _, list := range [2][]Transfer{m.Loads, m.Saves} {
 		for i := range list {
 			t := &list[i]
-			nb, nh := len(a.blocks), len(a.hashes)
+			nb, nh, np := len(a.blocks), len(a.hashes), len(a.params)
 			a.blocks = append(a.blocks, t.Blocks...)
 			a.hashes = append(a.hashes, t.Hashes...)
 			// Earlier copies keep the array they were made in when a
 			// later append moves on to a bigger one: each is whole.
 			t.Blocks = a.blocks[nb:len(a.blocks):len(a.blocks)]
 			t.Hashes = a.hashes[nh:len(a.hashes):len(a.hashes)]
+			if t.Params != nil {
+				a.params = append(a.params, t.Params...)
+				t.Params = a.params[np:len(a.params):len(a.params)]
+			}
 		}
 	}
 	b.cur = 1 - b.cur

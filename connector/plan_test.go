@@ -16,7 +16,8 @@ func TestPlanBuffer(t *testing.T) {
 	m := pb.Filling()
 	m.Step, m.Generation = 7, 2
 	m.Saves = append(m.Saves, connector.Transfer{ID: 1, Blocks: rec, Hashes: recH})
-	m.Loads = append(m.Loads, connector.Transfer{ID: 2, Blocks: rec[:1], Hashes: recH[:1]})
+	params := []byte(`{"v":2}`)
+	m.Loads = append(m.Loads, connector.Transfer{ID: 2, Blocks: rec[:1], Hashes: recH[:1], Params: params})
 	out := pb.HandOut()
 	if out != m {
 		t.Fatal("HandOut did not return the Metadata that was filling")
@@ -31,6 +32,9 @@ func TestPlanBuffer(t *testing.T) {
 			for i := range tr.Blocks {
 				tr.Blocks[i], tr.Hashes[i] = 99, hashing.BlockHash{0xff}
 			}
+			for i := range tr.Params {
+				tr.Params[i] = 'X'
+			}
 		}
 	}
 	if diff := cmp.Diff([]connector.BlockID{4, 5, 6}, rec); diff != "" {
@@ -38,6 +42,9 @@ func TestPlanBuffer(t *testing.T) {
 	}
 	if diff := cmp.Diff([]hashing.BlockHash{{1}, {2}, {3}}, recH); diff != "" {
 		t.Errorf("the connector's hashes after the engine wrote the Metadata (-want +got):\n%s", diff)
+	}
+	if string(params) != `{"v":2}` {
+		t.Errorf("the connector's params after the engine wrote the Metadata: %q", params)
 	}
 	// Valid until the next HandOut: filling the next step leaves it alone.
 	out.Saves[0].Blocks[0] = 4

@@ -284,3 +284,35 @@ func TestTransferMisuse(t *testing.T) {
 		}
 	}
 }
+
+// TestMailboxSlotsMismatch: a worker whose mailbox_slots differs from its
+// scheduler half's is refused when it registers, naming the setting,
+// rather than arming every offer in a slot its parameters do not name.
+func TestMailboxSlotsMismatch(t *testing.T) {
+	id := hashing.Identity{
+		Tenant: "acme", Model: "m", WeightsVersion: "v1",
+		Format: hashing.Format{Device: "cpu", ModelDType: "bf16", KVDType: "bf16"},
+		Layout: hashing.Layout{Layers: 2, KVHeads: 4, HeadDim: 8, BlockSize: 4, TPSize: 1, Replication: 1},
+	}
+	cfg := connector.Config{Connector: p2p.Name, Role: connector.RoleProducer, EngineID: "slots", Extra: map[string]any{"transfer": p2p.TransferLoopback, "mailbox_slots": 1}}
+	s, err := connector.OpenScheduler(cfg, connector.Env{Identity: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cfg.Extra = map[string]any{"transfer": p2p.TransferLoopback, "mailbox_slots": 2}
+	w, err := connector.OpenWorker(cfg, connector.Env{Identity: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	m, err := rdma.AllocHost(2 * 16 * 2 * 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free()
+	kv := connector.KVCache{Layers: 2, Blocks: 16, KV: 2, BlockBytes: 64, Order: connector.BlockMajor, Regions: []rdma.Region{m.Region()}}
+	if err := w.Register(kv); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "mailbox_slots") {
+		t.Fatalf("Register with mailbox_slots 2 under a scheduler half with 1 = %v, want an error wrapping ErrConfig naming mailbox_slots", err)
+	}
+}

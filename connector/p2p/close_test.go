@@ -40,6 +40,10 @@ func TestCloseUnsettled(t *testing.T) {
 	if !errors.Is(err, rdma.ErrBusy) {
 		t.Errorf("Close with a transfer that never settles = %v, want an error wrapping rdma.ErrBusy", err)
 	}
+	c.unsettled = true
+	if err := w.Close(); !errors.Is(err, rdma.ErrBusy) {
+		t.Errorf("a second Close while the transfer is still unsettled = %v, want an error wrapping rdma.ErrBusy: nil would tell the engine it may free the KV memory", err)
+	}
 	if n := w.unsettled(); n != 1 {
 		t.Errorf("%d loads left unreported, want 1", n)
 	}

@@ -89,7 +89,8 @@
 //     they were read;
 //  3. writes the offer ID into the done word, also when step 1 or 2
 //     failed for any reason but the offer being gone (a timeout, a
-//     transport error, Close): a notice written before the offer is armed
+//     transport error, Close), unless the producer's segment did not even
+//     open (then nothing can reach it): a notice written before the offer is armed
 //     is kept, and the producer frees the blocks at its next Poll. It
 //     writes nothing when the offer is gone (the slot may hold a newer
 //     offer, whose notice it would erase), or when its transfers did not
@@ -163,8 +164,10 @@
 // kv_connector_extra_config keys: "keep_timeout" (how long a producer
 // keeps an offer's blocks, "120s"), "close_timeout" (how long a worker's
 // Close waits for transfers to settle, "30s"), "mailbox_slots" (offers a
-// producer worker holds at once, 1024), "open_timeout" (opening a
-// producer's segment, and waiting for an offer to be armed, "10s"),
+// producer worker holds at once, 1024; both halves must agree, or the
+// worker's Register fails), "open_timeout" (opening a producer's segment,
+// waiting for an offer to be armed, and opening a Mooncake transfer
+// engine, "10s"),
 // "transfer" (the transfer engine a worker opened by name without
 // Env.Engine opens: "loopback", "shm" or "mooncake"), "verify" (a
 // producer publishes the CRC-32 of each block it offers, a consumer

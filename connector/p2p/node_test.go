@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"runtime"
 	"time"
@@ -31,20 +32,24 @@ type tb interface {
 // of (tenant, generation, shard, block hash), so that any loaded block can
 // be checked byte for byte.
 type node struct {
-	t       tb
-	name    string
-	id      hashing.Identity
-	ns      hashing.Namespace
-	sched   *Scheduler
-	workers []*Worker
-	engines []rdma.Engine
-	kv      []connector.KVCache
-	mem     []*rdma.HostMemory
-	free    []connector.BlockID
-	reqs    map[connector.RequestID]*nreq
-	kept    map[connector.RequestID]*nreq
-	clock   time.Time // the workers' clock
-	outs    []*connector.Output
+	t    tb
+	name string
+	// unsettled: a worker's Close found transfers that never settled, so
+	// its memory stays mapped: close expects rdma.ErrBusy from it and
+	// frees no memory, as an engine must.
+	unsettled bool
+	id        hashing.Identity
+	ns        hashing.Namespace
+	sched     *Scheduler
+	workers   []*Worker
+	engines   []rdma.Engine
+	kv        []connector.KVCache
+	mem       []*rdma.HostMemory
+	free      []connector.BlockID
+	reqs      map[connector.RequestID]*nreq
+	kept      map[connector.RequestID]*nreq
+	clock     time.Time // the workers' clock
+	outs      []*connector.Output
 }
 
 // nreq is one request of a node.
@@ -174,9 +179,16 @@ func fill(b []byte, v byte) {
 func (n *node) close() error {
 	var errs []error
 	for _, w := range n.workers {
-		errs = append(errs, w.Close())
+		err := w.Close()
+		if n.unsettled && errors.Is(err, rdma.ErrBusy) {
+			err = nil
+		}
+		errs = append(errs, err)
 	}
 	errs = append(errs, n.sched.Close())
+	if n.unsettled {
+		return errors.Join(errs...) // the memory and engines stay: a transfer may still write them
+	}
 	for _, e := range n.engines {
 		errs = append(errs, e.Close())
 	}

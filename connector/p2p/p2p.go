@@ -251,6 +251,7 @@ type board struct {
 	mu      sync.Mutex
 	ranks   []*Rank   // per rank, once its worker registered
 	workers []*Worker // per rank, the worker of this process that registered, if any
+	slots   int       // the scheduler half's mailbox_slots: every rank's must be the same
 }
 
 // loadPlan is the producer's side of one load, from the parameters the
@@ -259,6 +260,13 @@ type loadPlan struct {
 	params Params              // the producer's parameters
 	remote []connector.BlockID // the producer's blocks, in the order of the transfer's blocks
 	notify bool                // no blocks to read: only tell the producer
+}
+
+// slotCount returns the scheduler half's mailbox_slots, 0 before it opened.
+func (b *board) slotCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.slots
 }
 
 func (b *board) setRank(rank int, r Rank) {

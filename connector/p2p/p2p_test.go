@@ -525,3 +525,52 @@ func TestPreemptOffersNothing(t *testing.T) {
 		t.Errorf("TransferParams of a preempted request succeeded, want an error: nothing was offered")
 	}
 }
+
+// TestRestartedProducer: parameters of an offer of a producer that closed
+// and was opened again under the same engine_id, whose memory may sit at
+// the same addresses, fail their load: they never name an offer of the
+// new instance, whose blocks hold another request's KV. The new
+// instance's own parameters then load.
+func TestRestartedProducer(t *testing.T) {
+	f := rdma.NewFabric()
+	po, co := opts(1, 1, 4, connector.BlockMajor), opts(1, 1, 4, connector.BlockMajor)
+	po.role, co.role = connector.RoleProducer, connector.RoleConsumer
+	co.extra = map[string]any{"open_timeout": "1s"} // the consumer waits this long for an offer that never comes
+	old := newNode(t, f, "prefill", po)
+	c := newNode(t, f, "decode", co)
+	// A load from the first instance: the consumer holds a handle of its
+	// segment.
+	tokens0 := prompt(3, 6*4)
+	r0, _ := c.admit("first", tokens0, old.prefill("first", tokens0), 0)
+	settle(t, func() bool { return r0.failed != nil || r0.loaded }, c, old)
+	if !r0.loaded {
+		t.Fatalf("the first load failed: %+v", r0.failed)
+	}
+	tokens := prompt(7, 6*4)
+	params := old.prefill("old", tokens)
+	if err := old.close(); err != nil {
+		t.Fatal(err)
+	}
+	p := newNode(t, f, "prefill", po)
+	t.Cleanup(func() {
+		for _, n := range []*node{c, p} {
+			if err := n.close(); err != nil {
+				t.Errorf("%s: close: %v", n.name, err)
+			}
+		}
+	})
+	p.prefill("new", prompt(900, 6*4))
+	r, _ := c.admit("old", tokens, params, 0)
+	settle(t, func() bool { return r.failed != nil || r.loaded }, c, p)
+	if r.loaded {
+		t.Fatalf("a load with the parameters of a producer that restarted was reported loaded")
+	}
+	// The new instance's own parameters load: the consumer does not keep
+	// using its handle of the old instance's segment.
+	tokens2 := prompt(1900, 6*4)
+	r2, _ := c.admit("new2", tokens2, p.prefill("new2", tokens2), 0)
+	settle(t, func() bool { return r2.failed != nil || r2.loaded }, c, p)
+	if !r2.loaded {
+		t.Fatalf("a load from the restarted producer's own parameters failed (%+v): the consumer kept the old instance's segment", r2.failed)
+	}
+}

@@ -130,6 +130,9 @@ func (p Params) validate() error {
 		if p.Slot < 0 || p.Slot >= r.Slots {
 			return bad("slot = %d, rank %d has %d slots", p.Slot, i, r.Slots)
 		}
+		if want := int(p.Offer % uint64(r.Slots)); p.Slot != want {
+			return bad("slot = %d, but offer %d of rank %d's %d slots uses slot %d", p.Slot, p.Offer, i, r.Slots, want)
+		}
 		for j, b := range p.Blocks {
 			if b < 0 || int(b) >= r.Blocks {
 				return bad("blocks[%d] = %d, rank %d has %d blocks", j, b, i, r.Blocks)

@@ -3,6 +3,7 @@ package p2p
 import (
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -113,7 +114,16 @@ func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns has
 		reqs:      make(map[connector.RequestID]*request),
 		transfers: connector.NewTally[*transfer](id.Layout.TPSize),
 		slots:     make([]bool, opt.slots),
+		// Ids (transfers' and offers') start at a random point: parameters
+		// that name an offer of an instance that restarted under the same
+		// engine_id, whose memory may sit at the same addresses, never
+		// name an offer of the new one (they meet with odds of about the
+		// offers made over 2^47).
+		nextID: 1<<32 + rand.Uint64N(1<<47),
 	}
+	b.mu.Lock()
+	b.slots = opt.slots
+	b.mu.Unlock()
 	s.meta = s.plans.Filling()
 	s.meta.Generation = id.Generation
 	return s
@@ -129,6 +139,9 @@ func (s *Scheduler) SetHandshake(rank int, data []byte) error {
 	r, err := decodeRank(data)
 	if err != nil {
 		return fmt.Errorf("p2p: SetHandshake(rank %d): %w", rank, err)
+	}
+	if r.Slots != len(s.slots) {
+		return fmt.Errorf("%w: p2p: SetHandshake(rank %d): the worker has %d mailbox slots, the scheduler half %d: kv_connector_extra_config mailbox_slots must be the same in both halves", connector.ErrConfig, rank, r.Slots, len(s.slots))
 	}
 	s.board.setRank(rank, r)
 	return nil
@@ -428,7 +441,12 @@ func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
 // from then on. The workers' later reports of those transfers are
 // ignored. Forget does not stop the workers' transfers: it is for a peer
 // that is gone (whose memory no longer exists, so nothing of it can
-// arrive late), not a way to cancel loads from a live one.
+// arrive late), not a way to cancel loads from a live one. A read of such
+// a load still under way in a worker may yet write the blocks that the
+// engine, told the load failed, now recomputes: call Forget only once the
+// peer's process is known dead (its reads then fail or end at once, as
+// rdma/shm's and Mooncake's do), or keep those blocks out of use until
+// the worker's transfers end (its Close returning nil says they have).
 //
 // Forget of an engine id nothing waits on does nothing. Only parameters
 // that carry an engine id can be written off: an empty engineID is an

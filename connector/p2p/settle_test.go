@@ -260,8 +260,12 @@ func TestWaitCannotTell(t *testing.T) {
 	if r.failed != nil || r.loaded {
 		t.Fatalf("the load was reported after the engine could not tell whether its reads were over")
 	}
+	c.unsettled = true
 	if err := w.Close(); !errors.Is(err, rdma.ErrBusy) {
 		t.Errorf("Close with an unsettled transfer = %v, want an error wrapping rdma.ErrBusy", err)
+	}
+	if err := w.Close(); !errors.Is(err, rdma.ErrBusy) {
+		t.Errorf("a second Close with the transfer still unsettled = %v, want an error wrapping rdma.ErrBusy", err)
 	}
 	if h.wasReleased() {
 		t.Errorf("the unsettled batch was released")

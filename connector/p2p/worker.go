@@ -97,6 +97,7 @@ type Worker struct {
 	// from another goroutine.
 	life   sync.Mutex
 	closed bool
+	freed  bool // Close unregistered the memory: no transfer could write it any more
 
 	// hooks let this package's tests stop the worker at fixed points;
 	// nil outside tests.
@@ -220,6 +221,9 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	}
 	if w.digests != nil {
 		w.self.Digests = uint64(w.digests.Region().Addr)
+	}
+	if n := w.board.slotCount(); n != 0 && n != w.opt.slots {
+		return fmt.Errorf("%w: p2p: Register: the worker has %d mailbox slots, its scheduler half %d: kv_connector_extra_config mailbox_slots must be the same in both halves", connector.ErrConfig, w.opt.slots, n)
 	}
 	w.board.join(w.rank, w, w.self)
 	return nil
@@ -588,6 +592,14 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 		w.log.Warn("p2p: open producer segment", "segment", peer.Segment, "err", err)
 		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
+	// A segment whose transfers fail (its producer restarted or died) is
+	// opened again by the next load that needs it.
+	segBad := false
+	defer func() {
+		if segBad && !stuck {
+			w.dropSegment(peer.Segment, seg)
+		}
+	}()
 	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*slotBytes)
 	cellIn := rdma.Region{Addr: w.scratch.Region().Addr + uintptr(cell*16), Len: 8, Loc: rdma.Host}
 	cellOut := rdma.Region{Addr: cellIn.Addr + 8, Len: 8, Loc: rdma.Host}
@@ -623,6 +635,7 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 		}
 		w.log.Warn("p2p: offer not armed", "segment", peer.Segment, "offer", p.Offer, "err", err)
 		gone = errors.Is(err, errWithdrawn)
+		segBad = !gone && !errors.Is(err, errNotArmed) && w.ctx.Err() == nil
 		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0, false
 	}
 	if plan.notify {
@@ -646,6 +659,7 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	}
 	if err != nil {
 		w.log.Warn("p2p: load", "offer", p.Offer, "err", err)
+		segBad = w.ctx.Err() == nil
 		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	failAt := n
@@ -655,6 +669,7 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 		}
 		if r.Status != rdma.Completed {
 			failAt = min(failAt, owner[i])
+			segBad = segBad || r.Status == rdma.Failed
 		}
 	}
 	// The offer must still stand now that the reads are over: a producer
@@ -664,6 +679,7 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 		return nil, 0, true
 	}
 	if err != nil || check[0].Status != rdma.Completed {
+		segBad = w.ctx.Err() == nil
 		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
 	if v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16])); v != armed(p.Offer) {
@@ -694,6 +710,9 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 // errWithdrawn: the producer gave the offer up before the consumer read it.
 var errWithdrawn = errors.New("offer withdrawn")
 
+// errNotArmed: the offer was not armed within open_timeout.
+var errNotArmed = errors.New("offer not armed")
+
 // awaitArmed reads the offer word of the offer's slot until the producer
 // armed it, for up to open_timeout. The word holds, in turn, the states of
 // the offers that use the slot: armed(offer), then ended(offer). A word of
@@ -718,7 +737,7 @@ func (w *Worker) awaitArmed(seg rdma.SegmentID, mailbox uintptr, cellIn rdma.Reg
 			return fmt.Errorf("%w: offer %d (slot holds %#x)", errWithdrawn, offer, v)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("offer %d not armed after %v", offer, w.opt.openTimeout)
+			return fmt.Errorf("%w: offer %d after %v", errNotArmed, offer, w.opt.openTimeout)
 		}
 		select {
 		case <-w.ctx.Done():
@@ -910,6 +929,32 @@ func (w *Worker) segment(name string) (rdma.SegmentID, error) {
 	}
 }
 
+// dropSegment forgets the handle of segment name, if it is still seg,
+// and closes it: the next load that needs the segment opens it again.
+func (w *Worker) dropSegment(name string, seg rdma.SegmentID) {
+	w.segs.Lock()
+	o, ok := w.segs.m[name]
+	drop := ok && o.err == nil && o.id == seg && isClosed(o.done)
+	if drop {
+		delete(w.segs.m, name)
+	}
+	w.segs.Unlock()
+	if drop {
+		if err := w.eng.CloseSegment(seg); err != nil {
+			w.log.Warn("p2p: close a failing producer segment", "segment", name, "err", err)
+		}
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
 // Stats implements connector.StatsReporter.
 func (w *Worker) Stats() connector.Stats {
 	w.mu.Lock()
@@ -933,7 +978,12 @@ func (w *Worker) Close() error {
 	w.life.Lock()
 	defer w.life.Unlock()
 	if w.closed {
-		return nil
+		// A Close that found transfers unsettled freed nothing: a later
+		// one frees once they have settled, and says busy until then.
+		if w.freed {
+			return nil
+		}
+		return w.free()
 	}
 	w.closed = true
 	w.cancel()
@@ -948,10 +998,18 @@ func (w *Worker) Close() error {
 	}
 	clear(w.offers)
 	w.board.leave(w.rank, w)
+	return w.free()
+}
+
+// free unregisters the memory and closes an engine the worker opened,
+// once no transfer may write it; until then it frees nothing and returns
+// an error wrapping rdma.ErrBusy. w.life is held.
+func (w *Worker) free() error {
 	if n := w.unsettled(); n > 0 {
 		// Nothing is withdrawn or freed: the engine may still use it.
 		return fmt.Errorf("p2p: close: %d loads have transfers whose end the transfer engine cannot tell: the KV memory, mailbox and scratch they use may still be written, and are not freed: %w", n, rdma.ErrBusy)
 	}
+	w.freed = true
 	err := w.unregister()
 	if w.owned {
 		err = errors.Join(err, w.eng.Close())

