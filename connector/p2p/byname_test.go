@@ -169,36 +169,9 @@ func TestOpenedByName(t *testing.T) {
 			for i := range tokens {
 				tokens[i] = hashing.Token(1000 + 3*i)
 			}
-			hashes, err := hashing.HashBlocks(4, tokens)
-			if err != nil {
-				t.Fatal(err)
-			}
-			preq := &connector.Request{ID: "r", Prompt: len(tokens), Hashes: hashes}
 			pblocks := []connector.BlockID{3, 4, 5, 6, 7, 8}
-			if m, err := prod.sched.Match(preq, 0); err != nil || m.Tokens != 0 {
-				t.Fatalf("producer Match = %+v, %v", m, err)
-			}
-			if err := prod.sched.Allocated(preq, 0, pblocks); err != nil {
-				t.Fatal(err)
-			}
-			if err := prod.sched.Scheduled(preq, len(tokens), pblocks); err != nil {
-				t.Fatal(err)
-			}
-			for rank := range prod.kv {
-				for i, b := range pblocks {
-					for _, sp := range prod.kv[rank].Spans(nil, b) {
-						for j := range sp.Bytes() {
-							sp.Bytes()[j] = byte(rank*131 + i*17 + j)
-						}
-					}
-				}
-			}
-			prod.step(t)
-			keep, err := prod.sched.Finish(preq, pblocks)
-			if err != nil || !keep {
-				t.Fatalf("producer Finish = %v, %v; want true", keep, err)
-			}
-			params, err := prod.sched.(connector.TransferParamsSource).TransferParams("r")
+			params := prefill(t, prod, tokens, pblocks)
+			hashes, err := hashing.HashBlocks(4, tokens)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -315,4 +288,48 @@ func TestMailboxSlotsMismatch(t *testing.T) {
 	if err := w.Register(kv); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "mailbox_slots") {
 		t.Fatalf("Register with mailbox_slots 2 under a scheduler half with 1 = %v, want an error wrapping ErrConfig naming mailbox_slots", err)
 	}
+}
+
+// kvByte is byte j of span s of the i-th block of the prompt on rank: the
+// producer writes it, the consumer checks it.
+func kvByte(rank, i, s, j int) byte { return byte(rank*131 + i*17 + s*7 + j) }
+
+// prefill has producer prod compute the prompt's blocks into pblocks
+// (with kvByte), finish the request "r" keeping them, and returns its
+// transfer parameters.
+func prefill(t *testing.T, prod *instance, tokens []hashing.Token, pblocks []connector.BlockID) []byte {
+	t.Helper()
+	hashes, err := hashing.HashBlocks(4, tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &connector.Request{ID: "r", Prompt: len(tokens), Hashes: hashes}
+	if m, err := prod.sched.Match(req, 0); err != nil || m.Tokens != 0 {
+		t.Fatalf("producer Match = %+v, %v", m, err)
+	}
+	if err := prod.sched.Allocated(req, 0, pblocks); err != nil {
+		t.Fatal(err)
+	}
+	if err := prod.sched.Scheduled(req, len(tokens), pblocks); err != nil {
+		t.Fatal(err)
+	}
+	for rank := range prod.kv {
+		for i, b := range pblocks {
+			for s, sp := range prod.kv[rank].Spans(nil, b) {
+				for j := range sp.Bytes() {
+					sp.Bytes()[j] = kvByte(rank, i, s, j)
+				}
+			}
+		}
+	}
+	prod.step(t)
+	keep, err := prod.sched.Finish(req, pblocks)
+	if err != nil || !keep {
+		t.Fatalf("producer Finish = %v, %v; want true", keep, err)
+	}
+	params, err := prod.sched.(connector.TransferParamsSource).TransferParams("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return params
 }

@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -22,6 +21,7 @@ import (
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/connector/p2p"
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/internal/shmfiles"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/rdma/mooncake"
 	"github.com/kvconnect/kvconnect/rdma/shm"
@@ -72,50 +72,6 @@ func xprocTokens() []hashing.Token {
 		tokens[i] = hashing.Token(7000 + 5*i)
 	}
 	return tokens
-}
-
-// kvByte is byte j of span s of the i-th block of the prompt on rank: the
-// producer writes it, the consumer checks it.
-func kvByte(rank, i, s, j int) byte { return byte(rank*131 + i*17 + s*7 + j) }
-
-// prefill has producer prod compute the prompt's blocks into pblocks
-// (with kvByte), finish the request "r" keeping them, and returns its
-// transfer parameters.
-func prefill(t *testing.T, prod *instance, tokens []hashing.Token, pblocks []connector.BlockID) []byte {
-	t.Helper()
-	hashes, err := hashing.HashBlocks(4, tokens)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := &connector.Request{ID: "r", Prompt: len(tokens), Hashes: hashes}
-	if m, err := prod.sched.Match(req, 0); err != nil || m.Tokens != 0 {
-		t.Fatalf("producer Match = %+v, %v", m, err)
-	}
-	if err := prod.sched.Allocated(req, 0, pblocks); err != nil {
-		t.Fatal(err)
-	}
-	if err := prod.sched.Scheduled(req, len(tokens), pblocks); err != nil {
-		t.Fatal(err)
-	}
-	for rank := range prod.kv {
-		for i, b := range pblocks {
-			for s, sp := range prod.kv[rank].Spans(nil, b) {
-				for j := range sp.Bytes() {
-					sp.Bytes()[j] = kvByte(rank, i, s, j)
-				}
-			}
-		}
-	}
-	prod.step(t)
-	keep, err := prod.sched.Finish(req, pblocks)
-	if err != nil || !keep {
-		t.Fatalf("producer Finish = %v, %v; want true", keep, err)
-	}
-	params, err := prod.sched.(connector.TransferParamsSource).TransferParams("r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return params
 }
 
 // xprocExtra is the kv_connector_extra_config of the tests' instances.
@@ -544,31 +500,13 @@ func TestCrossProcessKilledProducer(t *testing.T) {
 	}
 }
 
-// segmentFiles returns the lines of /proc/*/maps and the /proc/*/fd
-// links, of every process this user can read, that name an rdma/shm
-// segment file of process pid.
+// segmentFiles returns the mappings and descriptors, in every process this user
+// can read, of an rdma/shm memory file of process pid.
 func segmentFiles(t *testing.T, pid int) []string {
 	t.Helper()
-	name := fmt.Sprintf("memfd:kvconnect-shm-%d ", pid)
-	var out []string
-	dirs, err := filepath.Glob("/proc/[0-9]*")
+	out, err := shmfiles.Of(pid)
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, d := range dirs {
-		if maps, err := os.ReadFile(d + "/maps"); err == nil {
-			for l := range strings.Lines(string(maps)) {
-				if strings.Contains(l, name) {
-					out = append(out, d+"/maps: "+strings.TrimSpace(l))
-				}
-			}
-		}
-		fds, _ := filepath.Glob(d + "/fd/*") // unreadable folders: other users'
-		for _, fd := range fds {
-			if l, err := os.Readlink(fd); err == nil && strings.HasPrefix(l+" ", "/"+name) {
-				out = append(out, fd+" -> "+l)
-			}
-		}
 	}
 	return out
 }

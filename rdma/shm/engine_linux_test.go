@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvconnect/kvconnect/internal/shmfiles"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/rdma/rdmatest"
 	"github.com/kvconnect/kvconnect/rdma/shm"
@@ -108,31 +109,13 @@ func sub(t testing.TB, r rdma.Region, off, n int) rdma.Region {
 	return s
 }
 
-// memfds returns the lines of /proc/*/maps and the /proc/*/fd links, of
-// every process this user can read, that name a segment file of process
-// pid.
+// memfds returns the mappings and descriptors, in every process this user
+// can read, of an rdma/shm memory file of process pid.
 func memfds(t testing.TB, pid int) []string {
 	t.Helper()
-	name := fmt.Sprintf("memfd:kvconnect-shm-%d ", pid)
-	var out []string
-	dirs, err := filepath.Glob("/proc/[0-9]*")
+	out, err := shmfiles.Of(pid)
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, d := range dirs {
-		if maps, err := os.ReadFile(d + "/maps"); err == nil {
-			for l := range strings.Lines(string(maps)) {
-				if strings.Contains(l, name) {
-					out = append(out, d+"/maps: "+strings.TrimSpace(l))
-				}
-			}
-		}
-		fds, _ := filepath.Glob(d + "/fd/*") // unreadable folders: other users'
-		for _, fd := range fds {
-			if l, err := os.Readlink(fd); err == nil && strings.HasPrefix(l+" ", "/"+name) {
-				out = append(out, fd+" -> "+l)
-			}
-		}
 	}
 	return out
 }
