@@ -345,18 +345,7 @@ func TestStoreconnEndToEnd(t *testing.T) {
 // that requests are preempted while their saves run and come back once
 // released.
 func TestStoreconnPreemption(t *testing.T) {
-	st, err := memstore.New(memstore.Config{Capacity: 4 << 20})
-	if errors.Is(err, rdma.ErrUnsupported) {
-		t.Skipf("no host memory for the store on this platform: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := st.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	st := e2eStore(t)
 	cfg := Config{Identity: e2eIdentity(4), Blocks: 14, MaxBatchedTokens: 64, PrefixCaching: true}
 	refCfg := cfg
 	refCfg.Blocks = 200

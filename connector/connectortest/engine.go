@@ -1109,19 +1109,10 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		return e.endStep(progress)
 	}
 	// The first half of each block, and garbage in the rest.
-	for _, c := range computed {
-		b := c.r.tables[c.g][c.i]
-		if e.blk(c.g, b).clean {
-			e.expectPoison(c.g, b, fmt.Sprintf("%s of request %s, about to be computed", e.entryName(c.g, c.i), c.r.conn.ID))
-		}
-		e.blk(c.g, b).clean, e.blk(c.g, b).failed = false, false
-		for rank := range e.kv {
-			buf := make([]byte, e.blockSize(rank, c.g))
-			content(buf, e.ns, c.g, e.shard(c.g, rank), c.r.conn.Hashes[c.i])
-			fill(buf[len(buf)/2:], unfinished)
-			e.put(rank, c.g, b, buf)
-		}
-	}
+	e.startCompute(computed, func(buf []byte, c fresh, rank int) {
+		content(buf, e.ns, c.g, e.shard(c.g, rank), c.r.conn.Hashes[c.i])
+		fill(buf[len(buf)/2:], unfinished)
+	})
 	for rank, w := range e.pair.Workers {
 		var ev connector.Event = events[rank]
 		if e.waiter {
@@ -1214,6 +1205,25 @@ func transferIDs(ts []connector.Transfer) []uint64 {
 	return ids
 }
 
+// startCompute marks the blocks the step computes as written, checking
+// that a block that was clean still holds poison, and fills each with
+// what first(buf, c, rank) writes into a buffer of the block's bytes.
+func (e *engine) startCompute(computed []fresh, first func(buf []byte, c fresh, rank int)) {
+	e.t.Helper()
+	for _, c := range computed {
+		b := c.r.tables[c.g][c.i]
+		if e.blk(c.g, b).clean {
+			e.expectPoison(c.g, b, fmt.Sprintf("%s of request %s, about to be computed", e.entryName(c.g, c.i), c.r.conn.ID))
+		}
+		e.blk(c.g, b).clean, e.blk(c.g, b).failed = false, false
+		for rank := range e.kv {
+			buf := make([]byte, e.blockSize(rank, c.g))
+			first(buf, c, rank)
+			e.put(rank, c.g, b, buf)
+		}
+	}
+}
+
 // endStep ends the requests that are complete, after a step.
 func (e *engine) endStep(progress bool) bool {
 	for _, r := range slices.Clone(e.reqs) {
@@ -1293,18 +1303,7 @@ func (e *engine) computeLayers(ctx context.Context, meta *connector.Metadata, co
 	if probeSaves {
 		e.probeSaves = false
 	}
-	for _, c := range computed {
-		b := c.r.tables[c.g][c.i]
-		if e.blk(c.g, b).clean {
-			e.expectPoison(c.g, b, fmt.Sprintf("%s of request %s, about to be computed", e.entryName(c.g, c.i), c.r.conn.ID))
-		}
-		e.blk(c.g, b).clean, e.blk(c.g, b).failed = false, false
-		for rank := range e.kv {
-			buf := make([]byte, e.blockSize(rank, c.g))
-			fill(buf, unfinished)
-			e.put(rank, c.g, b, buf)
-		}
-	}
+	e.startCompute(computed, func(buf []byte, _ fresh, _ int) { fill(buf, unfinished) })
 	var snaps []layerSnap
 	layers := e.id.Layout.Layers
 	for l := range layers {

@@ -102,6 +102,24 @@ func (r *lwRig) fill(n, l int, seed byte) {
 // then Save and Poll, and returns the worker's Output passed to Update.
 func (r *lwRig) step(m *connector.Metadata, compute func(l int)) *connector.Progress {
 	r.t.Helper()
+	p, err := r.s.Update([]*connector.Output{r.run(m, compute)})
+	if err != nil {
+		r.t.Fatalf("Update: %v", err)
+	}
+	return p
+}
+
+// lateStep runs a step as step does, but keeps the worker's Output
+// (copied) in r.late instead of passing it to Update.
+func (r *lwRig) lateStep(m *connector.Metadata, compute func(l int)) {
+	r.t.Helper()
+	o := r.run(m, compute)
+	r.late = &connector.Output{Rank: o.Rank, Done: slices.Clone(o.Done), Failed: slices.Clone(o.Failed)}
+}
+
+// run runs one step on the worker, layer by layer, and returns its Poll.
+func (r *lwRig) run(m *connector.Metadata, compute func(l int)) *connector.Output {
+	r.t.Helper()
 	ctx := context.Background()
 	if err := r.w.Start(ctx, m); err != nil {
 		r.t.Fatalf("Start: %v", err)
@@ -120,32 +138,7 @@ func (r *lwRig) step(m *connector.Metadata, compute func(l int)) *connector.Prog
 	if err := r.w.Save(ctx, connector.Ready); err != nil {
 		r.t.Fatalf("Save: %v", err)
 	}
-	p, err := r.s.Update([]*connector.Output{r.w.Poll()})
-	if err != nil {
-		r.t.Fatalf("Update: %v", err)
-	}
-	return p
-}
-
-// lateStep runs a step as step does, but keeps the worker's Output
-// (copied) in r.late instead of passing it to Update.
-func (r *lwRig) lateStep(m *connector.Metadata, compute func(l int)) {
-	r.t.Helper()
-	ctx := context.Background()
-	if err := r.w.Start(ctx, m); err != nil {
-		r.t.Fatalf("Start: %v", err)
-	}
-	for l := range lwLayers {
-		if err := r.w.WaitLayer(ctx, l); err != nil {
-			r.t.Fatalf("WaitLayer(%d): %v", l, err)
-		}
-		compute(l)
-	}
-	if err := r.w.Save(ctx, connector.Ready); err != nil {
-		r.t.Fatalf("Save: %v", err)
-	}
-	o := r.w.Poll()
-	r.late = &connector.Output{Rank: o.Rank, Done: slices.Clone(o.Done), Failed: slices.Clone(o.Failed)}
+	return r.w.Poll()
 }
 
 // settle steps with nothing new until done reports true.

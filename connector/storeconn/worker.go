@@ -550,6 +550,12 @@ func (w *Worker) layerDone(j *job) {
 	w.ly.changed = make(chan struct{})
 }
 
+func (w *Worker) isClosed() bool {
+	w.life.Lock()
+	defer w.life.Unlock()
+	return w.life.closed
+}
+
 // checkLayer checks a layer index of a WaitLayer or SaveLayer call.
 func (w *Worker) checkLayer(op string, l, last int) error {
 	if n := w.id.Layout.Layers; l < 0 || l >= n {
@@ -570,10 +576,7 @@ func (w *Worker) checkLayer(op string, l, last int) error {
 // step's whole loads. A step's chunked loads go one chunk after another
 // on one transfer goroutine; layer_chunks > 1 is for layer-wise engines.
 func (w *Worker) WaitLayer(ctx context.Context, l int) error {
-	w.life.Lock()
-	closed := w.life.closed
-	w.life.Unlock()
-	if closed {
+	if w.isClosed() {
 		return connector.ErrClosed
 	}
 	if err := w.checkLayer("WaitLayer", l, w.waited); err != nil {
@@ -617,10 +620,7 @@ func (w *Worker) SaveLayer(ctx context.Context, l int, ready connector.Event) er
 	if ready == nil {
 		return fmt.Errorf("storeconn: SaveLayer(%d): ready event is nil (use connector.Ready for CPU compute)", l)
 	}
-	w.life.Lock()
-	closed := w.life.closed
-	w.life.Unlock()
-	if closed {
+	if w.isClosed() {
 		return connector.ErrClosed
 	}
 	if err := w.checkLayer("SaveLayer", l, w.savedTo); err != nil {
