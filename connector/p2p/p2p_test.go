@@ -535,7 +535,6 @@ func TestRestartedProducer(t *testing.T) {
 	f := rdma.NewFabric()
 	po, co := opts(1, 1, 4, connector.BlockMajor), opts(1, 1, 4, connector.BlockMajor)
 	po.role, co.role = connector.RoleProducer, connector.RoleConsumer
-	co.extra = map[string]any{"open_timeout": "1s"} // the consumer waits this long for an offer that never comes
 	old := newNode(t, f, "prefill", po)
 	c := newNode(t, f, "decode", co)
 	// A load from the first instance: the consumer holds a handle of its
