@@ -231,6 +231,9 @@ func (o *Options) Validate() error {
 	if o.Model.Dim%o.Model.Heads != 0 {
 		return fmt.Errorf("-dim = %d is not a multiple of -heads = %d", o.Model.Dim, o.Model.Heads)
 	}
+	if o.Layerwise && o.PD {
+		return fmt.Errorf("-layerwise with -pd: the p2p connector's workers move whole blocks (they are not connector.LayerWorkers); run them apart")
+	}
 	switch o.Kind {
 	case "transformer":
 	case "hybrid":

@@ -388,6 +388,11 @@ func TestLayerwise(t *testing.T) {
 	// Which loads fail depends on which lookups failed first: the
 	// scheduler package's test is the one that requires discarded steps.
 	t.Logf("layer-wise with faults: %d loads in the step of their request, %d of those steps discarded", faulty.InlineLoads, faulty.DiscardedSteps)
+	pd := small(t)
+	pd.Layerwise, pd.PD = true, true
+	if err := pd.Validate(); err == nil || !strings.Contains(err.Error(), "-layerwise with -pd") {
+		t.Errorf("-layerwise -pd: Validate() = %v, want an error naming both", err)
+	}
 	hybrid := small(t)
 	hybrid.Kind, hybrid.Model.Layers, hybrid.Layerwise = "hybrid", 3, true
 	if err := hybrid.Validate(); err == nil || !strings.Contains(err.Error(), "-layerwise") {
