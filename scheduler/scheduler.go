@@ -1662,6 +1662,66 @@ func (s *Scheduler) Invalidate(gen uint64) error {
 	return nil
 }
 
+// WorkersLost tells the scheduler that the KV memory of its workers is
+// lost: a worker process died, say, and the engine restarted it with
+// blank memory. With tensor parallelism one rank's loss is every
+// request's, since each needs every rank's share of its KV.
+//
+// outs carries the Outputs of the workers since the last Done: those the
+// survivors reported and, for each lost worker, one that lists every
+// transfer it was handed and never reported as done, with every block
+// failed ([connector.Ledger] keeps them and writes that Output). A transfer
+// nobody reports stays in flight in the connector and its blocks stay
+// held.
+//
+// WorkersLost ends the step in flight, if there is one, as a step that
+// computed nothing: the next call is Step, not Done. It hands outs to the
+// connector's Update and acts on its Progress as Done does, then drops the
+// local prefix cache and preempts every running and loading request to
+// recompute. The namespace and the connector stay, so what the store holds
+// of their prefixes loads again. A load reported failed under the fail
+// policy fails its request, as in Done.
+//
+// On an error of the connector's Update nothing changes: call WorkersLost
+// again, with Outputs it accepts.
+func (s *Scheduler) WorkersLost(outs []*connector.Output) error {
+	if s.conn == nil && len(outs) > 0 {
+		return fmt.Errorf("%w: WorkersLost got %d Outputs but the scheduler has no connector", ErrBadResult, len(outs))
+	}
+	var prog *connector.Progress
+	if s.conn != nil {
+		var err error
+		if prog, err = s.conn.Update(outs); err != nil {
+			return fmt.Errorf("%w: WorkersLost: Update: %w", ErrConnector, err)
+		}
+		s.busy.done(outs)
+	}
+	s.discarded = s.discarded[:0]
+	s.epoch++
+	if s.inFlight {
+		// Nothing of the step counts: its work is gone with the memory.
+		s.inFlight = false
+		for _, r := range s.items {
+			r.discard, r.awaitLoad, r.failLoad = false, false, false
+		}
+	}
+	var bad error
+	if prog != nil {
+		bad = s.progress(prog)
+	}
+	for _, pool := range s.pools {
+		pool.InvalidateAll()
+	}
+	for len(s.running) > 0 {
+		s.preempt(s.running[len(s.running)-1])
+	}
+	for len(s.loading) > 0 {
+		s.preempt(s.loading[len(s.loading)-1])
+	}
+	s.news = true
+	return bad
+}
+
 // TakeEnded appends to dst the requests that ended since the last call, in
 // the order they ended, and returns it.
 func (s *Scheduler) TakeEnded(dst []Ended) []Ended {

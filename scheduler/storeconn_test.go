@@ -9,7 +9,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/hashing"
@@ -92,6 +94,12 @@ func newMiniEngineLookup(t *testing.T, st store.Store, cfg Config, lookup string
 // kv_connector_extra_config.
 func newMiniEngineWith(t *testing.T, st store.Store, cfg Config, extra map[string]any) *miniEngine {
 	t.Helper()
+	return newMiniEngineConn(t, st, cfg, connector.Config{Connector: storeconn.Name, Extra: extra})
+}
+
+// newMiniEngineConn is newMiniEngine with the connector's config ccfg.
+func newMiniEngineConn(t *testing.T, st store.Store, cfg Config, ccfg connector.Config) *miniEngine {
+	t.Helper()
 	bs := cfg.Identity.Layout.BlockSize
 	e := &miniEngine{loop: loop{t: t, prompts: map[connector.RequestID]*modelReq{}}, bs: bs}
 	e.kv = connector.KVCache{Layers: e2eLayers, Blocks: cfg.Blocks, KV: e2eKV, BlockBytes: 8 * bs, Order: connector.BlockMajor}
@@ -111,7 +119,6 @@ func newMiniEngineWith(t *testing.T, st store.Store, cfg Config, extra map[strin
 		e.mems = append(e.mems, m)
 	}
 	if st != nil {
-		ccfg := connector.Config{Connector: storeconn.Name, Extra: extra}
 		env := connector.Env{Identity: cfg.Identity, Store: st}
 		sc, err := connector.OpenScheduler(ccfg, env)
 		if err != nil {
@@ -175,14 +182,24 @@ func (e *miniEngine) add(id string, prompt []hashing.Token, maxGen int) {
 // step runs one engine step: workers start the connector's loads, the
 // model computes the plan, workers save and report.
 func (e *miniEngine) step() (*Plan, error) {
-	ctx := context.Background()
 	p, err := e.s.Step()
 	if err != nil {
 		return nil, err
 	}
+	return p, e.stepPlan(p, true)
+}
+
+// stepPlan runs the plan p of the step in flight: it computes p after
+// the workers start its loads (when start is set, else the caller started
+// them), and ends the step.
+func (e *miniEngine) stepPlan(p *Plan, start bool) error {
+	ctx := context.Background()
 	for _, w := range e.workers {
+		if !start {
+			break
+		}
 		if err := w.Start(ctx, p.Metadata); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	var res []Result
@@ -200,7 +217,7 @@ func (e *miniEngine) step() (*Plan, error) {
 						if pos >= it.Start {
 							binary.LittleEndian.PutUint64(s, want)
 						} else if got := binary.LittleEndian.Uint64(s); got != want {
-							return nil, fmt.Errorf("step %d: request %q attends to wrong KV: rank %d position %d (block %d, layer %d, part %d) holds %#x, want %#x",
+							return fmt.Errorf("step %d: request %q attends to wrong KV: rank %d position %d (block %d, layer %d, part %d) holds %#x, want %#x",
 								p.Step, it.ID, rank, pos, b, l, k, got, want)
 						}
 						sum = sum*31 + binary.LittleEndian.Uint64(s)
@@ -213,10 +230,7 @@ func (e *miniEngine) step() (*Plan, error) {
 			res = append(res, Result{ID: it.ID, Token: hashing.Token(sum>>11) % 50, Finished: m.gen >= m.maxGen})
 		}
 	}
-	if err := e.endStep(ctx, res); err != nil {
-		return nil, err
-	}
-	return p, nil
+	return e.endStep(ctx, res)
 }
 
 // run steps until every request ended and every block came back.
@@ -619,5 +633,163 @@ func firstToken(e *miniEngine, tag string) {
 	for i := range 12 {
 		base := seq(1000*(i%3), 20+4*(i%4))
 		e.add(fmt.Sprintf("%s%d", tag, i), append(base, seq(7*i, i%5)...), 1)
+	}
+}
+
+// failedEvent is the readiness of a step whose compute was abandoned.
+type failedEvent struct{}
+
+func (failedEvent) Query() (bool, error) { return false, errors.New("the step was abandoned") }
+
+// TestWorkersLost loses rank 1 of two workers with a step in flight: its
+// memory is scribbled over and a new worker takes its place, the survivor
+// abandons the step, and the ledger reports what rank 1 never will. Every
+// request must still produce the reference's tokens, and every block must
+// come back: a cache kept across the loss reads the scribbled KV, and a
+// transfer left unreported holds its blocks forever.
+func TestWorkersLost(t *testing.T) {
+	for _, policy := range []connector.Policy{connector.PolicyRecompute, connector.PolicyFail} {
+		t.Run(string(policy), func(t *testing.T) {
+			st := e2eStore(t)
+			cfg := Config{Identity: e2eIdentity(4), Blocks: 96, MaxBatchedTokens: 48, PrefixCaching: true}
+			refCfg := cfg
+			refCfg.PrefixCaching = false
+			ref := newMiniEngine(t, nil, refCfg)
+			workload(ref, "q")
+			want := ref.run()
+
+			// A first engine fills the store, so that the second one's
+			// requests load prefixes both before and after the loss.
+			fill := newMiniEngine(t, st, cfg)
+			for i := range 3 {
+				fill.add(fmt.Sprintf("fill%d", i), seq(1000*i, 20), 1)
+			}
+			fill.run()
+
+			ccfg := connector.Config{Connector: storeconn.Name, LoadFailurePolicy: policy, Extra: map[string]any{"lookup": "sync"}}
+			e := newMiniEngineConn(t, st, cfg, ccfg)
+			workload(e, "q")
+			ledger := connector.NewLedger(e2eTP)
+			ctx := context.Background()
+			// Lose the rank once some blocks are committed to the
+			// local prefix cache and requests run over them.
+			// and the step in flight hands rank 1 transfers.
+			deadline := time.Now().Add(2 * time.Minute)
+			var lostBefore int
+			for {
+				p, err := e.s.Step()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, w := range e.workers {
+					if err := w.Start(ctx, p.Metadata); err != nil {
+						t.Fatal(err)
+					}
+				}
+				ledger.Shipped(p.Metadata)
+				st := e.s.Stats()
+				if lostBefore = ledger.Outstanding(1); st.Pool.Committed > 0 && st.Running > 0 && lostBefore > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("waited 2m for committed blocks, running requests and a step with transfers: %+v", st)
+				}
+				if err := e.stepPlan(p, false); err != nil {
+					t.Fatal(err)
+				}
+				if len(p.Items) == 0 {
+					runtime.Gosched()
+				}
+				for _, o := range e.outs {
+					if err := ledger.Reported(o); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+
+			// Rank 1 dies: its worker goes, its memory is lost.
+			if err := e.workers[1].Close(); err != nil {
+				t.Fatal(err)
+			}
+			for i := range e.mems[1].Bytes() {
+				e.mems[1].Bytes()[i] = 0xab
+			}
+			w, err := connector.OpenWorker(ccfg, connector.Env{Identity: cfg.Identity, Store: st, Rank: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := w.Close(); err != nil {
+					t.Error(err)
+				}
+			})
+			kv := e.kv
+			kv.Regions = []rdma.Region{e.mems[1].Region()}
+			if err := w.Register(kv); err != nil {
+				t.Fatal(err)
+			}
+			e.workers[1] = w
+
+			// The survivor abandons the step; its saves fail.
+			if err := e.workers[0].Save(ctx, failedEvent{}); err != nil {
+				t.Fatal(err)
+			}
+			o0 := e.workers[0].Poll()
+			if err := ledger.Reported(o0); err != nil {
+				t.Fatal(err)
+			}
+			lost := ledger.Lost(1, connector.ReasonCanceled)
+			if len(lost.Done) != lostBefore {
+				t.Fatalf("the lost rank's Output reports %d transfers, the ledger had %d open", len(lost.Done), lostBefore)
+			}
+			if err := e.s.WorkersLost([]*connector.Output{o0, lost}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.s.Done(nil, nil); !errors.Is(err, ErrNoStep) {
+				t.Fatalf("Done after WorkersLost ended the step: %v, want ErrNoStep", err)
+			}
+			if err := checkInvariants(e.s, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			if st := e.s.Stats(); st.Running != 0 || st.Loading != 0 {
+				t.Fatalf("after WorkersLost: %d running, %d loading; want every request preempted", st.Running, st.Loading)
+			}
+
+			deadline = time.Now().Add(2 * time.Minute)
+			for len(e.s.reqs) > 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("waited 2m for %d requests to end after the loss: %+v", len(e.s.reqs), e.s.Stats())
+				}
+				p, err := e.step()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(p.Items) == 0 {
+					runtime.Gosched()
+				}
+			}
+			if st := e.s.Stats(); st.Pool.Used != 0 || st.Held != 0 {
+				t.Fatalf("drained with %d blocks used, %d requests held", st.Pool.Used, st.Held)
+			}
+			ended := map[connector.RequestID]State{}
+			for _, en := range e.s.TakeEnded(nil) {
+				ended[en.ID] = en.State
+			}
+			var failed int
+			for id, m := range e.prompts {
+				if ended[id] == Failed {
+					failed++
+					continue
+				}
+				if diff := cmp.Diff(want[id], m.tokens); diff != "" {
+					t.Errorf("request %q after the loss (-reference +got):\n%s", id, diff)
+				}
+			}
+			if policy == connector.PolicyRecompute && failed != 0 {
+				t.Errorf("%d requests failed under the recompute policy", failed)
+			}
+			ss := e.s.Stats()
+			t.Logf("preemptions %d, failed %d, load failures %d, external tokens %d", ss.Preemptions, failed, ss.LoadFailures, ss.ExternalTokens)
+		})
 	}
 }

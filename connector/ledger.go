@@ -1,0 +1,100 @@
+package connector
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Ledger keeps, for an engine whose workers run in other processes, the
+// transfers each worker was handed in a Metadata and has not reported done
+// in an Output. When a worker is lost (its process died), its Output can
+// no longer come, and the transfers it was handed would stay in flight in
+// the scheduler half forever, holding their blocks: [Ledger.Lost] writes
+// the Output the worker would have sent had every one of them failed, for
+// the engine to hand to the scheduler (scheduler.Scheduler.WorkersLost).
+//
+// The engine calls Shipped with each step's Metadata as it sends it, and
+// Reported with each Output it receives. A Ledger is not safe for
+// concurrent use.
+type Ledger struct {
+	open []map[uint64]int // per rank: the transfers not reported done, and their blocks
+}
+
+// NewLedger returns a Ledger for workers workers (ranks 0 to workers-1).
+func NewLedger(workers int) *Ledger {
+	l := &Ledger{open: make([]map[uint64]int, max(workers, 0))}
+	for r := range l.open {
+		l.open[r] = make(map[uint64]int)
+	}
+	return l
+}
+
+// Shipped records that every worker was handed the loads and saves of m.
+// A nil m ships nothing.
+func (l *Ledger) Shipped(m *Metadata) {
+	if m == nil {
+		return
+	}
+	for _, list := range [2][]Transfer{m.Loads, m.Saves} {
+		for i := range list {
+			for _, open := range l.open {
+				open[list[i].ID] = len(list[i].Blocks)
+			}
+		}
+	}
+}
+
+// Reported records the transfers o lists as done. It returns an error,
+// recording nothing, when o's rank is outside [0, workers) or it lists a
+// transfer the rank was not handed or already reported.
+func (l *Ledger) Reported(o *Output) error {
+	if o == nil {
+		return fmt.Errorf("connector: Ledger.Reported: nil Output")
+	}
+	if o.Rank < 0 || o.Rank >= len(l.open) {
+		return fmt.Errorf("connector: Ledger.Reported: Output.Rank = %d, want [0, %d)", o.Rank, len(l.open))
+	}
+	open := l.open[o.Rank]
+	for i, id := range o.Done {
+		if _, ok := open[id]; !ok || slices.Contains(o.Done[:i], id) {
+			return fmt.Errorf("connector: Ledger.Reported: rank %d reports transfer %d done, which it has no open record of", o.Rank, id)
+		}
+	}
+	for _, id := range o.Done {
+		delete(open, id)
+	}
+	return nil
+}
+
+// Outstanding returns the number of transfers worker rank was handed and
+// has not reported done; 0 for a rank outside [0, workers).
+func (l *Ledger) Outstanding(rank int) int {
+	if rank < 0 || rank >= len(l.open) {
+		return 0
+	}
+	return len(l.open[rank])
+}
+
+// Lost returns the Output of worker rank, lost, for every transfer it was
+// handed and did not report: each is done, with every block failed for
+// reason (ReasonCanceled, say: the worker is gone), in increasing order of
+// transfer ID. The ledger forgets them, so the worker that replaces rank
+// starts with none. It panics if rank is outside [0, workers).
+func (l *Ledger) Lost(rank int, reason Reason) *Output {
+	if rank < 0 || rank >= len(l.open) {
+		panic(fmt.Sprintf("connector: Ledger.Lost(%d) of %d workers", rank, len(l.open)))
+	}
+	open := l.open[rank]
+	o := &Output{Rank: rank}
+	for id := range open {
+		o.Done = append(o.Done, id)
+	}
+	slices.Sort(o.Done)
+	for _, id := range o.Done {
+		for i := range open[id] {
+			o.Failed = append(o.Failed, Failure{Transfer: id, Index: i, Reason: reason})
+		}
+	}
+	clear(open)
+	return o
+}
