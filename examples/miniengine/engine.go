@@ -29,6 +29,13 @@ type EngineConfig struct {
 	// prefix loads runs in the step of its load (scheduler.Config.
 	// LayerwiseLoads), each layer after WaitLayer, saved with SaveLayer.
 	Layerwise bool
+	// TP, when above 1, splits the transformer's heads over TP tensor-
+	// parallel ranks, each with KV memory of its own heads and a
+	// connector worker of its rank (Identity.Layout.TPSize is TP). The
+	// ranks run in this process, or in processes of their own when
+	// ranks is set (-tp-procs).
+	TP    int
+	ranks ranks
 
 	// Store, when not nil, turns the connector on: the reference store
 	// connector over this store, with Connector as its config.
@@ -79,6 +86,9 @@ type Engine struct {
 	idle    int                   // steps that computed nothing
 	lw      connector.LayerWorker // with Layerwise and a connector
 	passes  []*Pass
+	ranks   ranks // with TP above 1
+	toks    []hashing.Token
+	lost    int // steps whose work a lost rank took with it (scheduler.Scheduler.WorkersLost)
 }
 
 // live is the engine's record of a running request.
@@ -104,6 +114,9 @@ type finished struct {
 // cfg.Store is set, both halves of the connector.
 func NewEngine(cfg EngineConfig) (*Engine, error) {
 	e := &Engine{cfg: cfg, reqs: make(map[connector.RequestID]*live)}
+	if cfg.TP > 1 {
+		return e.openTP()
+	}
 	cache, err := e.allocKV()
 	if err != nil {
 		e.Close()
@@ -240,7 +253,12 @@ func (e *Engine) Idle() bool {
 	if e.conn == nil {
 		return true
 	}
-	_, ok := e.worker.(connector.Waker)
+	ok := false
+	if e.ranks != nil {
+		_, ok = e.ranks.wakes(nil)
+	} else {
+		_, ok = e.worker.(connector.Waker)
+	}
 	return ok && e.sched.Wake() != nil
 }
 
@@ -252,6 +270,9 @@ func (e *Engine) Wakes(dst []<-chan struct{}) []<-chan struct{} {
 	}
 	if w, ok := e.worker.(connector.Waker); ok {
 		dst = append(dst, w.Wake())
+	}
+	if e.ranks != nil {
+		dst, _ = e.ranks.wakes(dst)
 	}
 	return dst
 }
@@ -267,6 +288,9 @@ func (e *Engine) Step(ctx context.Context) error {
 	}
 	if len(plan.Items) == 0 {
 		e.idle++
+	}
+	if e.ranks != nil {
+		return e.stepTP(ctx, plan)
 	}
 	if e.worker != nil && plan.Metadata != nil {
 		if err := e.worker.Start(ctx, plan.Metadata); err != nil {
@@ -307,7 +331,12 @@ func (e *Engine) Step(ctx context.Context) error {
 		}
 		e.outs = append(e.outs, e.worker.Poll())
 	}
-	err = e.sched.Done(e.res, e.outs)
+	return e.done(e.sched.Done(e.res, e.outs))
+}
+
+// done ends a step whose Done returned err: it drops the tokens Done
+// discarded, then hands on the requests that ended.
+func (e *Engine) done(err error) error {
 	// A request that ran in the step of a load that failed computed over
 	// KV that did not arrive: its token does not count (scheduler.
 	// Scheduler.Discarded), also when Done returned an error after it
@@ -418,6 +447,9 @@ func (e *Engine) ConnStats() (sched, worker connector.Stats) {
 	if r, ok := e.worker.(connector.StatsReporter); ok {
 		worker = r.Stats()
 	}
+	if e.ranks != nil {
+		worker = e.ranks.stats()
+	}
 	return sched, worker
 }
 
@@ -431,6 +463,9 @@ func (e *Engine) Close() error {
 	}
 	if e.worker != nil {
 		keep(e.worker.Close())
+	}
+	if e.ranks != nil {
+		keep(e.ranks.close())
 	}
 	if e.conn != nil {
 		keep(e.conn.Close())

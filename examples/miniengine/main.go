@@ -91,6 +91,8 @@ type Options struct {
 
 	Wait      bool   // block while every engine waits for its connector (connector.Waker), instead of stepping
 	Layerwise bool   // -layerwise: compute layer by layer, loading and saving each layer's KV as its own store value (connector.LayerWorker)
+	TP        int    // -tp: tensor-parallel ranks of the transformer (1: none)
+	TPProcs   bool   // -tp-procs: also run the ranks as processes of their own, over the embedded store served on a unix socket
 	Metrics   string // -metrics: serve the ON runs' Prometheus metrics on this address
 	KVEvents  string // -kv-events: publish the ON runs' KV events on this ZMQ endpoint
 
@@ -126,6 +128,7 @@ func defaultOptions() Options {
 		Store:      "memstore",
 		PDTransfer: defaultPDTransfer(),
 		Repeat:     1,
+		TP:         1,
 		Progress:   true,
 		Wait:       true,
 	}
@@ -187,6 +190,8 @@ func main() {
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
 	fs.DurationVar(&o.StoreLatency, "store-latency", o.StoreLatency, "add this latency to every store call of the ON runs, as a remote store's round trip (lookups then run beside the engine, as with Mooncake)")
 	fs.BoolVar(&o.Layerwise, "layerwise", o.Layerwise, "compute each step layer by layer, loading and saving every layer's KV as its own store value (layer_chunks = layers): a request whose prefix is in the store runs in the step that loads it, layer l as soon as its KV is in (the transformer model)")
+	fs.IntVar(&o.TP, "tp", o.TP, "tensor-parallel ranks: the transformer's heads split over this many ranks, each with its own KV memory and connector worker, storing its own shard's keys")
+	fs.BoolVar(&o.TPProcs, "tp-procs", o.TPProcs, "also run the connector-on workload with the -tp ranks as processes of their own, started from this binary: the scheduler ships each step's encoded Metadata to them over unix sockets and gets their encoded Outputs back, and they reach the embedded store served on a unix socket (store/remote)")
 	fs.BoolVar(&o.Wait, "wait", o.Wait, "while every engine has nothing to compute, block until a connector has news (connector.Waker) instead of stepping to poll")
 	fs.StringVar(&o.Metrics, "metrics", o.Metrics, "serve the Prometheus metrics of the latest run with the connector on, from its start, at http://ADDR/metrics, for example 127.0.0.1:9400")
 	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "publish the KV events of the runs with the connector on, as vLLM does, on a ZMQ PUB socket bound at this endpoint, for example tcp://127.0.0.1:5557 (replay on the next port)")
@@ -222,7 +227,7 @@ func (o *Options) Validate() error {
 		{"output", w.Output, 1}, {"turns", w.Turns, 1}, {"layers", o.Model.Layers, 1}, {"dim", o.Model.Dim, 1},
 		{"heads", o.Model.Heads, 1}, {"block", o.Block, 1}, {"batch", o.Batch, 1}, {"par", o.Par, 1},
 		{"instances", o.Instances, 1}, {"blocks", o.Blocks, 0}, {"pressure-blocks", o.PressureBlocks, 0},
-		{"repeat", o.Repeat, 1},
+		{"repeat", o.Repeat, 1}, {"tp", o.TP, 1},
 	} {
 		if f.v < f.min {
 			return fmt.Errorf("-%s = %d, want >= %d", f.name, f.v, f.min)
@@ -230,6 +235,29 @@ func (o *Options) Validate() error {
 	}
 	if o.Model.Dim%o.Model.Heads != 0 {
 		return fmt.Errorf("-dim = %d is not a multiple of -heads = %d", o.Model.Dim, o.Model.Heads)
+	}
+	if o.Model.Heads%o.TP != 0 {
+		return fmt.Errorf("-tp = %d does not divide -heads = %d: each rank holds whole heads", o.TP, o.Model.Heads)
+	}
+	if o.TP > 1 {
+		for _, c := range []struct {
+			on   bool
+			flag string
+		}{{o.Kind != "transformer", "-model " + o.Kind}, {o.Layerwise, "-layerwise"}, {o.PD, "-pd"}} {
+			if c.on {
+				return fmt.Errorf("-tp = %d with %s: tensor parallelism runs the transformer, a step at a time, in one instance", o.TP, c.flag)
+			}
+		}
+	}
+	if o.TPProcs {
+		switch {
+		case o.TP < 2:
+			return fmt.Errorf("-tp-procs needs -tp 2 or more: the ranks are the processes")
+		case o.Store != "memstore":
+			return fmt.Errorf("-tp-procs with -store %s: the rank processes reach the embedded store, served on a unix socket; with Mooncake each rank would be a client of its own", o.Store)
+		case runtime.GOOS == "windows":
+			return fmt.Errorf("-tp-procs needs unix sockets and signals, not %s", runtime.GOOS)
+		}
 	}
 	if o.Layerwise && o.PD {
 		return fmt.Errorf("-layerwise with -pd: the p2p connector's workers move whole blocks (they are not connector.LayerWorkers); run them apart")
@@ -312,7 +340,7 @@ func (o Options) identity(gen uint64) hashing.Identity {
 func (o Options) layout() hashing.Layout {
 	l := hashing.Layout{
 		Layers: o.Model.Layers, KVHeads: o.Model.Heads, HeadDim: o.Model.Dim / o.Model.Heads,
-		BlockSize: o.Block, TPSize: 1, Replication: 1,
+		BlockSize: o.Block, TPSize: max(o.TP, 1), Replication: 1,
 	}
 	if o.Kind == "hybrid" {
 		l.Groups = hybridGroupsOf(o.Model.Layers, o.Block, o.Window, o.Model.Dim)
@@ -342,7 +370,7 @@ func (o Options) hybrid(gen uint64) *HybridModel {
 // and a state per chunk and per block of output, far fewer than its
 // context's blocks), never fewer than one step needs.
 func (o Options) engineConfig(gen uint64, blocks int) EngineConfig {
-	c := EngineConfig{Identity: o.identity(gen), Blocks: blocks, MaxBatchedTokens: o.Batch, Par: o.Par, Layerwise: o.Layerwise}
+	c := EngineConfig{Identity: o.identity(gen), Blocks: blocks, MaxBatchedTokens: o.Batch, Par: o.Par, Layerwise: o.Layerwise, TP: o.TP}
 	if o.Kind != "hybrid" {
 		c.Model = o.model(gen)
 		return c

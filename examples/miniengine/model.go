@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"sync"
 	"unsafe"
@@ -142,11 +143,38 @@ type Pass struct {
 	kv           *KV
 	blocks       []connector.BlockID
 	from, n, par int
+	sh           Shard
 	x, q, att, h []float32
+	o            []float32 // Attend's partial output projection, n × Dim
 }
+
+// Shard is one tensor-parallel rank's part of the model, as Megatron-style
+// tensor parallelism splits it: rank Rank of TP holds heads [Rank·H/TP,
+// (Rank+1)·H/TP) of every layer's attention (its columns of Q, K and V,
+// its rows of the output projection), so its KV cache holds only those
+// heads' K and V, Dim/TP floats a position. The embedding, the MLP and
+// the LM head are computed whole on every rank. Each layer's attention
+// output is the sum over ranks of their partial projections (an
+// all-reduce), after which every rank holds the same hidden state, and
+// samples the same token.
+type Shard struct{ Rank, TP int }
+
+// whole is the shard of a model on one rank: every head.
+var whole = Shard{Rank: 0, TP: 1}
 
 // Begin starts the pass of Forward's arguments: it embeds the tokens.
 func (m *Model) Begin(kv *KV, blocks []connector.BlockID, toks []hashing.Token, from, to, par int) *Pass {
+	return m.BeginShard(kv, blocks, toks, from, to, par, whole)
+}
+
+// BeginShard starts the pass of shard sh of the model, whose KV cache kv
+// holds Dim/sh.TP floats a position: Attend and Finish compute each layer,
+// with the sum over every rank's Attend in between. It panics if sh does
+// not split the heads evenly or kv does not hold the shard's width.
+func (m *Model) BeginShard(kv *KV, blocks []connector.BlockID, toks []hashing.Token, from, to, par int, sh Shard) *Pass {
+	if sh.TP < 1 || sh.Rank < 0 || sh.Rank >= sh.TP || m.cfg.Heads%sh.TP != 0 || kv.l.Dim*sh.TP != m.cfg.Dim {
+		panic(fmt.Sprintf("miniengine: shard %d of %d of a model of %d heads, dim %d, over KV of width %d", sh.Rank, sh.TP, m.cfg.Heads, m.cfg.Dim, kv.l.Dim))
+	}
 	d := m.cfg.Dim
 	n := to - from
 	x := make([]float32, n*d)
@@ -165,39 +193,55 @@ func (m *Model) Begin(kv *KV, blocks []connector.BlockID, toks []hashing.Token, 
 			row[j] = e[j] + float32(pe)*0.5
 		}
 	}
-	q := make([]float32, n*d)
-	att := make([]float32, n*d)
+	dr := d / sh.TP
+	q := make([]float32, n*dr)
+	att := make([]float32, n*dr)
 	h := make([]float32, n*m.cfg.FFN)
-	return &Pass{m: m, kv: kv, blocks: blocks, from: from, n: n, par: par, x: x, q: q, att: att, h: h}
+	o := make([]float32, n*d)
+	return &Pass{m: m, kv: kv, blocks: blocks, from: from, n: n, par: par, sh: sh, x: x, q: q, att: att, h: h, o: o}
 }
 
-// Layer computes layer li of the pass. Layers go in order, each once.
+// Layer computes layer li of the pass, of the whole model (Begin).
+// Layers go in order, each once.
 func (p *Pass) Layer(li int) {
+	if p.sh.TP != 1 {
+		panic("miniengine: Pass.Layer of a shard: call Attend, sum over the ranks, Finish")
+	}
+	p.Finish(li, p.Attend(li))
+}
+
+// Attend computes the shard's attention of layer li: the Q, K and V of
+// its heads for every new position (K and V go to the cache), causal
+// attention over every earlier position from the cache, and the shard's
+// rows of the output projection. It returns that partial projection, n
+// rows of Dim floats, owned by the pass until the next Attend; the sum of
+// every rank's is what Finish takes.
+func (p *Pass) Attend(li int) []float32 {
 	m, kv, blocks, from, n, par := p.m, p.kv, p.blocks, p.from, p.n, p.par
 	d := m.cfg.Dim
-	x, q, att, h := p.x, p.q, p.att, p.h
+	dr := d / p.sh.TP // the shard's width: its heads' dimensions
+	c0 := p.sh.Rank * dr
+	x, q, att := p.x, p.q, p.att
 	w := &m.layers[li]
-	// Q, K, V of every new position; K and V go to the cache.
 	parallel(n, par, func(i int) {
 		xn := rmsnorm(x[i*d:(i+1)*d], make([]float32, d))
-		matvec(q[i*d:(i+1)*d], xn, w.wq, d, d)
-		matvec(kv.slot(blocks, li, 0, from+i), xn, w.wk, d, d)
-		matvec(kv.slot(blocks, li, 1, from+i), xn, w.wv, d, d)
+		matvecCols(q[i*dr:(i+1)*dr], xn, w.wq, d, d, c0)
+		matvecCols(kv.slot(blocks, li, 0, from+i), xn, w.wk, d, d, c0)
+		matvecCols(kv.slot(blocks, li, 1, from+i), xn, w.wv, d, d, c0)
 	})
-	// Causal attention over every earlier position, from the cache.
 	parallel(n, par, func(i int) {
 		p := from + i
-		H, hd := m.cfg.Heads, m.hd
+		H, hd := m.cfg.Heads/(d/dr), m.hd
 		scores := make([]float32, H*(p+1)) // head-major
-		out := att[i*d : (i+1)*d]
+		out := att[i*dr : (i+1)*dr]
 		clear(out)
-		qi := q[i*d : (i+1)*d]
+		qi := q[i*dr : (i+1)*dr]
 		scale := float32(1 / math.Sqrt(float64(hd)))
 		bs := kv.l.BlockSize
 		for t0 := 0; t0 <= p; t0 += bs {
 			kb := kv.rows(blocks, li, 0, t0/bs)
 			for u := 0; u < bs && t0+u <= p; u++ {
-				k := kb[u*d : (u+1)*d]
+				k := kb[u*dr : (u+1)*dr]
 				for hh := 0; hh < H; hh++ {
 					qh, kh := qi[hh*hd:(hh+1)*hd], k[hh*hd:(hh+1)*hd]
 					var s float32
@@ -227,7 +271,7 @@ func (p *Pass) Layer(li int) {
 		for t0 := 0; t0 <= p; t0 += bs {
 			vb := kv.rows(blocks, li, 1, t0/bs)
 			for u := 0; u < bs && t0+u <= p; u++ {
-				v := vb[u*d : (u+1)*d]
+				v := vb[u*dr : (u+1)*dr]
 				for hh := 0; hh < H; hh++ {
 					a := scores[hh*(p+1)+t0+u]
 					oh, vh := out[hh*hd:(hh+1)*hd], v[hh*hd:(hh+1)*hd]
@@ -238,15 +282,28 @@ func (p *Pass) Layer(li int) {
 			}
 		}
 	})
-	// Output projection and MLP, with residuals.
+	// The shard's rows of the output projection.
+	wo := w.wo[c0*d : (c0+dr)*d]
+	parallel(n, par, func(i int) {
+		matvec(p.o[i*d:(i+1)*d], att[i*dr:(i+1)*dr], wo, dr, d)
+	})
+	return p.o
+}
+
+// Finish completes layer li with o, the sum over every rank of Attend's
+// partial projections (n rows of Dim floats): the residual, then the MLP.
+func (p *Pass) Finish(li int, o []float32) {
+	m, n, par := p.m, p.n, p.par
+	d := m.cfg.Dim
+	x, h := p.x, p.h
+	w := &m.layers[li]
 	parallel(n, par, func(i int) {
 		row := x[i*d : (i+1)*d]
-		o := make([]float32, d)
-		matvec(o, att[i*d:(i+1)*d], w.wo, d, d)
+		oi := o[i*d : (i+1)*d]
 		for j := range row {
-			row[j] += o[j]
+			row[j] += oi[j]
 		}
-		mlp(row, h[i*m.cfg.FFN:(i+1)*m.cfg.FFN], w.w1, w.w2, o)
+		mlp(row, h[i*m.cfg.FFN:(i+1)*m.cfg.FFN], w.w1, w.w2, make([]float32, d))
 	})
 }
 
@@ -287,6 +344,20 @@ func greedy(x, head []float32, vocab int) hashing.Token {
 		}
 	}
 	return hashing.Token(best)
+}
+
+// matvecCols sets dst (len(dst) of them) to src (k) times columns [c0,
+// c0+len(dst)) of w (k × n, row-major): matvec over a slice of the output.
+func matvecCols(dst, src, w []float32, k, n, c0 int) {
+	clear(dst)
+	m := len(dst)
+	for i := 0; i < k; i++ {
+		s := src[i]
+		row := w[i*n+c0 : i*n+c0+m]
+		for j := range row {
+			dst[j] += s * row[j]
+		}
+	}
 }
 
 func matvec(dst, src, w []float32, k, n int) {
