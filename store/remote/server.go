@@ -34,8 +34,9 @@ type ServerOptions struct {
 	// split larger batches. It bounds the memory each connection stages
 	// values in. At least MaxValue; default 64 MiB.
 	MaxCallBytes int
-	// Logger receives debug records of connections that end in error
-	// (a torn or corrupt frame, a client gone mid-call). Nil discards them.
+	// Logger receives a debug record of every connection that ends, with
+	// its error when it ended in one (a torn or corrupt frame, a client
+	// gone mid-call). Nil discards them.
 	Logger *slog.Logger
 }
 
@@ -233,9 +234,10 @@ func (srv *Server) serveConn(nc net.Conn) {
 	_ = nc.Close() // ends the reader; its error is err's cause or none
 	wg.Wait()
 	c.freeStage()
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		srv.log.Debug("remote: connection ended", "remote", nc.RemoteAddr().String(), "err", err)
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		err = nil // the client or the server closed it between frames
 	}
+	srv.log.Debug("remote: connection ended", "remote", nc.RemoteAddr().String(), "err", err)
 }
 
 // read reads frame headers: it cancels calls for cancel frames, and hands
