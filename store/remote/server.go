@@ -189,16 +189,16 @@ func (srv *Server) Close() error {
 
 // sconn is the state of one served connection.
 type sconn struct {
-	srv   *Server
-	nc    net.Conn
-	hdr   [headerLen]byte
-	body  []byte
-	out   enc
-	bufs  net.Buffers
-	mem   *rdma.HostMemory // staging memory; nil until a call needs it
-	keys  []string
-	regs  []rdma.Region
-	res   []store.Result
+	srv  *Server
+	nc   net.Conn
+	hdr  [headerLen]byte
+	body []byte
+	out  enc
+	bufs net.Buffers
+	mem  *rdma.HostMemory // staging memory; nil until a call needs it
+	keys []string
+	regs []rdma.Region
+	res  []store.Result
 
 	// next carries the headers the reader goroutine reads, and the error
 	// that ends it; resume tells it that the main loop has read the rest

@@ -123,7 +123,7 @@ func parseHeader(b []byte, maxBody uint32) (header, error) {
 	return h, nil
 }
 
-func crc32Of(b []byte) uint32             { return crc32.Checksum(b, castagnoli) }
+func crc32Of(b []byte) uint32               { return crc32.Checksum(b, castagnoli) }
 func updateCRC(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
 
 // readFull reads len(b) bytes into b and adds them to the running checksum.
