@@ -1,0 +1,702 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/kvconnect/kvconnect/store"
+)
+
+// Defaults that [ServerOptions.EnsureDefaults] fills in.
+const (
+	DefaultMaxValue     = 64 << 20
+	DefaultMaxBatch     = 1024
+	DefaultMaxCallBytes = 64 << 20
+)
+
+// ServerOptions configures a [Server]. The zero value of every field means
+// its default.
+type ServerOptions struct {
+	// MaxValue is the largest value, in bytes, that a put may store and a
+	// get may return. Default 64 MiB.
+	MaxValue int
+	// MaxBatch is the most keys one request carries; clients split larger
+	// batches. Default 1024.
+	MaxBatch int
+	// MaxCallBytes is the most value bytes one put or get request moves
+	// (for a get, the destinations' lengths, each cut to MaxValue); clients
+	// split larger batches. It bounds the memory each connection stages
+	// values in. At least MaxValue; default 64 MiB.
+	MaxCallBytes int
+	// Logger receives a debug record of every connection that ends, with
+	// its error when it ended in one (a torn or corrupt frame, a client
+	// gone mid-call). Nil discards them.
+	Logger *slog.Logger
+}
+
+// EnsureDefaults sets every zero field of o to its default.
+func (o *ServerOptions) EnsureDefaults() {
+	if o.MaxValue == 0 {
+		o.MaxValue = DefaultMaxValue
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.MaxCallBytes == 0 {
+		o.MaxCallBytes = max(DefaultMaxCallBytes, o.MaxValue)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate reports the first field of o that is out of range, naming the
+// field and its value. Call EnsureDefaults first.
+func (o *ServerOptions) Validate() error {
+	switch {
+	case o.MaxValue < 1:
+		return fmt.Errorf("remote: server options: MaxValue %d: must be positive", o.MaxValue)
+	case o.MaxBatch < 1 || o.MaxBatch > 1<<20:
+		return fmt.Errorf("remote: server options: MaxBatch %d: must be in [1, %d]", o.MaxBatch, 1<<20)
+	case o.MaxCallBytes < o.MaxValue:
+		return fmt.Errorf("remote: server options: MaxCallBytes %d: must be at least MaxValue %d", o.MaxCallBytes, o.MaxValue)
+	}
+	return nil
+}
+
+// Server serves a [store.Store] to [Client]s over stream connections. It is
+// safe for concurrent use; each connection is served by goroutines of its
+// own, which the Server owns and Close joins.
+type Server struct {
+	s      store.Store
+	leases *store.Leases // nil when s is no store.Leaser
+	opts   ServerOptions
+	log    *slog.Logger
+	base   context.Context // canceled by Close: the context of every inner call
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu struct {
+		sync.Mutex
+		closed    bool
+		listeners map[net.Listener]struct{}
+		conns     map[net.Conn]struct{}
+	}
+}
+
+// NewServer returns a server of s. It fills in opts' defaults and returns
+// an error naming the field and value that are out of range. The server
+// does not close s.
+func NewServer(s store.Store, opts ServerOptions) (*Server, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	srv := &Server{s: s, opts: opts, log: opts.Logger}
+	if l, ok := s.(store.Leaser); ok {
+		ls := l.Leases()
+		srv.leases = &ls
+	}
+	srv.base, srv.cancel = context.WithCancel(context.Background())
+	srv.mu.listeners = make(map[net.Listener]struct{})
+	srv.mu.conns = make(map[net.Conn]struct{})
+	return srv, nil
+}
+
+// ErrServerClosed is returned by [Server.Serve] after [Server.Close].
+var ErrServerClosed = errors.New("remote: server closed")
+
+// Serve accepts connections on l and serves each until it ends, and
+// returns when l fails or the server is closed ([ErrServerClosed]). It
+// closes l when it returns. It may be called for several listeners at
+// once.
+func (srv *Server) Serve(l net.Listener) error {
+	srv.mu.Lock()
+	if srv.mu.closed {
+		srv.mu.Unlock()
+		return errors.Join(ErrServerClosed, l.Close())
+	}
+	srv.mu.listeners[l] = struct{}{}
+	srv.mu.Unlock()
+	defer func() {
+		srv.mu.Lock()
+		delete(srv.mu.listeners, l)
+		srv.mu.Unlock()
+	}()
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			srv.mu.Lock()
+			closed := srv.mu.closed
+			srv.mu.Unlock()
+			cerr := l.Close()
+			if closed {
+				return ErrServerClosed
+			}
+			if errors.Is(cerr, net.ErrClosed) {
+				cerr = nil
+			}
+			return errors.Join(fmt.Errorf("remote: accept: %w", err), cerr)
+		}
+		srv.mu.Lock()
+		if srv.mu.closed {
+			srv.mu.Unlock()
+			_ = nc.Close() // refused: the server is closed
+			continue
+		}
+		srv.mu.conns[nc] = struct{}{}
+		srv.wg.Add(1)
+		srv.mu.Unlock()
+		go func() {
+			defer srv.wg.Done()
+			srv.serveConn(nc)
+			srv.mu.Lock()
+			delete(srv.mu.conns, nc)
+			srv.mu.Unlock()
+		}()
+	}
+}
+
+// Close closes every listener and connection of the server, cancels the
+// calls into the store that are running, and waits for them and for every
+// goroutine of the server. It does not close the store. Close is
+// idempotent.
+func (srv *Server) Close() error {
+	srv.mu.Lock()
+	srv.mu.closed = true
+	var errs []error
+	for l := range srv.mu.listeners {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	for nc := range srv.mu.conns {
+		if err := nc.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	srv.mu.Unlock()
+	srv.cancel()
+	srv.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// sconn is the state of one served connection.
+type sconn struct {
+	srv  *Server
+	nc   net.Conn
+	hdr  [headerLen]byte
+	body []byte
+	out  enc
+	bufs net.Buffers
+	mem  *rdma.HostMemory // staging memory; nil until a call needs it
+	keys []string
+	regs []rdma.Region
+	res  []store.Result
+
+	// next carries the headers the reader goroutine reads, and the error
+	// that ends it; resume tells it that the main loop has read the rest
+	// of the frame. The reader handles cancel frames itself.
+	next   chan frameOrErr
+	resume chan struct{}
+	quit   chan struct{} // closed when the main loop returns
+
+	mu struct {
+		sync.Mutex
+		id       uint32             // call running
+		cancel   context.CancelFunc // its cancellation; nil when none runs
+		canceled uint32             // the last call id a cancel frame named
+	}
+}
+
+type frameOrErr struct {
+	h   header
+	err error
+}
+
+func (srv *Server) maxBody() uint32 {
+	return uint32(16 + srv.opts.MaxBatch*(2+store.MaxKeyLen+8))
+}
+
+// serveConn serves one connection until it ends.
+func (srv *Server) serveConn(nc net.Conn) {
+	c := &sconn{srv: srv, nc: nc, next: make(chan frameOrErr), resume: make(chan struct{}), quit: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Go(c.read)
+	err := c.loop()
+	close(c.quit)
+	_ = nc.Close() // ends the reader; its error is err's cause or none
+	wg.Wait()
+	c.freeStage()
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		err = nil // the client or the server closed it between frames
+	}
+	srv.log.Debug("remote: connection ended", "remote", nc.RemoteAddr().String(), "err", err)
+}
+
+// read reads frame headers: it cancels calls for cancel frames, and hands
+// every other header to the main loop, waiting for it to read the rest of
+// the frame before it reads on.
+func (c *sconn) read() {
+	var hdr [headerLen]byte
+	for {
+		h, err := c.readHeader(hdr[:])
+		if err == nil && h.typ == msgCancel {
+			err = c.readCancel(h, hdr[:])
+			if err == nil {
+				continue
+			}
+		}
+		if err != nil {
+			c.cancelCall(0, true) // the client is gone: nobody waits for the call
+		}
+		select {
+		case c.next <- frameOrErr{h: h, err: err}:
+		case <-c.quit:
+			return
+		}
+		if err != nil {
+			return
+		}
+		select {
+		case <-c.resume:
+		case <-c.quit:
+			return
+		}
+	}
+}
+
+func (c *sconn) readHeader(hdr []byte) (header, error) {
+	if _, err := io.ReadFull(c.nc, hdr); err != nil {
+		return header{}, err
+	}
+	return parseHeader(hdr, c.srv.maxBody())
+}
+
+func (c *sconn) readCancel(h header, hdr []byte) error {
+	if h.body != 0 || h.data != 0 {
+		return fmt.Errorf("%w: cancel with a body", errFrame)
+	}
+	crc := crc32Of(hdr)
+	if err := readTrailer(c.nc, crc); err != nil {
+		return err
+	}
+	c.cancelCall(h.id, false)
+	return nil
+}
+
+// cancelCall cancels the running call if it is id, or any if all. A
+// cancel that arrives before its call starts is kept for startCall.
+func (c *sconn) cancelCall(id uint32, all bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !all {
+		c.mu.canceled = id
+	}
+	if c.mu.cancel != nil && (all || c.mu.id == id) {
+		c.mu.cancel()
+	}
+}
+
+// loop serves requests until the connection fails or a frame is bad.
+func (c *sconn) loop() error {
+	if err := c.hello(); err != nil {
+		return err
+	}
+	for {
+		var f frameOrErr
+		select {
+		case f = <-c.next:
+		case <-c.srv.base.Done():
+			return net.ErrClosed
+		}
+		if f.err != nil {
+			return f.err
+		}
+		if err := c.serve(f.h); err != nil {
+			return err
+		}
+	}
+}
+
+// hello answers the client's hello, the first frame of a connection.
+func (c *sconn) hello() error {
+	var f frameOrErr
+	select {
+	case f = <-c.next:
+	case <-c.srv.base.Done():
+		return net.ErrClosed
+	}
+	if f.err != nil {
+		return f.err
+	}
+	if f.h.typ != msgHello || f.h.body != 0 || f.h.data != 0 {
+		return fmt.Errorf("%w: first frame of type %d, want a hello", errFrame, f.h.typ)
+	}
+	if err := readTrailer(c.nc, c.crcHeader(f.h)); err != nil {
+		return err
+	}
+	c.resumeReader()
+	o := c.srv.opts
+	b := enc(c.out[:0]).u64(uint64(o.MaxValue)).u32(uint32(o.MaxBatch)).u64(uint64(o.MaxCallBytes))
+	var ls store.Leases
+	if c.srv.leases != nil {
+		ls = *c.srv.leases
+		b = b.u8(1)
+	} else {
+		b = b.u8(0)
+	}
+	b = b.u8(boolByte(ls.Exists)).u8(boolByte(ls.Get)).u64(uint64(ls.TTL)).u64(uint64(ls.RemoveWait))
+	c.out = b
+	return c.reply(msgHelloReply, f.h.id, nil)
+}
+
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (c *sconn) resumeReader() { c.resume <- struct{}{} }
+
+// crcHeader re-encodes h, the header the reader parsed, and returns its
+// checksum: the start of the frame's running checksum. The bytes are the
+// ones read, as parseHeader refused any other.
+func (c *sconn) crcHeader(h header) uint32 {
+	putHeader(c.hdr[:], h)
+	return crc32Of(c.hdr[:])
+}
+
+// readBody reads the body of the frame of h into c.body, adding it to crc.
+func (c *sconn) readBody(h header, crc *uint32) error {
+	if cap(c.body) < int(h.body) {
+		c.body = make([]byte, h.body)
+	}
+	c.body = c.body[:h.body]
+	return readFull(c.nc, c.body, crc)
+}
+
+// serve serves one request whose header is h.
+func (c *sconn) serve(h header) error {
+	crc := c.crcHeader(h)
+	if err := c.readBody(h, &crc); err != nil {
+		return err
+	}
+	switch h.typ {
+	case msgPut:
+		return c.put(h, crc)
+	case msgGet, msgExists, msgRemove, msgRemovePrefix, msgRemoveAll, msgStats:
+		if h.data != 0 {
+			return fmt.Errorf("%w: request of type %d with %d data bytes", errFrame, h.typ, h.data)
+		}
+		if err := readTrailer(c.nc, crc); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("%w: request of type %d", errFrame, h.typ)
+	}
+	c.resumeReader()
+	switch h.typ {
+	case msgGet:
+		return c.get(h)
+	case msgExists:
+		return c.exists(h)
+	case msgStats:
+		st := c.srv.s.Stats()
+		b := enc(c.out[:0])
+		for _, v := range []int64{st.Keys, st.Bytes, st.Capacity, st.Hits, st.Misses, st.Exists, st.Puts, st.Duplicates, st.RejectedPuts, st.Evictions, st.BytesIn, st.BytesOut} {
+			b = b.u64(uint64(v))
+		}
+		c.out = b
+		return c.reply(msgStatsReply, h.id, nil)
+	}
+	d := dec{b: c.body}
+	var key string
+	if h.typ != msgRemoveAll {
+		key = d.str()
+	}
+	if err := d.end(); err != nil {
+		return err
+	}
+	ctx, done := c.startCall(h.id)
+	var n int
+	var err error
+	switch h.typ {
+	case msgRemove:
+		err = c.srv.s.Remove(ctx, key)
+	case msgRemovePrefix:
+		n, err = c.srv.s.RemovePrefix(ctx, key)
+	case msgRemoveAll:
+		n, err = c.srv.s.RemoveAll(ctx)
+	}
+	done()
+	c.out = callReply(c.out[:0], err, n, nil)
+	return c.reply(msgReply, h.id, nil)
+}
+
+// startCall makes the context of call id, which a cancel frame, the
+// client's going or the server's Close cancels; done ends it.
+func (c *sconn) startCall(id uint32) (ctx context.Context, done func()) {
+	ctx, cancel := context.WithCancel(c.srv.base)
+	c.mu.Lock()
+	c.mu.id, c.mu.cancel = id, cancel
+	if c.mu.canceled == id {
+		cancel()
+	}
+	c.mu.Unlock()
+	return ctx, func() {
+		c.mu.Lock()
+		c.mu.cancel = nil
+		c.mu.Unlock()
+		cancel()
+	}
+}
+
+// callReply encodes a reply body: the call's error, the count, and res.
+func callReply(b enc, err error, n int, res []store.Result) enc {
+	b = b.u8(codeOf(err))
+	if err != nil {
+		b = b.str(message(err))
+	} else {
+		b = b.str("")
+	}
+	b = b.u64(uint64(n)).u32(uint32(len(res)))
+	for _, r := range res {
+		code := codeOf(r.Err)
+		b = b.u8(code).u64(uint64(r.N))
+		if code != codeOK {
+			b = b.str(message(r.Err))
+		}
+	}
+	return b
+}
+
+// reply writes a frame of c.out and data.
+func (c *sconn) reply(typ byte, id uint32, data [][]byte) error {
+	var total uint64
+	for _, d := range data {
+		total += uint64(len(d))
+	}
+	var hdr [headerLen]byte
+	putHeader(hdr[:], header{typ: typ, id: id, body: uint32(len(c.out)), data: total})
+	return writeFrame(c.nc, &c.bufs, hdr[:], c.out, data)
+}
+
+// keysOf decodes n keys, each followed by a u64 when sized, into c.keys
+// and the sizes into sizes.
+func (c *sconn) decodeKeys(d *dec, sized bool) ([]string, []uint64, error) {
+	n := int(d.u32())
+	if d.err == nil && (n < 1 || n > c.srv.opts.MaxBatch) {
+		return nil, nil, fmt.Errorf("%w: batch of %d keys, want 1 to %d", errFrame, n, c.srv.opts.MaxBatch)
+	}
+	keys := c.keys[:0]
+	var sizes []uint64
+	for range n {
+		keys = append(keys, d.str())
+		if sized {
+			sizes = append(sizes, d.u64())
+		}
+	}
+	c.keys = keys
+	return keys, sizes, d.end()
+}
+
+func (c *sconn) results(n int) []store.Result {
+	if cap(c.res) < n {
+		c.res = make([]store.Result, n)
+	}
+	c.res = c.res[:n]
+	clear(c.res)
+	return c.res
+}
+
+func (c *sconn) exists(h header) error {
+	d := dec{b: c.body}
+	keys, _, err := c.decodeKeys(&d, false)
+	if err != nil {
+		return err
+	}
+	res := c.results(len(keys))
+	ctx, done := c.startCall(h.id)
+	err = c.srv.s.Exists(ctx, keys, res)
+	done()
+	if err != nil {
+		res = nil
+	}
+	c.out = callReply(c.out[:0], err, 0, res)
+	return c.reply(msgReply, h.id, nil)
+}
+
+// put reads a put's values into staging memory, checks the frame's
+// checksum, and only then stores them.
+func (c *sconn) put(h header, crc uint32) error {
+	d := dec{b: c.body}
+	keys, sizes, err := c.decodeKeys(&d, true)
+	if err != nil {
+		return err
+	}
+	var total uint64
+	for i, sz := range sizes {
+		if sz < 1 || sz > uint64(c.srv.opts.MaxValue) {
+			return fmt.Errorf("%w: put %.64q: value of %d bytes, want 1 to %d", errFrame, keys[i], sz, c.srv.opts.MaxValue)
+		}
+		total += sz
+	}
+	if total != h.data || total > uint64(c.srv.opts.MaxCallBytes) {
+		return fmt.Errorf("%w: put of %d value bytes in %d data bytes, at most %d allowed", errFrame, total, h.data, c.srv.opts.MaxCallBytes)
+	}
+	mem, err := c.staging(int(total))
+	if err != nil {
+		// Nothing is read: the frame's data cannot be skipped safely, so
+		// the connection ends after the reply.
+		c.out = callReply(c.out[:0], err, 0, nil)
+		return errors.Join(err, c.reply(msgReply, h.id, nil))
+	}
+	if err := readFull(c.nc, mem.Bytes()[:total], &crc); err != nil {
+		return err
+	}
+	if err := readTrailer(c.nc, crc); err != nil {
+		c.out = callReply(c.out[:0], fmt.Errorf("%w: remote: put of %d keys refused: %v", store.ErrTransfer, len(keys), err), 0, nil)
+		return errors.Join(err, c.reply(msgReply, h.id, nil))
+	}
+	c.resumeReader()
+	base := mem.Region()
+	regs := c.regs[:0]
+	off := 0
+	for _, sz := range sizes {
+		r, _ := base.Sub(off, int(sz)) // inside: total fits the staging memory
+		regs = append(regs, r)
+		off += int(sz)
+	}
+	c.regs = regs
+	res := c.results(len(keys))
+	ctx, done := c.startCall(h.id)
+	err = c.srv.s.Put(ctx, keys, regs, res)
+	done()
+	if err != nil {
+		res = nil
+	}
+	c.out = callReply(c.out[:0], err, 0, res)
+	return c.reply(msgReply, h.id, nil)
+}
+
+// get gets values into staging memory, then sends the results and the
+// values found.
+func (c *sconn) get(h header) error {
+	d := dec{b: c.body}
+	keys, caps, err := c.decodeKeys(&d, true)
+	if err != nil {
+		return err
+	}
+	maxv := uint64(c.srv.opts.MaxValue)
+	var total uint64
+	for i, n := range caps {
+		if n < 1 {
+			return fmt.Errorf("%w: get %.64q: destination of %d bytes", errFrame, keys[i], n)
+		}
+		total += min(n, maxv)
+	}
+	if total > uint64(c.srv.opts.MaxCallBytes) {
+		return fmt.Errorf("%w: get of %d staged bytes, at most %d allowed", errFrame, total, c.srv.opts.MaxCallBytes)
+	}
+	res := c.results(len(keys))
+	mem, err := c.staging(int(total))
+	if err != nil {
+		c.out = callReply(c.out[:0], err, 0, nil)
+		return c.reply(msgReply, h.id, nil)
+	}
+	base := mem.Region()
+	regs := c.regs[:0]
+	off := 0
+	for _, n := range caps {
+		r, _ := base.Sub(off, int(min(n, maxv)))
+		regs = append(regs, r)
+		off += r.Len
+	}
+	c.regs = regs
+	ctx, done := c.startCall(h.id)
+	err = c.srv.s.Get(ctx, keys, regs, res)
+	done()
+	if err != nil {
+		c.out = callReply(c.out[:0], err, 0, nil)
+		return c.reply(msgReply, h.id, nil)
+	}
+	data := make([][]byte, 0, len(keys))
+	buf := mem.Bytes()
+	for i, r := range res {
+		switch {
+		case r.Err == nil && (r.N < 1 || r.N > regs[i].Len):
+			res[i] = store.Result{Err: fmt.Errorf("%w: remote: get %.64q: the store reported %d bytes of a %d-byte destination", store.ErrTransfer, keys[i], r.N, regs[i].Len)}
+		case r.Err == nil:
+			o := int(regs[i].Addr - base.Addr)
+			data = append(data, buf[o:o+r.N])
+		case errors.Is(r.Err, store.ErrBufferTooSmall) && caps[i] > maxv:
+			res[i].Err = fmt.Errorf("%w: remote: get %.64q: the value is larger than the server's MaxValue %d", store.ErrTransfer, keys[i], maxv)
+		}
+	}
+	c.out = callReply(c.out[:0], nil, 0, res)
+	return c.reply(msgReply, h.id, data)
+}
+
+// staging returns host memory of at least n bytes, registered with the
+// store, growing the connection's memory when it is too small.
+func (c *sconn) staging(n int) (*rdma.HostMemory, error) {
+	if c.mem != nil && c.mem.Len() >= n {
+		return c.mem, nil
+	}
+	size := 64 << 10
+	for size < n {
+		size *= 2
+	}
+	size = min(size, max(n, c.srv.opts.MaxCallBytes))
+	c.freeStage()
+	mem, err := rdma.AllocHost(size)
+	if err != nil {
+		return nil, fmt.Errorf("%w: remote: staging memory: %v", store.ErrNoSpace, err)
+	}
+	if err := c.srv.s.Register(mem.Region()); err != nil {
+		return nil, errors.Join(fmt.Errorf("remote: register staging memory: %w", err), mem.Free())
+	}
+	c.mem = mem
+	return mem, nil
+}
+
+// freeStage unregisters and frees the staging memory, if any.
+func (c *sconn) freeStage() {
+	if c.mem == nil {
+		return
+	}
+	if err := c.srv.s.Unregister(c.mem.Region()); err != nil && !errors.Is(err, store.ErrClosed) {
+		c.srv.log.Debug("remote: unregister staging memory", "err", err)
+	}
+	if err := c.mem.Free(); err != nil {
+		c.srv.log.Debug("remote: free staging memory", "err", err)
+	}
+	c.mem = nil
+}
+
+// writeFrame writes a frame of hdr, body and data in one vectored write,
+// with the trailer's checksum over all of them.
+func writeFrame(w io.Writer, bufs *net.Buffers, hdr, body []byte, data [][]byte) error {
+	crc := crc32Of(hdr)
+	crc = updateCRC(crc, body)
+	for _, d := range data {
+		crc = updateCRC(crc, d)
+	}
+	var tr [trailerLen]byte
+	tr[0], tr[1], tr[2], tr[3] = byte(crc), byte(crc>>8), byte(crc>>16), byte(crc>>24)
+	b := (*bufs)[:0]
+	b = append(b, hdr, body)
+	b = append(b, data...)
+	b = append(b, tr[:])
+	*bufs = b[:0]
+	_, err := b.WriteTo(w)
+	return err
+}
