@@ -112,6 +112,7 @@ type Options struct {
 	pdKeep        time.Duration                                // tests: the p2p keep_timeout of -pd across processes (0: pdKeepTimeout)
 	pdOnEnd       func(ended int, prefill, decode *os.Process) // tests: called as each request ends, before the next turn's submission, -pd across processes
 	pdOnPrefilled func(n int, prefill *os.Process)             // tests: called as the prefill instance ends each request, before the decode instance has it, -pd across processes
+	tpOnStep      func(step uint64, ranks []*os.Process)       // tests: called before each step of -tp-procs, with the rank processes
 }
 
 func defaultOptions() Options {
@@ -143,6 +144,11 @@ func defaultPDTransfer() string {
 }
 
 func main() {
+	if os.Getenv(tpRoleEnv) != "" {
+		// A rank of -tp-procs: it ends when its input does.
+		signal.Ignore(os.Interrupt, syscall.SIGPIPE)
+		os.Exit(tpRank(context.Background(), os.Stderr))
+	}
 	if os.Getenv(pdRoleEnv) != "" {
 		// An instance of -pd across processes: its coordinator ends it
 		// (by ending its input), not the terminal's interrupt.
@@ -553,8 +559,10 @@ type Run struct {
 	Transfer     string  `json:"transfer,omitempty"`      // -pd across processes: the transfer engine
 	Lost         string  `json:"lost_instance,omitempty"` // -pd across processes: the instance that ended mid-run
 	Rerouted     int     `json:"rerouted,omitempty"`      // -pd across processes: requests of a lost prefill instance that the decode instance computed
+	RanksLost    int     `json:"ranks_lost,omitempty"`    // -tp-procs: rank processes that ended mid-run
 	stats        Stats
 	pd           *pdReport // -pd across processes
+	tp           *tpReport // -tp-procs
 }
 
 func newRun(name string, on bool, blocks int, st Stats) Run {
@@ -757,6 +765,18 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 			pdProcs = &r
 		}
 	}
+	var tp *Run
+	if o.TPProcs {
+		r, err := runTPProcs(ctx, o, o.PressureBlocks)
+		if err != nil {
+			return fmt.Errorf("tensor-parallel ranks as processes: %w", err)
+		}
+		if k, ok := sameOutputs(all[0][0].stats, r.stats); !ok {
+			identical = false
+			diff = append(diff, fmt.Sprintf("ranks as processes: session %d turn %d differs", k.Session, k.Turn))
+		}
+		tp = &r
+	}
 	var cold *Run
 	if o.ColdStart {
 		r, err := coldStart(ctx, o)
@@ -779,8 +799,9 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 			ColdStart *Run    `json:"cold_start,omitempty"`
 			PD        *Run    `json:"prefill_decode,omitempty"`
 			PDProcs   *Run    `json:"prefill_decode_processes,omitempty"`
+			TPProcs   *Run    `json:"tp_processes,omitempty"`
 			Identical bool    `json:"outputs_identical"`
-		}{o, runs, cold, pd, pdProcs, identical})
+		}{o, runs, cold, pd, pdProcs, tp, identical})
 	}
 	printTable(out, o, runs)
 	if cold != nil {
@@ -793,6 +814,9 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 	}
 	if pd != nil {
 		printPD(out, runs[0], *pd, pdProcs)
+	}
+	if tp != nil {
+		printTP(out, o, runs[3], *tp)
 	}
 	if identical {
 		fmt.Fprintln(out, "\noutputs identical: yes (every generated token, connector on vs off)")
@@ -931,6 +955,29 @@ func printPD(out io.Writer, off, pd Run, procs *Run) {
 	row("blocks transferred", kv("%.0f", func(r Run) float64 { return float64(r.BlocksLoaded) }))
 	if procs != nil && procs.Lost != "" {
 		fmt.Fprintf(out, "the %s instance ended mid-run; the decode instance computed %d requests itself\n", procs.Lost, procs.Rerouted)
+	}
+}
+
+// printTP prints the connector-on run with the ranks as processes beside
+// the same run with the ranks in this process.
+func printTP(out io.Writer, o Options, in, procs Run) {
+	fmt.Fprintf(out, "\n%d tensor-parallel ranks, connector on, eviction pressure: in this process, and as %d processes (Metadata and Outputs encoded over unix sockets, the store served on one):\n", o.TP, o.TP)
+	row := func(name, format string, f func(Run) float64) {
+		fmt.Fprintf(out, "%-26s | "+format+" "+format+"\n", name, f(in), f(procs))
+	}
+	fmt.Fprintf(out, "%-26s | %11s %11s\n", "", "in-process", "processes")
+	fmt.Fprintf(out, "%-26s | %11s %11s\n", "success / failed", fmt.Sprintf("%d/%d", in.Succeeded, in.Failed), fmt.Sprintf("%d/%d", procs.Succeeded, procs.Failed))
+	row("duration (s)", "%11.2f", func(r Run) float64 { return r.Seconds })
+	row("mean TTFT (ms)", "%11.1f", func(r Run) float64 { return r.TTFTms })
+	row("mean TPOT (ms)", "%11.2f", func(r Run) float64 { return r.TPOTms })
+	row("KV hit rate, total", "%10.1f%%", func(r Run) float64 { return 100 * (r.LocalHitRate + r.ExtHitRate) })
+	row("blocks loaded", "%11.0f", func(r Run) float64 { return float64(r.BlocksLoaded) })
+	row("blocks saved", "%11.0f", func(r Run) float64 { return float64(r.BlocksSaved) })
+	if t := procs.tp; t != nil && len(t.lost) > 0 {
+		fmt.Fprintf(out, "%d rank processes ended mid-run and were replaced; %d steps were abandoned and their requests recomputed:\n", len(t.lost), t.steps)
+		for _, l := range t.lost {
+			fmt.Fprintf(out, "  %s\n", l)
+		}
 	}
 }
 

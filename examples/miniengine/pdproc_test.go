@@ -17,6 +17,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(pdRoleEnv) != "" {
 		os.Exit(pdInstance(context.Background(), os.Stderr))
 	}
+	if os.Getenv(tpRoleEnv) != "" {
+		os.Exit(tpRank(context.Background(), os.Stderr))
+	}
 	os.Exit(m.Run())
 }
 
