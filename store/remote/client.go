@@ -161,6 +161,10 @@ type cconn struct {
 	body []byte
 	bufs net.Buffers
 	data [][]byte
+	// maxReply is the longest reply body accepted: what the server's
+	// MaxBatch results can take.
+	maxReply uint32
+	stop     func() bool // stops the call's context watcher
 
 	// mu guards the call's phase against the context's watcher.
 	mu struct {
@@ -190,7 +194,7 @@ func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 		}
 		return nil, Limits{}, fmt.Errorf("%w: remote: dial %s %s: %v", store.ErrUnavailable, c.network, c.address, err)
 	}
-	cc := &cconn{nc: nc}
+	cc := &cconn{nc: nc, maxReply: 1 << 16}
 	lim, err := cc.hello(ctx, c.opts)
 	if err != nil {
 		_ = nc.Close() // the handshake's error says why
@@ -199,12 +203,14 @@ func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 		}
 		return nil, Limits{}, fmt.Errorf("%w: remote: handshake with %s %s: %v", store.ErrUnavailable, c.network, c.address, err)
 	}
+	cc.maxReply = uint32(min(64+lim.MaxBatch*(1+8+2+maxMessage), 1<<30))
 	return cc, lim, nil
 }
 
 func (cc *cconn) hello(ctx context.Context, opts ClientOptions) (Limits, error) {
 	cc.out = cc.out[:0]
 	h, err := cc.roundTrip(ctx, opts, msgHello, 1, nil)
+	defer cc.finish()
 	if err != nil {
 		return Limits{}, err
 	}
@@ -218,7 +224,6 @@ func (cc *cconn) hello(ctx context.Context, opts ClientOptions) (Limits, error) 
 	if err := readTrailer(cc.nc, crc); err != nil {
 		return Limits{}, err
 	}
-	cc.finish()
 	d := dec{b: cc.body}
 	lim := Limits{MaxValue: int(d.u64()), MaxBatch: int(d.u32()), MaxCallBytes: int(d.u64()), Leaser: d.u8() == 1}
 	lim.Leases = store.Leases{Exists: d.u8() == 1, Get: d.u8() == 1, TTL: time.Duration(d.u64()), RemoveWait: time.Duration(d.u64())}
@@ -455,8 +460,7 @@ func (cc *cconn) roundTrip(ctx context.Context, opts ClientOptions, typ byte, id
 	cc.mu.Lock()
 	cc.mu.id, cc.mu.phase, cc.mu.canceled, cc.mu.cancelSent = id, phaseSend, false, false
 	cc.mu.Unlock()
-	stop := context.AfterFunc(ctx, func() { cc.onDone(id, opts) })
-	defer stop()
+	cc.stop = context.AfterFunc(ctx, func() { cc.onDone(id, opts) })
 	var hdr [headerLen]byte
 	putHeader(hdr[:], header{typ: typ, id: id, body: uint32(len(cc.out)), data: total})
 	if err := writeFrame(cc.nc, &cc.bufs, hdr[:], cc.out, data); err != nil {
@@ -467,7 +471,7 @@ func (cc *cconn) roundTrip(ctx context.Context, opts ClientOptions, typ byte, id
 		return header{}, err
 	}
 	cc.setPhase(phaseRecv, opts)
-	h, err := parseHeader(cc.hdr[:], 1<<30)
+	h, err := parseHeader(cc.hdr[:], cc.maxReply)
 	if err != nil {
 		return header{}, err
 	}
@@ -523,6 +527,10 @@ func (cc *cconn) setPhase(p int, opts ClientOptions) {
 
 // finish ends the call on cc, so that a late watcher does nothing.
 func (cc *cconn) finish() {
+	if cc.stop != nil {
+		cc.stop()
+		cc.stop = nil
+	}
 	cc.mu.Lock()
 	cc.mu.phase = phaseIdle
 	cc.mu.Unlock()

@@ -537,15 +537,18 @@ func TestListen(t *testing.T) {
 	if len(entries) != 1 {
 		t.Errorf("the directory holds %d entries after Listen, want only the socket", len(entries))
 	}
-	go func() {
+	var accepting sync.WaitGroup
+	defer accepting.Wait()
+	live := l
+	accepting.Go(func() {
 		for {
-			nc, err := l.Accept()
+			nc, err := live.Accept()
 			if err != nil {
 				return
 			}
 			nc.Close()
 		}
-	}()
+	})
 	if _, err := remote.Listen("unix", path); err == nil || !strings.Contains(err.Error(), "a server listens there") {
 		t.Errorf("Listen(unix, %s) over a live socket = %v, want refused", path, err)
 	}

@@ -126,10 +126,12 @@ func parseHeader(b []byte, maxBody uint32) (header, error) {
 func crc32Of(b []byte) uint32               { return crc32.Checksum(b, castagnoli) }
 func updateCRC(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
 
-// readFull reads len(b) bytes into b and adds them to the running checksum.
+// readFull reads len(b) bytes of a frame past its header into b and adds
+// them to the running checksum. The end of the stream is
+// io.ErrUnexpectedEOF there, even before the first of these bytes.
 func readFull(r io.Reader, b []byte, crc *uint32) error {
 	if _, err := io.ReadFull(r, b); err != nil {
-		return err
+		return midFrame(err)
 	}
 	*crc = crc32.Update(*crc, castagnoli, b)
 	return nil
@@ -139,12 +141,19 @@ func readFull(r io.Reader, b []byte, crc *uint32) error {
 func readTrailer(r io.Reader, crc uint32) error {
 	var b [trailerLen]byte
 	if _, err := io.ReadFull(r, b[:]); err != nil {
-		return err
+		return midFrame(err)
 	}
 	if got := binary.LittleEndian.Uint32(b[:]); got != crc {
 		return fmt.Errorf("%w: frame checksum %#08x, want %#08x", errFrame, got, crc)
 	}
 	return nil
+}
+
+func midFrame(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // enc appends the fields of a body.
