@@ -1652,13 +1652,7 @@ func (s *Scheduler) Invalidate(gen uint64) error {
 			pool.InvalidateAll()
 		}
 	}
-	for len(s.running) > 0 {
-		s.preempt(s.running[len(s.running)-1])
-	}
-	for len(s.loading) > 0 {
-		s.preempt(s.loading[len(s.loading)-1])
-	}
-	s.news = true
+	s.preemptAll()
 	return nil
 }
 
@@ -1712,6 +1706,12 @@ func (s *Scheduler) WorkersLost(outs []*connector.Output) error {
 	for _, pool := range s.pools {
 		pool.InvalidateAll()
 	}
+	s.preemptAll()
+	return bad
+}
+
+// preemptAll preempts every running and loading request, to recompute.
+func (s *Scheduler) preemptAll() {
 	for len(s.running) > 0 {
 		s.preempt(s.running[len(s.running)-1])
 	}
@@ -1719,7 +1719,6 @@ func (s *Scheduler) WorkersLost(outs []*connector.Output) error {
 		s.preempt(s.loading[len(s.loading)-1])
 	}
 	s.news = true
-	return bad
 }
 
 // TakeEnded appends to dst the requests that ended since the last call, in

@@ -302,16 +302,21 @@ func workload(e *miniEngine, tag string) {
 	}
 }
 
+// reference returns the outputs of the workload on an engine of cfg with
+// no connector and no prefix cache.
+func reference(t *testing.T, cfg Config) map[connector.RequestID][]hashing.Token {
+	t.Helper()
+	cfg.PrefixCaching = false
+	ref := newMiniEngine(t, nil, cfg)
+	workload(ref, "q")
+	return ref.run()
+}
+
 func TestStoreconnEndToEnd(t *testing.T) {
 	st := e2eStore(t)
 	cfg := Config{Identity: e2eIdentity(4), Blocks: 96, MaxBatchedTokens: 48, PrefixCaching: true}
 
-	// The reference: no connector, no prefix cache.
-	refCfg := cfg
-	refCfg.PrefixCaching = false
-	ref := newMiniEngine(t, nil, refCfg)
-	workload(ref, "q")
-	want := ref.run()
+	want := reference(t, cfg)
 
 	// Engine A computes and saves.
 	a := newMiniEngine(t, st, cfg)
@@ -652,11 +657,7 @@ func TestWorkersLost(t *testing.T) {
 		t.Run(string(policy), func(t *testing.T) {
 			st := e2eStore(t)
 			cfg := Config{Identity: e2eIdentity(4), Blocks: 96, MaxBatchedTokens: 48, PrefixCaching: true}
-			refCfg := cfg
-			refCfg.PrefixCaching = false
-			ref := newMiniEngine(t, nil, refCfg)
-			workload(ref, "q")
-			want := ref.run()
+			want := reference(t, cfg)
 
 			// A first engine fills the store, so that the second one's
 			// requests load prefixes both before and after the loss.

@@ -310,36 +310,37 @@ func (c *sconn) loop() error {
 		return err
 	}
 	for {
-		var f frameOrErr
-		select {
-		case f = <-c.next:
-		case <-c.srv.base.Done():
-			return net.ErrClosed
+		h, err := c.nextFrame()
+		if err != nil {
+			return err
 		}
-		if f.err != nil {
-			return f.err
-		}
-		if err := c.serve(f.h); err != nil {
+		if err := c.serve(h); err != nil {
 			return err
 		}
 	}
 }
 
+// nextFrame returns the header of the next frame the reader took, or why
+// there is none.
+func (c *sconn) nextFrame() (header, error) {
+	select {
+	case f := <-c.next:
+		return f.h, f.err
+	case <-c.srv.base.Done():
+		return header{}, net.ErrClosed
+	}
+}
+
 // hello answers the client's hello, the first frame of a connection.
 func (c *sconn) hello() error {
-	var f frameOrErr
-	select {
-	case f = <-c.next:
-	case <-c.srv.base.Done():
-		return net.ErrClosed
+	h, err := c.nextFrame()
+	if err != nil {
+		return err
 	}
-	if f.err != nil {
-		return f.err
+	if h.typ != msgHello || h.body != 0 || h.data != 0 {
+		return fmt.Errorf("%w: first frame of type %d, want a hello", errFrame, h.typ)
 	}
-	if f.h.typ != msgHello || f.h.body != 0 || f.h.data != 0 {
-		return fmt.Errorf("%w: first frame of type %d, want a hello", errFrame, f.h.typ)
-	}
-	if err := readTrailer(c.nc, c.crcHeader(f.h)); err != nil {
+	if err := readTrailer(c.nc, c.crcHeader(h)); err != nil {
 		return err
 	}
 	c.resumeReader()
@@ -354,7 +355,7 @@ func (c *sconn) hello() error {
 	}
 	b = b.u8(boolByte(ls.Exists)).u8(boolByte(ls.Get)).u64(uint64(ls.TTL)).u64(uint64(ls.RemoveWait))
 	c.out = b
-	return c.reply(msgHelloReply, f.h.id, nil)
+	return c.reply(msgHelloReply, h.id, nil)
 }
 
 func boolByte(b bool) byte {
