@@ -30,6 +30,16 @@
 //
 //	go run ./examples/miniengine -pd
 //	go run ./examples/miniengine -pd -pd-transfer mooncake
+//
+// With -tp N the transformer's heads split over N tensor-parallel ranks,
+// each with its own KV memory and connector worker; -tp-procs adds a run
+// whose ranks are processes of their own, started from this binary, that
+// get each step's encoded Metadata over a unix socket, send their encoded
+// Outputs back and reach the embedded store served by store/remote (see
+// tpproc.go). A rank process killed mid-run is replaced, and every request
+// recomputes:
+//
+//	go run ./examples/miniengine -tp 2 -tp-procs
 package main
 
 import (
