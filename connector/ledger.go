@@ -30,10 +30,22 @@ func NewLedger(workers int) *Ledger {
 }
 
 // Shipped records that every worker was handed the loads and saves of m.
-// A nil m ships nothing.
-func (l *Ledger) Shipped(m *Metadata) {
-	if m == nil {
-		return
+// A nil m ships nothing. It returns an error, recording nothing, when m
+// names a transfer twice or one a worker has not reported yet: transfer
+// IDs are unique among a connector's transfers.
+func (l *Ledger) Shipped(m *Metadata) error {
+	if m == nil || len(l.open) == 0 {
+		return nil
+	}
+	seen := make(map[uint64]bool, len(m.Loads)+len(m.Saves))
+	for _, list := range [2][]Transfer{m.Loads, m.Saves} {
+		for i := range list {
+			id := list[i].ID
+			if _, open := l.open[0][id]; open || seen[id] {
+				return fmt.Errorf("connector: Ledger.Shipped: step %d hands transfer %d, which is open already", m.Step, id)
+			}
+			seen[id] = true
+		}
 	}
 	for _, list := range [2][]Transfer{m.Loads, m.Saves} {
 		for i := range list {
@@ -42,11 +54,13 @@ func (l *Ledger) Shipped(m *Metadata) {
 			}
 		}
 	}
+	return nil
 }
 
 // Reported records the transfers o lists as done. It returns an error,
-// recording nothing, when o's rank is outside [0, workers) or it lists a
-// transfer the rank was not handed or already reported.
+// recording nothing, when o's rank is outside [0, workers), it lists a
+// transfer the rank was not handed or already reported, or a failed block
+// of a transfer it does not list as done, or outside its blocks.
 func (l *Ledger) Reported(o *Output) error {
 	if o == nil {
 		return fmt.Errorf("connector: Ledger.Reported: nil Output")
@@ -58,6 +72,15 @@ func (l *Ledger) Reported(o *Output) error {
 	for i, id := range o.Done {
 		if _, ok := open[id]; !ok || slices.Contains(o.Done[:i], id) {
 			return fmt.Errorf("connector: Ledger.Reported: rank %d reports transfer %d done, which it has no open record of", o.Rank, id)
+		}
+	}
+	for _, f := range o.Failed {
+		blocks, ok := open[f.Transfer]
+		switch {
+		case !ok || !slices.Contains(o.Done, f.Transfer):
+			return fmt.Errorf("connector: Ledger.Reported: rank %d reports a failed block of transfer %d, which this Output does not report done", o.Rank, f.Transfer)
+		case f.Index < 0 || f.Index >= max(blocks, 1):
+			return fmt.Errorf("connector: Ledger.Reported: rank %d reports block %d of transfer %d, which has %d", o.Rank, f.Index, f.Transfer, blocks)
 		}
 	}
 	for _, id := range o.Done {

@@ -1,6 +1,7 @@
 package connector_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -10,12 +11,25 @@ import (
 
 func TestLedger(t *testing.T) {
 	l := connector.NewLedger(2)
-	l.Shipped(&connector.Metadata{
+	step1 := &connector.Metadata{
 		Step:  1,
 		Loads: []connector.Transfer{{ID: 7, Blocks: []connector.BlockID{3, 4}}},
 		Saves: []connector.Transfer{{ID: 9, Blocks: []connector.BlockID{5}}},
-	})
-	l.Shipped(nil)
+	}
+	if err := l.Shipped(step1); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Shipped(nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*connector.Metadata{
+		{Step: 2, Loads: []connector.Transfer{{ID: 7}}},
+		{Step: 3, Loads: []connector.Transfer{{ID: 12}}, Saves: []connector.Transfer{{ID: 12}}},
+	} {
+		if err := l.Shipped(m); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("step %d hands transfer %d, which is open already", m.Step, m.Loads[0].ID)) {
+			t.Errorf("Shipped(step %d, transfer %d twice) = %v, want an error naming the step and the transfer", m.Step, m.Loads[0].ID, err)
+		}
+	}
 	if got := l.Outstanding(0); got != 2 {
 		t.Fatalf("Outstanding(0) = %d after one step of 2 transfers, want 2", got)
 	}
@@ -32,6 +46,8 @@ func TestLedger(t *testing.T) {
 		{&connector.Output{Rank: 0, Done: []uint64{7}}, "rank 0 reports transfer 7 done"},
 		{&connector.Output{Rank: 1, Done: []uint64{7, 7}}, "rank 1 reports transfer 7 done"},
 		{&connector.Output{Rank: 2}, "Output.Rank = 2, want [0, 2)"},
+		{&connector.Output{Rank: 1, Failed: []connector.Failure{{Transfer: 7}}}, "rank 1 reports a failed block of transfer 7, which this Output does not report done"},
+		{&connector.Output{Rank: 1, Done: []uint64{7}, Failed: []connector.Failure{{Transfer: 7, Index: 2}}}, "rank 1 reports block 2 of transfer 7, which has 2"},
 		{nil, "nil Output"},
 	} {
 		if err := l.Reported(bad.o); err == nil || !strings.Contains(err.Error(), bad.want) {
@@ -58,7 +74,9 @@ func TestLedger(t *testing.T) {
 	// What Lost writes is what a Tally accepts: each transfer ends once.
 	tl := connector.NewTally[string](2)
 	tl.Add(11, 3, "x")
-	l.Shipped(&connector.Metadata{Loads: []connector.Transfer{{ID: 11, Blocks: make([]connector.BlockID, 3)}}})
+	if err := l.Shipped(&connector.Metadata{Loads: []connector.Transfer{{ID: 11, Blocks: make([]connector.BlockID, 3)}}}); err != nil {
+		t.Fatal(err)
+	}
 	var failed, done int
 	outs := []*connector.Output{l.Lost(0, connector.ReasonCanceled), l.Lost(1, connector.ReasonCanceled)}
 	if err := tl.Apply("test", outs, func(string, connector.Failure) { failed++ }, func(uint64, string) { done++ }); err != nil {

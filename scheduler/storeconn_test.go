@@ -304,11 +304,14 @@ func workload(e *miniEngine, tag string) {
 
 // reference returns the outputs of the workload on an engine of cfg with
 // no connector and no prefix cache.
-func reference(t *testing.T, cfg Config) map[connector.RequestID][]hashing.Token {
+func reference(t *testing.T, cfg Config, more ...func(*miniEngine)) map[connector.RequestID][]hashing.Token {
 	t.Helper()
 	cfg.PrefixCaching = false
 	ref := newMiniEngine(t, nil, cfg)
 	workload(ref, "q")
+	for _, add := range more {
+		add(ref)
+	}
 	return ref.run()
 }
 
@@ -657,7 +660,10 @@ func TestWorkersLost(t *testing.T) {
 		t.Run(string(policy), func(t *testing.T) {
 			st := e2eStore(t)
 			cfg := Config{Identity: e2eIdentity(4), Blocks: 96, MaxBatchedTokens: 48, PrefixCaching: true}
-			want := reference(t, cfg)
+			// late comes once blocks are committed; its prefix is in the
+			// store only, so the step after it loads.
+			late := append(seq(5000, 24), seq(77, 3)...)
+			want := reference(t, cfg, func(e *miniEngine) { e.add("late", late, 3) })
 
 			// A first engine fills the store, so that the second one's
 			// requests load prefixes both before and after the loss.
@@ -665,6 +671,7 @@ func TestWorkersLost(t *testing.T) {
 			for i := range 3 {
 				fill.add(fmt.Sprintf("fill%d", i), seq(1000*i, 20), 1)
 			}
+			fill.add("fill-late", seq(5000, 24), 1)
 			fill.run()
 
 			ccfg := connector.Config{Connector: storeconn.Name, LoadFailurePolicy: policy, Extra: map[string]any{"lookup": "sync"}}
@@ -673,10 +680,10 @@ func TestWorkersLost(t *testing.T) {
 			ledger := connector.NewLedger(e2eTP)
 			ctx := context.Background()
 			// Lose the rank once some blocks are committed to the
-			// local prefix cache and requests run over them.
-			// and the step in flight hands rank 1 transfers.
+			// local prefix cache, with a step in flight that loads:
+			// rank 1 never reports those loads.
 			deadline := time.Now().Add(2 * time.Minute)
-			var lostBefore int
+			var lostBefore, loads int
 			for {
 				p, err := e.s.Step()
 				if err != nil {
@@ -687,13 +694,17 @@ func TestWorkersLost(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				ledger.Shipped(p.Metadata)
+				if err := ledger.Shipped(p.Metadata); err != nil {
+					t.Fatal(err)
+				}
 				st := e.s.Stats()
-				if lostBefore = ledger.Outstanding(1); st.Pool.Committed > 0 && st.Running > 0 && lostBefore > 0 {
+				lostBefore, loads = ledger.Outstanding(1), len(p.Metadata.Loads)
+				if st.Pool.Committed > 0 && loads > 0 {
 					break
 				}
+
 				if time.Now().After(deadline) {
-					t.Fatalf("waited 2m for committed blocks, running requests and a step with transfers: %+v", st)
+					t.Fatalf("waited 2m for committed blocks and a step that loads: %+v", st)
 				}
 				if err := e.stepPlan(p, false); err != nil {
 					t.Fatal(err)
@@ -705,6 +716,9 @@ func TestWorkersLost(t *testing.T) {
 					if err := ledger.Reported(o); err != nil {
 						t.Fatal(err)
 					}
+				}
+				if st.Pool.Committed > 0 && e.prompts["late"] == nil {
+					e.add("late", late, 3)
 				}
 			}
 
@@ -786,10 +800,18 @@ func TestWorkersLost(t *testing.T) {
 					t.Errorf("request %q after the loss (-reference +got):\n%s", id, diff)
 				}
 			}
-			if policy == connector.PolicyRecompute && failed != 0 {
-				t.Errorf("%d requests failed under the recompute policy", failed)
-			}
 			ss := e.s.Stats()
+			// The loads rank 1 had in flight count failed: the ledger
+			// reported them so.
+			if ss.LoadFailures == 0 {
+				t.Errorf("no load failed; the step lost with rank 1 loaded %d transfers", loads)
+			}
+			switch {
+			case policy == connector.PolicyRecompute && failed != 0:
+				t.Errorf("%d requests failed under the recompute policy", failed)
+			case policy == connector.PolicyFail && failed == 0:
+				t.Errorf("no request failed under the fail policy, with %d loads lost", loads)
+			}
 			t.Logf("preemptions %d, failed %d, load failures %d, external tokens %d", ss.Preemptions, failed, ss.LoadFailures, ss.ExternalTokens)
 		})
 	}

@@ -123,6 +123,10 @@ type Options struct {
 	pdOnEnd       func(ended int, prefill, decode *os.Process) // tests: called as each request ends, before the next turn's submission, -pd across processes
 	pdOnPrefilled func(n int, prefill *os.Process)             // tests: called as the prefill instance ends each request, before the decode instance has it, -pd across processes
 	tpOnStep      func(step uint64, ranks []*os.Process)       // tests: called before each step of -tp-procs, with the rank processes
+	tpDie         struct {                                     // tests: the first process of rank rank exits at at (tpConfig.DieAt)
+		rank int
+		at   string
+	}
 }
 
 func defaultOptions() Options {

@@ -41,6 +41,10 @@ type ranks interface {
 // errRankLost: a rank's process ended mid-run (-tp-procs).
 var errRankLost = errors.New("miniengine: tensor-parallel rank lost")
 
+// errRankRestart: a lost rank's new process did not start; the engine
+// cannot go on.
+var errRankRestart = errors.New("miniengine: a tensor-parallel rank could not be restarted")
+
 // abandoned is the readiness of a step whose compute was given up (a rank
 // was lost mid-step): the saves the step planned fail, since the blocks
 // they would read were not computed.
@@ -334,7 +338,7 @@ func (e *Engine) openTP() (*Engine, error) {
 func (e *Engine) stepTP(ctx context.Context, plan *scheduler.Plan) error {
 	var err error
 	e.toks, e.outs, err = e.ranks.step(ctx, plan, e.toks[:0], e.outs[:0])
-	if errors.Is(err, errRankLost) {
+	if errors.Is(err, errRankLost) && !errors.Is(err, errRankRestart) && ctx.Err() == nil {
 		e.lost++
 		if e.conn == nil {
 			e.outs = e.outs[:0]

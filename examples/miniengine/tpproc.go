@@ -13,7 +13,8 @@ package main
 // its partial attention projection, and gets the sum back.
 //
 // A rank process that ends mid-run (killed, say) takes its step with it:
-// the other ranks abandon the step (its saves fail), the ledger
+// the other ranks abandon the step where they are (the saves it planned
+// fail; a rank that had every layer's sum already ends it whole), the ledger
 // (connector.Ledger) writes what the lost rank never reported, the
 // scheduler writes off the workers' KV (Scheduler.WorkersLost) and every
 // request recomputes, loading again what the store holds of its prefix.
@@ -69,9 +70,10 @@ const (
 // tpConfig is what a rank process starts with.
 type tpConfig struct {
 	Rank        int     `json:"rank"`
-	Blocks      int     `json:"blocks"`       // the KV pool's blocks
-	Socket      string  `json:"socket"`       // the scheduler's unix socket
-	StoreSocket string  `json:"store_socket"` // the store's
+	DieAt       string  `json:"die_at,omitempty"` // tests: "N:point", exit at that point of the N-th step (see dieAt)
+	Blocks      int     `json:"blocks"`           // the KV pool's blocks
+	Socket      string  `json:"socket"`           // the scheduler's unix socket
+	StoreSocket string  `json:"store_socket"`     // the store's
 	Options     Options `json:"options"`
 }
 
@@ -86,8 +88,9 @@ const (
 	opStats
 )
 
-// tpRankTimeout bounds every wait for a rank: a rank that neither answers
-// nor ends in this long is taken for lost (and killed).
+// tpRankTimeout bounds a rank's start (until its hello) and each step it
+// computes: a rank that has not ended its step this long after the step
+// was sent is taken for lost (and killed).
 const tpRankTimeout = 2 * time.Minute
 
 // tpHello is a rank's first frame.
@@ -322,7 +325,9 @@ type procRanks struct {
 	outs   []*connector.Output
 	lost   []string // the lost processes, described
 	pids   []int    // every process started, in order
-	onStep func(step uint64, procs []*os.Process)
+	// started counts, per rank, the processes started
+	started []int
+	onStep  func(step uint64, procs []*os.Process)
 }
 
 // newProcRanks starts the o.TP rank processes and waits for their hello.
@@ -337,7 +342,7 @@ func newProcRanks(ctx context.Context, o Options, blocks int, dir, storeSocket s
 	}
 	pr := &procRanks{o: o, exe: exe, ln: ln, store: storeSocket, ledger: connector.NewLedger(o.TP),
 		procs: make([]*tpProc, o.TP), parts: make([][]float32, o.TP), toks: make([][]hashing.Token, o.TP),
-		blocks: blocks, onStep: o.tpOnStep}
+		blocks: blocks, onStep: o.tpOnStep, started: make([]int, o.TP)}
 	for r := range o.TP {
 		if err := pr.start(ctx, r); err != nil {
 			return nil, errors.Join(err, pr.close())
@@ -346,9 +351,15 @@ func newProcRanks(ctx context.Context, o Options, blocks int, dir, storeSocket s
 	return pr, nil
 }
 
-// start starts the process of rank r and waits for its hello.
+// start starts the process of rank r and waits for its hello; it takes
+// rank r's place only then. A process that fails to start is stopped.
 func (pr *procRanks) start(ctx context.Context, r int) error {
-	js, err := json.Marshal(tpConfig{Rank: r, Blocks: pr.blocks, Socket: pr.ln.Addr().String(), StoreSocket: pr.store, Options: pr.o})
+	cfg := tpConfig{Rank: r, Blocks: pr.blocks, Socket: pr.ln.Addr().String(), StoreSocket: pr.store, Options: pr.o}
+	if d := pr.o.tpDie; d.at != "" && d.rank == r && pr.started[r] == 0 {
+		cfg.DieAt = d.at
+	}
+	pr.started[r]++
+	js, err := json.Marshal(cfg)
 	if err != nil {
 		return err
 	}
@@ -358,12 +369,22 @@ func (pr *procRanks) start(ctx context.Context, r int) error {
 	if err := p.cmd.Start(); err != nil {
 		return fmt.Errorf("start rank %d: %w", r, err)
 	}
-	pr.procs[r] = p
+	pr.pids = append(pr.pids, p.cmd.Process.Pid)
 	go func() {
 		p.err = p.cmd.Wait()
 		close(p.exited)
 	}()
-	// Accept until this rank connects, or it ends, or the bound passes.
+	if err := pr.connect(ctx, p); err != nil {
+		p.stop(0)
+		return err
+	}
+	pr.procs[r] = p
+	return nil
+}
+
+// connect accepts the connection of p, until it connects, ends, ctx is
+// done or tpRankTimeout passes, and reads its hello.
+func (pr *procRanks) connect(ctx context.Context, p *tpProc) error {
 	type accepted struct {
 		c   net.Conn
 		err error
@@ -374,36 +395,35 @@ func (pr *procRanks) start(ctx context.Context, r int) error {
 		c, err := pr.ln.Accept()
 		ch <- accepted{c, err}
 	}()
-	select {
-	case a := <-ch:
-		if a.err != nil {
-			return fmt.Errorf("rank %d did not connect: %w; %s", r, a.err, p.describe())
-		}
-		p.conn, p.f = a.c, newFrames(a.c)
-	case <-p.exited:
-		pr.ln.SetDeadline(time.Now()) // ends the Accept
-		if a := <-ch; a.c != nil {
-			a.c.Close()
-		}
-		return fmt.Errorf("%s before it connected", p.describe())
-	case <-ctx.Done():
+	stopAccept := func() {
 		pr.ln.SetDeadline(time.Now())
 		if a := <-ch; a.c != nil {
 			a.c.Close()
 		}
+	}
+	select {
+	case a := <-ch:
+		if a.err != nil {
+			return fmt.Errorf("rank %d did not connect: %w; %s", p.rank, a.err, p.describe())
+		}
+		p.conn, p.f = a.c, newFrames(a.c)
+	case <-p.exited:
+		stopAccept()
+		return fmt.Errorf("%s before it connected", p.describe())
+	case <-ctx.Done():
+		stopAccept()
 		return ctx.Err()
 	}
 	p.conn.SetDeadline(time.Now().Add(tpRankTimeout))
 	b, err := p.f.expect(opHello)
 	if err != nil {
-		return fmt.Errorf("rank %d hello: %w; %s", r, err, p.describe())
+		return fmt.Errorf("rank %d hello: %w; %s", p.rank, err, p.describe())
 	}
 	var h tpHello
-	if err := json.Unmarshal(b, &h); err != nil || h.Rank != r {
-		return fmt.Errorf("rank %d hello %q: %v", r, b, err)
+	if err := json.Unmarshal(b, &h); err != nil || h.Rank != p.rank || h.PID != p.cmd.Process.Pid {
+		return fmt.Errorf("rank %d (pid %d) said hello %q: %v", p.rank, p.cmd.Process.Pid, b, err)
 	}
 	p.pid = h.PID
-	pr.pids = append(pr.pids, h.PID)
 	return nil
 }
 
@@ -420,7 +440,20 @@ func (pr *procRanks) step(ctx context.Context, plan *scheduler.Plan, toks []hash
 	if pr.msg, err = tpStep(pr.msg[:0], plan.Metadata, pr.its); err != nil {
 		return toks, outs, err
 	}
-	pr.ledger.Shipped(plan.Metadata)
+	if err := pr.ledger.Shipped(plan.Metadata); err != nil {
+		return toks, outs, err
+	}
+	// ctx's end ends every wait on a rank at once.
+	conns := make([]net.Conn, len(pr.procs))
+	for r, p := range pr.procs {
+		conns[r] = p.conn
+	}
+	stopWatch := context.AfterFunc(ctx, func() {
+		for _, c := range conns {
+			c.SetDeadline(time.Now())
+		}
+	})
+	defer stopWatch()
 	// down[r] is the error that lost rank r; waiting[r] says the rank
 	// waits for a sum (or an abort).
 	down := make([]error, len(pr.procs))
@@ -530,6 +563,7 @@ func (pr *procRanks) step(ctx context.Context, plan *scheduler.Plan, toks []hash
 	// process takes its place.
 	outs = append(outs, pr.outs...)
 	var why []string
+	var gone []int
 	for r, e := range down {
 		if e == nil {
 			continue
@@ -540,11 +574,18 @@ func (pr *procRanks) step(ctx context.Context, plan *scheduler.Plan, toks []hash
 		desc := fmt.Sprintf("%s: %v", p.describe(), e)
 		pr.lost = append(pr.lost, desc)
 		why = append(why, desc)
+		gone = append(gone, r)
+	}
+	lostErr := fmt.Errorf("%w in step %d: %s", errRankLost, plan.Step, strings.Join(why, "; "))
+	if err := ctx.Err(); err != nil {
+		return toks, outs, errors.Join(err, lostErr)
+	}
+	for _, r := range gone {
 		if err := pr.start(ctx, r); err != nil {
-			return toks, outs, errors.Join(fmt.Errorf("%w in step %d: %s", errRankLost, plan.Step, desc), fmt.Errorf("restart rank %d: %w", r, err))
+			return toks, outs, fmt.Errorf("%w: rank %d: %w (after %w)", errRankRestart, r, err, lostErr)
 		}
 	}
-	return toks, outs, fmt.Errorf("%w in step %d: %s", errRankLost, plan.Step, strings.Join(why, "; "))
+	return toks, outs, lostErr
 }
 
 // done records rank r's done frame: its tokens, and its Output.
@@ -594,12 +635,18 @@ func (pr *procRanks) stats() connector.Stats {
 	var st connector.Stats
 	for _, p := range pr.procs {
 		p.conn.SetDeadline(time.Now().Add(tpRankTimeout))
-		if p.f.write(opStats) != nil {
-			continue
-		}
-		b, err := p.f.expect(opStats)
 		var s connector.Stats
-		if err != nil || json.Unmarshal(b, &s) != nil {
+		err := p.f.write(opStats)
+		if err == nil {
+			var b []byte
+			if b, err = p.f.expect(opStats); err == nil {
+				err = json.Unmarshal(b, &s)
+			}
+		}
+		if err != nil {
+			// The stream may hold half a reply: nothing more is read
+			// from it, and the next step finds the rank lost.
+			p.conn.Close()
 			continue
 		}
 		st = addStats(st, s)
@@ -677,6 +724,11 @@ func serveRank(ctx context.Context, cfg tpConfig) (err error) {
 	var part []float32
 	var toks []hashing.Token
 	var msg []byte
+	die, err := parseDieAt(cfg.DieAt)
+	if err != nil {
+		return err
+	}
+	steps := 0
 	for {
 		op, b, err := f.read()
 		if err != nil {
@@ -700,6 +752,8 @@ func serveRank(ctx context.Context, cfg tpConfig) (err error) {
 		default:
 			return fmt.Errorf("frame op %d, want a step or a stats request", op)
 		}
+		steps++
+		die.at(steps, "step")
 		var meta *connector.Metadata
 		if meta, its, err = parseStep(b, its[:0]); err != nil {
 			return err
@@ -716,10 +770,12 @@ func serveRank(ctx context.Context, cfg tpConfig) (err error) {
 			if err := f.write(opPart, floatBytes(part)); err != nil {
 				return err
 			}
+			die.at(steps, fmt.Sprintf("part%d", l))
 			op, b, err := f.read()
 			if err != nil {
 				return err
 			}
+			die.at(steps, fmt.Sprintf("sum%d", l))
 			switch op {
 			case opAbort:
 				abandoned = true
@@ -760,18 +816,51 @@ func serveRank(ctx context.Context, cfg tpConfig) (err error) {
 		}
 		msg = binary.AppendUvarint(msg, uint64(len(ob)))
 		msg = append(msg, ob...)
+		die.at(steps, "end")
 		if err := f.write(opDone, msg); err != nil {
 			return err
 		}
+		die.at(steps, "done")
+	}
+}
+
+// dieAt is a test's order to a rank process to exit, as a crash would, at
+// one point of one step: "N:point", the N-th step frame it gets, point
+// one of step (the frame came), partL (it sent layer L's part), sumL (the
+// sum or abort of layer L came), end (the step's saves started, its done
+// not sent) and done (its done sent).
+type dieAt struct {
+	step  int
+	point string
+}
+
+func parseDieAt(s string) (dieAt, error) {
+	if s == "" {
+		return dieAt{}, nil
+	}
+	var d dieAt
+	n, point, ok := strings.Cut(s, ":")
+	if _, err := fmt.Sscan(n, &d.step); err != nil || !ok || point == "" || d.step < 1 {
+		return dieAt{}, fmt.Errorf("die_at = %q, want N:point", s)
+	}
+	d.point = point
+	return d, nil
+}
+
+// at exits the process if step and point are the order's.
+func (d dieAt) at(step int, point string) {
+	if d.step == step && d.point == point {
+		os.Exit(3)
 	}
 }
 
 // tpReport is what runTPProcs learnt besides the run's Stats.
 type tpReport struct {
-	pids []int    // every rank process started, in order
-	lost []string // the processes lost mid-run, described
-	// steps lost: steps whose work a lost rank took with it
-	steps int
+	pids  []int    // every rank process started, in order
+	lost  []string // the processes lost mid-run, described
+	steps int      // steps whose work a lost rank took with it
+	held  int      // requests whose blocks the connector still held when the run ended
+	used  int      // blocks still in use when the run ended
 }
 
 // runTPProcs runs the workload with the connector on, on one engine whose
@@ -818,6 +907,8 @@ func runTPProcs(ctx context.Context, o Options, blocks int) (Run, error) {
 	}
 	stats, runErr := run(ctx, []*Engine{e}, o.Workload, func(int, int) int { return 0 }, hooks{wait: o.Wait}, nil)
 	rep.lost, rep.steps, rep.pids = pr.lost, e.lost, pr.pids
+	ss := e.sched.Stats()
+	rep.held, rep.used = ss.Held, ss.Pool.Used
 	closeErr := e.Close()
 	r := newRun("connector on, ranks as processes", true, blocks, stats)
 	r.tp = rep

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // checkRanksGone fails unless every rank process of r has ended and been
@@ -70,6 +71,27 @@ func TestTPProcs(t *testing.T) {
 	}
 }
 
+// runKilled runs the workload with the ranks as processes, where one is
+// lost mid-run, and checks that the run ended with every block back: a
+// transfer of the lost rank left unreported would hold its blocks, and
+// the run would never end (the bound names it).
+func runKilled(t *testing.T, o Options) Run {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, err := runTPProcs(ctx, o, o.PressureBlocks)
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the run did not end within 5m of its start, with a rank lost: requests stranded (%v)", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.tp.held != 0 || r.tp.used != 0 {
+		t.Errorf("the run ended with %d requests held and %d blocks in use", r.tp.held, r.tp.used)
+	}
+	return r
+}
+
 // TestTPRankKilled kills a rank process with SIGKILL mid-run: the step it
 // had is abandoned, a new process takes its place, every request
 // recomputes what it lost, and the run generates exactly what it does
@@ -95,10 +117,7 @@ func TestTPRankKilled(t *testing.T) {
 					}
 				})
 			}
-			r, err := runTPProcs(context.Background(), o, o.PressureBlocks)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := runKilled(t, o)
 			if killed == 0 {
 				t.Fatal("the run ended before step 8: nothing was killed")
 			}
@@ -116,4 +135,79 @@ func TestTPRankKilled(t *testing.T) {
 			checkRanksGone(t, r, tmp)
 		})
 	}
+}
+
+// TestTPRankDies has rank 1's first process exit at each point of the
+// step protocol in turn (tpConfig.DieAt), and rank 0's at some: the
+// scheduler must keep every survivor's stream in step, whatever it was
+// sending or waiting for, and the run must end as TestTPRankKilled's.
+func TestTPRankDies(t *testing.T) {
+	o := small(t)
+	o.TP = 2
+	want := mustRun(t, o, false, o.PressureBlocks)
+	for _, c := range []struct {
+		rank int
+		at   string
+	}{
+		{1, "8:step"}, {1, "8:part0"}, {1, "8:sum0"}, {1, "8:part1"}, {1, "8:sum1"}, {1, "8:end"}, {1, "8:done"},
+		{0, "8:part0"}, {0, "8:sum1"}, {0, "8:done"},
+	} {
+		t.Run(fmt.Sprintf("rank%d-%s", c.rank, strings.ReplaceAll(c.at, ":", "-")), func(t *testing.T) {
+			tmp := t.TempDir()
+			t.Setenv("TMPDIR", tmp)
+			o := o
+			o.tpDie.rank, o.tpDie.at = c.rank, c.at
+			r := runKilled(t, o)
+			mustSame(t, "a rank died at "+c.at, want, r.stats)
+			if r.Failed != 0 || r.RanksLost != 1 || len(r.tp.pids) != 3 {
+				t.Errorf("%d failed, %d ranks lost, %d processes started; want 0, 1, 3 (%v)", r.Failed, r.RanksLost, len(r.tp.pids), r.tp.lost)
+			}
+			if len(r.tp.lost) > 0 && !strings.Contains(r.tp.lost[0], "exit status 3") {
+				t.Errorf("the loss is described as %q, want the exit status the order gave", r.tp.lost[0])
+			}
+			checkRanksGone(t, r, tmp)
+		})
+	}
+}
+
+// TestTPRestartFails: a rank is killed and its new process cannot reach
+// the store (its socket is gone), so it exits before it connects. The run
+// must end with an error naming the restart, no panic, and no process
+// left.
+func TestTPRestartFails(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	o := small(t)
+	o.TP = 2
+	var once sync.Once
+	var pids []int
+	o.tpOnStep = func(step uint64, ranks []*os.Process) {
+		if step < 8 {
+			return
+		}
+		once.Do(func() {
+			socks, err := filepath.Glob(filepath.Join(tmp, "miniengine-tp-*", "store.sock"))
+			if err != nil || len(socks) != 1 {
+				t.Errorf("the store's socket: %v, %v", socks, err)
+			}
+			for _, s := range socks {
+				os.Remove(s)
+			}
+			for _, p := range ranks {
+				pids = append(pids, p.Pid)
+			}
+			ranks[1].Signal(syscall.SIGKILL)
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, err := runTPProcs(ctx, o, o.PressureBlocks)
+	if !errors.Is(err, errRankRestart) || !strings.Contains(err.Error(), "rank 1") {
+		t.Fatalf("runTPProcs = %v, want an error wrapping errRankRestart naming rank 1", err)
+	}
+	t.Logf("%v", err)
+	if len(pids) == 0 {
+		t.Fatal("nothing was killed")
+	}
+	checkRanksGone(t, r, tmp)
 }
