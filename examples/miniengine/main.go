@@ -111,19 +111,19 @@ type Options struct {
 	Progress bool
 	tty      bool // progress goes to a terminal: redraw one line
 
-	wrapStore     func(store.Store) store.Store                // tests: wraps the ON runs' store
-	shared        store.Store                                  // an open Mooncake client every ON run shares
-	tenant        string                                       // the ON runs' tenant; each run gets its own
-	runs          *int                                         // ON runs so far, naming their tenants
-	obs           *observer                                    // with -metrics
-	sink          *eventSink                                   // with -kv-events
-	onRun         func(*observer)                              // tests: called at the end of each ON run, its engines still open
-	events        *kvevents.Stats                              // tests: the publisher's counters when it closed
-	pdKeep        time.Duration                                // tests: the p2p keep_timeout of -pd across processes (0: pdKeepTimeout)
-	pdOnEnd       func(ended int, prefill, decode *os.Process) // tests: called as each request ends, before the next turn's submission, -pd across processes
-	pdOnPrefilled func(n int, prefill *os.Process)             // tests: called as the prefill instance ends each request, before the decode instance has it, -pd across processes
-	tpOnStep      func(step uint64, ranks []*os.Process)       // tests: called before each step of -tp-procs, with the rank processes
-	tpDie         struct {                                     // tests: the first process of rank rank exits at at (tpConfig.DieAt)
+	wrapStore     func(store.Store) store.Store                    // tests: wraps the ON runs' store
+	shared        store.Store                                      // an open Mooncake client every ON run shares
+	tenant        string                                           // the ON runs' tenant; each run gets its own
+	runs          *int                                             // ON runs so far, naming their tenants
+	obs           *observer                                        // with -metrics
+	sink          *eventSink                                       // with -kv-events
+	onRun         func(*observer)                                  // tests: called at the end of each ON run, its engines still open
+	events        *kvevents.Stats                                  // tests: the publisher's counters when it closed
+	pdKeep        time.Duration                                    // tests: the p2p keep_timeout of -pd across processes (0: pdKeepTimeout)
+	pdOnEnd       func(ended int, prefill, decode *os.Process)     // tests: called as each request ends, before the next turn's submission, -pd across processes
+	pdOnPrefilled func(n int, prefill *os.Process)                 // tests: called as the prefill instance ends each request, before the decode instance has it, -pd across processes
+	tpOnStep      func(m *connector.Metadata, ranks []*os.Process) // tests: called before each step of -tp-procs, with its Metadata (nil: none) and the rank processes
+	tpDie         struct {                                         // tests: the first process of rank rank exits at at (tpConfig.DieAt)
 		rank int
 		at   string
 	}

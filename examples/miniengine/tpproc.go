@@ -325,9 +325,11 @@ type procRanks struct {
 	outs   []*connector.Output
 	lost   []string // the lost processes, described
 	pids   []int    // every process started, in order
+	// lostTransfers counts the transfers lost ranks never reported
+	lostTransfers int
 	// started counts, per rank, the processes started
 	started []int
-	onStep  func(step uint64, procs []*os.Process)
+	onStep  func(m *connector.Metadata, procs []*os.Process)
 }
 
 // newProcRanks starts the o.TP rank processes and waits for their hello.
@@ -433,7 +435,7 @@ func (pr *procRanks) step(ctx context.Context, plan *scheduler.Plan, toks []hash
 		for i, p := range pr.procs {
 			ps[i] = p.cmd.Process
 		}
-		pr.onStep(plan.Step, ps)
+		pr.onStep(plan.Metadata, ps)
 	}
 	pr.its = items(plan, pr.its[:0])
 	var err error
@@ -570,7 +572,9 @@ func (pr *procRanks) step(ctx context.Context, plan *scheduler.Plan, toks []hash
 		}
 		p := pr.procs[r]
 		p.stop(10 * time.Second)
-		outs = append(outs, pr.ledger.Lost(r, connector.ReasonCanceled))
+		lo := pr.ledger.Lost(r, connector.ReasonCanceled)
+		pr.lostTransfers += len(lo.Done)
+		outs = append(outs, lo)
 		desc := fmt.Sprintf("%s: %v", p.describe(), e)
 		pr.lost = append(pr.lost, desc)
 		why = append(why, desc)
@@ -753,11 +757,12 @@ func serveRank(ctx context.Context, cfg tpConfig) (err error) {
 			return fmt.Errorf("frame op %d, want a step or a stats request", op)
 		}
 		steps++
-		die.at(steps, "step")
 		var meta *connector.Metadata
 		if meta, its, err = parseStep(b, its[:0]); err != nil {
 			return err
 		}
+		die.arm(steps, meta)
+		die.at("step")
 		if err := r.begin(ctx, meta, its); err != nil {
 			return err
 		}
@@ -770,12 +775,12 @@ func serveRank(ctx context.Context, cfg tpConfig) (err error) {
 			if err := f.write(opPart, floatBytes(part)); err != nil {
 				return err
 			}
-			die.at(steps, fmt.Sprintf("part%d", l))
+			die.at(fmt.Sprintf("part%d", l))
 			op, b, err := f.read()
 			if err != nil {
 				return err
 			}
-			die.at(steps, fmt.Sprintf("sum%d", l))
+			die.at(fmt.Sprintf("sum%d", l))
 			switch op {
 			case opAbort:
 				abandoned = true
@@ -816,40 +821,49 @@ func serveRank(ctx context.Context, cfg tpConfig) (err error) {
 		}
 		msg = binary.AppendUvarint(msg, uint64(len(ob)))
 		msg = append(msg, ob...)
-		die.at(steps, "end")
+		die.at("end")
 		if err := f.write(opDone, msg); err != nil {
 			return err
 		}
-		die.at(steps, "done")
+		die.at("done")
 	}
 }
 
 // dieAt is a test's order to a rank process to exit, as a crash would, at
-// one point of one step: "N:point", the N-th step frame it gets, point
-// one of step (the frame came), partL (it sent layer L's part), sumL (the
-// sum or abort of layer L came), end (the step's saves started, its done
-// not sent) and done (its done sent).
+// one point of one step: "N:point", in the first step from the N-th step
+// frame on whose Metadata hands the rank a transfer (so that the loss
+// leaves transfers it never reports), at point: step (the frame came),
+// partL (it sent layer L's part), sumL (the sum or abort of layer L
+// came), end (the step's saves started, its done not sent) or done (its
+// done sent).
 type dieAt struct {
 	step  int
 	point string
+	armed bool // this step is the one
 }
 
-func parseDieAt(s string) (dieAt, error) {
+func parseDieAt(s string) (*dieAt, error) {
+	d := &dieAt{}
 	if s == "" {
-		return dieAt{}, nil
+		return d, nil
 	}
-	var d dieAt
 	n, point, ok := strings.Cut(s, ":")
 	if _, err := fmt.Sscan(n, &d.step); err != nil || !ok || point == "" || d.step < 1 {
-		return dieAt{}, fmt.Errorf("die_at = %q, want N:point", s)
+		return nil, fmt.Errorf("die_at = %q, want N:point", s)
 	}
 	d.point = point
 	return d, nil
 }
 
-// at exits the process if step and point are the order's.
-func (d dieAt) at(step int, point string) {
-	if d.step == step && d.point == point {
+// arm makes the step-th step, of Metadata meta, the one to exit in when
+// it is the order's.
+func (d *dieAt) arm(step int, meta *connector.Metadata) {
+	d.armed = d.point != "" && step >= d.step && meta != nil && len(meta.Loads)+len(meta.Saves) > 0
+}
+
+// at exits the process at point of the armed step.
+func (d *dieAt) at(point string) {
+	if d.armed && d.point == point {
 		os.Exit(3)
 	}
 }
@@ -860,6 +874,7 @@ type tpReport struct {
 	lost  []string // the processes lost mid-run, described
 	steps int      // steps whose work a lost rank took with it
 	held  int      // requests whose blocks the connector still held when the run ended
+	xfers int      // transfers the lost ranks never reported (connector.Ledger.Lost)
 	used  int      // blocks still in use when the run ended
 }
 
@@ -906,7 +921,7 @@ func runTPProcs(ctx context.Context, o Options, blocks int) (Run, error) {
 		return Run{}, errors.Join(err, pr.close())
 	}
 	stats, runErr := run(ctx, []*Engine{e}, o.Workload, func(int, int) int { return 0 }, hooks{wait: o.Wait}, nil)
-	rep.lost, rep.steps, rep.pids = pr.lost, e.lost, pr.pids
+	rep.lost, rep.steps, rep.pids, rep.xfers = pr.lost, e.lost, pr.pids, pr.lostTransfers
 	ss := e.sched.Stats()
 	rep.held, rep.used = ss.Held, ss.Pool.Used
 	closeErr := e.Close()

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvconnect/kvconnect/connector"
 )
 
 // checkRanksGone fails unless every rank process of r has ended and been
@@ -74,8 +76,9 @@ func TestTPProcs(t *testing.T) {
 // runKilled runs the workload with the ranks as processes, where one is
 // lost mid-run, and checks that the run ended with every block back: a
 // transfer of the lost rank left unreported would hold its blocks, and
-// the run would never end (the bound names it).
-func runKilled(t *testing.T, o Options) Run {
+// the run would never end (the bound names it). With owed, the lost rank
+// must have owed transfers, which the ledger wrote off.
+func runKilled(t *testing.T, o Options, owed bool) Run {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -88,6 +91,9 @@ func runKilled(t *testing.T, o Options) Run {
 	}
 	if r.tp.held != 0 || r.tp.used != 0 {
 		t.Errorf("the run ended with %d requests held and %d blocks in use", r.tp.held, r.tp.used)
+	}
+	if owed && r.tp.xfers == 0 {
+		t.Errorf("the lost rank owed no transfer: the loss tested nothing of the ledger (%v)", r.tp.lost)
 	}
 	return r
 }
@@ -106,9 +112,9 @@ func TestTPRankKilled(t *testing.T) {
 			want := mustRun(t, o, false, o.PressureBlocks)
 			var once sync.Once
 			var killed int
-			o.tpOnStep = func(step uint64, ranks []*os.Process) {
-				if step < 8 {
-					return
+			o.tpOnStep = func(m *connector.Metadata, ranks []*os.Process) {
+				if m == nil || m.Step < 8 || len(m.Loads)+len(m.Saves) == 0 {
+					return // a step that hands the victim transfers it will never report
 				}
 				once.Do(func() {
 					killed = ranks[victim].Pid
@@ -117,7 +123,7 @@ func TestTPRankKilled(t *testing.T) {
 					}
 				})
 			}
-			r := runKilled(t, o)
+			r := runKilled(t, o, true)
 			if killed == 0 {
 				t.Fatal("the run ended before step 8: nothing was killed")
 			}
@@ -131,7 +137,7 @@ func TestTPRankKilled(t *testing.T) {
 			if len(r.tp.lost) > 0 && !strings.Contains(r.tp.lost[0], fmt.Sprintf("rank %d (pid %d)", victim, killed)) {
 				t.Errorf("the loss is described as %q, want it to name rank %d (pid %d)", r.tp.lost[0], victim, killed)
 			}
-			t.Logf("lost: %v; %d blocks loaded", r.tp.lost, r.BlocksLoaded)
+			t.Logf("lost: %v; %d transfers written off, %d blocks loaded", r.tp.lost, r.tp.xfers, r.BlocksLoaded)
 			checkRanksGone(t, r, tmp)
 		})
 	}
@@ -157,7 +163,9 @@ func TestTPRankDies(t *testing.T) {
 			t.Setenv("TMPDIR", tmp)
 			o := o
 			o.tpDie.rank, o.tpDie.at = c.rank, c.at
-			r := runKilled(t, o)
+			// A rank that dies once its done is sent owes the step's
+			// transfers only if they had not ended by then.
+			r := runKilled(t, o, !strings.HasSuffix(c.at, ":done"))
 			mustSame(t, "a rank died at "+c.at, want, r.stats)
 			if r.Failed != 0 || r.RanksLost != 1 || len(r.tp.pids) != 3 {
 				t.Errorf("%d failed, %d ranks lost, %d processes started; want 0, 1, 3 (%v)", r.Failed, r.RanksLost, len(r.tp.pids), r.tp.lost)
@@ -181,8 +189,8 @@ func TestTPRestartFails(t *testing.T) {
 	o.TP = 2
 	var once sync.Once
 	var pids []int
-	o.tpOnStep = func(step uint64, ranks []*os.Process) {
-		if step < 8 {
+	o.tpOnStep = func(m *connector.Metadata, ranks []*os.Process) {
+		if m == nil || m.Step < 8 {
 			return
 		}
 		once.Do(func() {
