@@ -881,7 +881,7 @@ type tpReport struct {
 // runTPProcs runs the workload with the connector on, on one engine whose
 // o.TP ranks are processes of their own started from this binary, over
 // the embedded store served on a unix socket.
-func runTPProcs(ctx context.Context, o Options, blocks int) (Run, error) {
+func runTPProcs(ctx context.Context, o Options, blocks int) (_ Run, err error) {
 	o = o.forRun()
 	dir, err := os.MkdirTemp("", "miniengine-tp-") // mode 0700
 	if err != nil {
@@ -907,7 +907,9 @@ func runTPProcs(ctx context.Context, o Options, blocks int) (Run, error) {
 	go func() { served <- srv.Serve(ln) }()
 	defer func() {
 		srv.Close()
-		<-served
+		if serr := <-served; !errors.Is(serr, remote.ErrServerClosed) {
+			err = errors.Join(err, fmt.Errorf("the store's server: %w", serr))
+		}
 	}()
 	pr, err := newProcRanks(ctx, o, blocks, dir, storeSocket)
 	if err != nil {
