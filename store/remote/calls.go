@@ -173,7 +173,7 @@ func (c *client) request(ctx context.Context, cc *cconn, typ byte, keys []string
 	}
 	cc.out = b
 	cc.data = data[:0]
-	h, err := cc.roundTrip(ctx, c.opts, typ, c.ids.Add(1), data)
+	h, err := cc.roundTrip(ctx, c.opts, typ, c.nextID(), data)
 	clear(data)
 	if err != nil {
 		return nil, err
@@ -350,7 +350,7 @@ func (c *client) removeOn(ctx context.Context, cc *cconn, typ byte, arg string) 
 		b = b.str(arg)
 	}
 	cc.out = b
-	h, err := cc.roundTrip(ctx, c.opts, typ, c.ids.Add(1), nil)
+	h, err := cc.roundTrip(ctx, c.opts, typ, c.nextID(), nil)
 	if err != nil {
 		return removed{}, err
 	}

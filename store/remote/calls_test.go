@@ -3,7 +3,10 @@ package remote_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/kvconnect/kvconnect/rdma"
@@ -55,5 +58,71 @@ func TestExistsPresenceOnly(t *testing.T) {
 	}
 	if err := c.Get(context.Background(), []string{"here"}, []rdma.Region{dst}, res[:1]); err != nil || res[0].Err != nil || res[0].N != src.Len {
 		t.Errorf("Get(here) after Exists = %v, %+v; want its %d bytes", err, res[0], src.Len)
+	}
+}
+
+// TestDialCanceledDuringHello ends Dial's context while the hello waits
+// for its reply, through a proxy that passes the reply on only once the
+// client's cancel of the hello reached the server: the handshake
+// completes, and the first call is served, not taken for the hello.
+func TestDialCanceledDuringHello(t *testing.T) {
+	dir := t.TempDir()
+	path, proxy := filepath.Join(dir, "kv.sock"), filepath.Join(dir, "proxy.sock")
+	start(t, newMemstore(t), remote.ServerOptions{}, path)
+	pl, err := remote.Listen("unix", proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const frameLen = 28 + 4 // a hello and a cancel: a header and a trailer
+	helloSeen := make(chan struct{})
+	var conns []net.Conn
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		pl.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		down, err := pl.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("unix", path)
+		if err != nil {
+			down.Close()
+			return
+		}
+		mu.Lock()
+		conns = append(conns, down, up)
+		mu.Unlock()
+		if _, err := io.CopyN(up, down, frameLen); err != nil {
+			return
+		}
+		close(helloSeen)
+		if _, err := io.CopyN(up, down, frameLen); err != nil {
+			return
+		}
+		wg.Go(func() { io.Copy(up, down) })
+		io.Copy(down, up)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-helloSeen
+		cancel()
+	}()
+	c, err := remote.Dial(ctx, "unix", proxy, remote.ClientOptions{Conns: 1})
+	if err != nil {
+		t.Fatalf("Dial with its context ended after the hello was sent = %v, want the handshake done", err)
+	}
+	defer c.Close()
+	res := make([]store.Result, 1)
+	if err := c.Exists(context.Background(), []string{"first"}, res); err != nil || !errors.Is(res[0].Err, store.ErrNotFound) {
+		t.Errorf("the first Exists after the hello's cancel = %v, %+v; want store.ErrNotFound", err, res[0])
 	}
 }

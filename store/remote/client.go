@@ -195,7 +195,7 @@ func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 		return nil, Limits{}, fmt.Errorf("%w: remote: dial %s %s: %v", store.ErrUnavailable, c.network, c.address, err)
 	}
 	cc := &cconn{nc: nc, maxReply: 1 << 16}
-	lim, err := cc.hello(ctx, c.opts)
+	lim, err := cc.hello(ctx, c.opts, c.nextID())
 	if err != nil {
 		_ = nc.Close() // the handshake's error says why
 		if ctx.Err() != nil {
@@ -207,9 +207,9 @@ func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 	return cc, lim, nil
 }
 
-func (cc *cconn) hello(ctx context.Context, opts ClientOptions) (Limits, error) {
+func (cc *cconn) hello(ctx context.Context, opts ClientOptions, id uint32) (Limits, error) {
 	cc.out = cc.out[:0]
-	h, err := cc.roundTrip(ctx, opts, msgHello, 1, nil)
+	h, err := cc.roundTrip(ctx, opts, msgHello, id, nil)
 	defer cc.finish()
 	if err != nil {
 		return Limits{}, err
@@ -419,7 +419,7 @@ func (c *client) Stats() store.Stats {
 		return c.stats.last
 	}
 	cc.out = cc.out[:0]
-	h, err := cc.roundTrip(ctx, c.opts, msgStats, c.ids.Add(1), nil)
+	h, err := cc.roundTrip(ctx, c.opts, msgStats, c.nextID(), nil)
 	if err == nil && (h.typ != msgStatsReply || h.data != 0 || h.body != 12*8) {
 		err = fmt.Errorf("%w: reply of type %d to a stats", errFrame, h.typ)
 	}
@@ -564,3 +564,13 @@ func failure(ctx context.Context, cc *cconn, op string, n int, err error) error 
 }
 
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
+
+// nextID returns the id of a new exchange, hello or request: the ids of
+// a client count up from 1, and skip 0 when they wrap around.
+func (c *client) nextID() uint32 {
+	for {
+		if id := c.ids.Add(1); id != 0 {
+			return id
+		}
+	}
+}

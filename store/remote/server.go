@@ -209,9 +209,13 @@ type sconn struct {
 
 	mu struct {
 		sync.Mutex
-		id       uint32             // call running
-		cancel   context.CancelFunc // its cancellation; nil when none runs
-		canceled uint32             // the last call id a cancel frame named
+		id     uint32             // call running
+		cancel context.CancelFunc // its cancellation; nil when none runs
+		// pending is the call id of the last cancel frame read while no
+		// call of that id ran, when pendingSet: the next call takes it, and
+		// is canceled at once if it is that id.
+		pending    uint32
+		pendingSet bool
 	}
 }
 
@@ -296,11 +300,12 @@ func (c *sconn) readCancel(h header, hdr []byte) error {
 func (c *sconn) cancelCall(id uint32, all bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !all {
-		c.mu.canceled = id
-	}
 	if c.mu.cancel != nil && (all || c.mu.id == id) {
 		c.mu.cancel()
+		return
+	}
+	if !all {
+		c.mu.pending, c.mu.pendingSet = id, true
 	}
 }
 
@@ -443,14 +448,18 @@ func (c *sconn) serve(h header) error {
 }
 
 // startCall makes the context of call id, which a cancel frame, the
-// client's going or the server's Close cancels; done ends it.
+// client's going or the server's Close cancels; done ends it. A cancel
+// read before the call started cancels it if it names id; one that names
+// another id came after that call's reply, and is dropped: the client
+// sends a call's cancel only after its request.
 func (c *sconn) startCall(id uint32) (ctx context.Context, done func()) {
 	ctx, cancel := context.WithCancel(c.srv.base)
 	c.mu.Lock()
 	c.mu.id, c.mu.cancel = id, cancel
-	if c.mu.canceled == id {
+	if c.mu.pendingSet && c.mu.pending == id {
 		cancel()
 	}
+	c.mu.pendingSet = false
 	c.mu.Unlock()
 	return ctx, func() {
 		c.mu.Lock()
