@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -36,7 +37,8 @@ type ServerOptions struct {
 	MaxCallBytes int
 	// Logger receives a debug record of every connection that ends, with
 	// its error when it ended in one (a torn or corrupt frame, a client
-	// gone mid-call). Nil discards them.
+	// gone mid-call), and a warning of every Accept error that Serve
+	// retries. Nil discards them.
 	Logger *slog.Logger
 }
 
@@ -113,9 +115,11 @@ func NewServer(s store.Store, opts ServerOptions) (*Server, error) {
 var ErrServerClosed = errors.New("remote: server closed")
 
 // Serve accepts connections on l and serves each until it ends, and
-// returns when l fails or the server is closed ([ErrServerClosed]). It
-// closes l when it returns. It may be called for several listeners at
-// once.
+// returns when l fails or the server is closed ([ErrServerClosed]). An
+// Accept error that is temporary (such as no file descriptor free) is
+// logged and Accept retried, after 5 ms, doubling up to 1 s while the
+// errors last; any other ends Serve. It closes l when it returns. It may
+// be called for several listeners at once.
 func (srv *Server) Serve(l net.Listener) error {
 	srv.mu.Lock()
 	if srv.mu.closed {
@@ -129,12 +133,21 @@ func (srv *Server) Serve(l net.Listener) error {
 		delete(srv.mu.listeners, l)
 		srv.mu.Unlock()
 	}()
+	var delay time.Duration // before the next Accept, after a temporary error
 	for {
 		nc, err := l.Accept()
 		if err != nil {
 			srv.mu.Lock()
 			closed := srv.mu.closed
 			srv.mu.Unlock()
+			if !closed && temporary(err) {
+				delay = min(max(2*delay, acceptDelay), maxAcceptDelay)
+				srv.log.Warn("remote: accept failed; retrying", "err", err, "delay", delay)
+				if srv.pause(delay) {
+					continue
+				}
+				closed = true
+			}
 			cerr := l.Close()
 			if closed {
 				return ErrServerClosed
@@ -144,6 +157,7 @@ func (srv *Server) Serve(l net.Listener) error {
 			}
 			return errors.Join(fmt.Errorf("remote: accept: %w", err), cerr)
 		}
+		delay = 0
 		srv.mu.Lock()
 		if srv.mu.closed {
 			srv.mu.Unlock()
@@ -160,6 +174,32 @@ func (srv *Server) Serve(l net.Listener) error {
 			delete(srv.mu.conns, nc)
 			srv.mu.Unlock()
 		}()
+	}
+}
+
+// The delays before Serve retries Accept after a temporary error: the
+// first, doubled after each error in a row up to the last.
+const (
+	acceptDelay    = 5 * time.Millisecond
+	maxAcceptDelay = time.Second
+)
+
+// temporary reports whether err, an Accept error, may pass: it says so,
+// as net's errors do for EMFILE, ENFILE, ECONNABORTED and the like.
+func temporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// pause waits d, and reports false if the server was closed meanwhile.
+func (srv *Server) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-srv.base.Done():
+		return false
 	}
 }
 
