@@ -214,7 +214,7 @@ func (cc *cconn) hello(ctx context.Context, opts ClientOptions, id uint32) (Limi
 	if err != nil {
 		return Limits{}, err
 	}
-	if h.typ != msgHelloReply || h.data != 0 {
+	if h.typ != msgHelloReply && h.typ != msgReply || h.data != 0 {
 		return Limits{}, fmt.Errorf("%w: reply of type %d to a hello", errFrame, h.typ)
 	}
 	crc := crc32Of(cc.hdr[:])
@@ -225,6 +225,19 @@ func (cc *cconn) hello(ctx context.Context, opts ClientOptions, id uint32) (Limi
 		return Limits{}, err
 	}
 	d := dec{b: cc.body}
+	if h.typ == msgReply {
+		// The server refused the connection, and says why.
+		err := decodeError(d.u8(), d.str())
+		d.u64()
+		n := d.u32()
+		if derr := d.end(); derr != nil {
+			return Limits{}, derr
+		}
+		if err == nil || n != 0 {
+			return Limits{}, fmt.Errorf("%w: a reply to a hello with no error", errFrame)
+		}
+		return Limits{}, err
+	}
 	lim := Limits{MaxValue: int(d.u64()), MaxBatch: int(d.u32()), MaxCallBytes: int(d.u64()), Leaser: d.u8() == 1}
 	lim.Leases = store.Leases{Exists: d.u8() == 1, Get: d.u8() == 1, TTL: time.Duration(d.u64()), RemoveWait: time.Duration(d.u64())}
 	if err := d.end(); err != nil {

@@ -37,7 +37,9 @@ import (
 //
 // Strings (str) are a uint16 length and the bytes. Bodies:
 //
-//	hello         (empty)
+//	hello         (empty); answered with a helloReply, or with a reply
+//	              carrying the error of a server that refuses the
+//	              connection (store.ErrUnavailable: it serves MaxConns)
 //	helloReply    u64 MaxValue, u32 MaxBatch, u64 MaxCallBytes, u8 leaser,
 //	              u8 Leases.Exists, u8 Leases.Get, i64 TTL ns, i64 RemoveWait ns
 //	exists        u32 n, n × str key
