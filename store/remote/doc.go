@@ -39,8 +39,8 @@
 // registered with the served store (grown on demand up to
 // [ServerOptions.MaxCallBytes], freed once the connection has been idle
 // for a second, and when it ends: at most [ServerOptions.MaxConns] ×
-// MaxCallBytes in all), and calls the store's Put and Get on it: one copy between socket and staging
-// memory, and the store's own copy. A get reply carries the results first
+// MaxCallBytes in all), and calls the store's Put and Get on it: one copy
+// between socket and staging memory, and the store's own copy. A get reply carries the results first
 // and then the values, so the client writes exactly a value's bytes into
 // its destination, and nothing into one the server found too short (the
 // client sends the destinations' lengths). Batches larger than the
@@ -89,7 +89,8 @@
 // A Server and a Client are safe for concurrent use. A Client runs up to
 // [ClientOptions.Conns] calls at once, one connection each; a Server
 // serves up to [ServerOptions.MaxConns] connections, each with goroutines
-// of its own, one call at a time per connection, and refuses more. Server.Close closes every listener and connection and
-// waits for the goroutines; Client.Close waits for the calls running.
+// of its own, one call at a time per connection, and refuses more.
+// Server.Close closes every listener and connection and waits for the
+// goroutines; Client.Close waits for the calls running.
 // Neither closes the served store.
 package remote
