@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -172,7 +173,7 @@ func (c *client) request(ctx context.Context, cc *cconn, typ byte, keys []string
 	}
 	cc.out = b
 	cc.data = data[:0]
-	h, err := cc.roundTrip(ctx, c.opts, typ, c.ids.Add(1), data)
+	h, err := cc.roundTrip(ctx, c.opts, typ, c.nextID(), data)
 	clear(data)
 	if err != nil {
 		return nil, err
@@ -210,7 +211,7 @@ func (c *client) request(ctx context.Context, cc *cconn, typ byte, keys []string
 		if d.err != nil {
 			break
 		}
-		if code == codeOK && (size < 1 || typ == msgGet && size > uint64(sizes[j]) || typ == msgPut && size != uint64(sizes[j])) {
+		if code == codeOK && !validSize(typ, size, sizes[j]) {
 			return nil, fmt.Errorf("%w: key %.64q: %d bytes reported for %d", errFrame, keys[i], size, sizes[j])
 		}
 		if code == codeOK {
@@ -236,6 +237,21 @@ func (c *client) request(ctx context.Context, cc *cconn, typ byte, keys []string
 		}
 	}
 	return nil, readTrailer(cc.nc, crc)
+}
+
+// validSize reports whether size, the N of a key's success in a reply to
+// a request of typ, can be true: a get's value fits its destination of
+// want bytes, and a put's is the want bytes sent. An exists may report
+// any size, 0 included: a store that reports presence only does (see
+// store.Store's Exists).
+func validSize(typ byte, size uint64, want int) bool {
+	switch typ {
+	case msgGet:
+		return size >= 1 && size <= uint64(want)
+	case msgPut:
+		return size >= 1 && size == uint64(want)
+	}
+	return size <= math.MaxInt
 }
 
 // scatter reads n bytes into the regions rs, in order.
@@ -334,7 +350,7 @@ func (c *client) removeOn(ctx context.Context, cc *cconn, typ byte, arg string) 
 		b = b.str(arg)
 	}
 	cc.out = b
-	h, err := cc.roundTrip(ctx, c.opts, typ, c.ids.Add(1), nil)
+	h, err := cc.roundTrip(ctx, c.opts, typ, c.nextID(), nil)
 	if err != nil {
 		return removed{}, err
 	}

@@ -195,7 +195,7 @@ func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 		return nil, Limits{}, fmt.Errorf("%w: remote: dial %s %s: %v", store.ErrUnavailable, c.network, c.address, err)
 	}
 	cc := &cconn{nc: nc, maxReply: 1 << 16}
-	lim, err := cc.hello(ctx, c.opts)
+	lim, err := cc.hello(ctx, c.opts, c.nextID())
 	if err != nil {
 		_ = nc.Close() // the handshake's error says why
 		if ctx.Err() != nil {
@@ -207,14 +207,14 @@ func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 	return cc, lim, nil
 }
 
-func (cc *cconn) hello(ctx context.Context, opts ClientOptions) (Limits, error) {
+func (cc *cconn) hello(ctx context.Context, opts ClientOptions, id uint32) (Limits, error) {
 	cc.out = cc.out[:0]
-	h, err := cc.roundTrip(ctx, opts, msgHello, 1, nil)
+	h, err := cc.roundTrip(ctx, opts, msgHello, id, nil)
 	defer cc.finish()
 	if err != nil {
 		return Limits{}, err
 	}
-	if h.typ != msgHelloReply || h.data != 0 {
+	if h.typ != msgHelloReply && h.typ != msgReply || h.data != 0 {
 		return Limits{}, fmt.Errorf("%w: reply of type %d to a hello", errFrame, h.typ)
 	}
 	crc := crc32Of(cc.hdr[:])
@@ -225,6 +225,19 @@ func (cc *cconn) hello(ctx context.Context, opts ClientOptions) (Limits, error) 
 		return Limits{}, err
 	}
 	d := dec{b: cc.body}
+	if h.typ == msgReply {
+		// The server refused the connection, and says why.
+		err := decodeError(d.u8(), d.str())
+		d.u64()
+		n := d.u32()
+		if derr := d.end(); derr != nil {
+			return Limits{}, derr
+		}
+		if err == nil || n != 0 {
+			return Limits{}, fmt.Errorf("%w: a reply to a hello with no error", errFrame)
+		}
+		return Limits{}, err
+	}
 	lim := Limits{MaxValue: int(d.u64()), MaxBatch: int(d.u32()), MaxCallBytes: int(d.u64()), Leaser: d.u8() == 1}
 	lim.Leases = store.Leases{Exists: d.u8() == 1, Get: d.u8() == 1, TTL: time.Duration(d.u64()), RemoveWait: time.Duration(d.u64())}
 	if err := d.end(); err != nil {
@@ -419,7 +432,7 @@ func (c *client) Stats() store.Stats {
 		return c.stats.last
 	}
 	cc.out = cc.out[:0]
-	h, err := cc.roundTrip(ctx, c.opts, msgStats, c.ids.Add(1), nil)
+	h, err := cc.roundTrip(ctx, c.opts, msgStats, c.nextID(), nil)
 	if err == nil && (h.typ != msgStatsReply || h.data != 0 || h.body != 12*8) {
 		err = fmt.Errorf("%w: reply of type %d to a stats", errFrame, h.typ)
 	}
@@ -564,3 +577,13 @@ func failure(ctx context.Context, cc *cconn, op string, n int, err error) error 
 }
 
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
+
+// nextID returns the id of a new exchange, hello or request: the ids of
+// a client count up from 1, and skip 0 when they wrap around.
+func (c *client) nextID() uint32 {
+	for {
+		if id := c.ids.Add(1); id != 0 {
+			return id
+		}
+	}
+}

@@ -37,9 +37,10 @@
 // with Register, whatever the served store does. The server stages values
 // in host memory of each connection, mapped outside the Go heap and
 // registered with the served store (grown on demand up to
-// [ServerOptions.MaxCallBytes], freed when the connection ends), and calls
-// the store's Put and Get on it: one copy between socket and staging
-// memory, and the store's own copy. A get reply carries the results first
+// [ServerOptions.MaxCallBytes], freed once the connection has been idle
+// for a second, and when it ends: at most [ServerOptions.MaxConns] ×
+// MaxCallBytes in all), and calls the store's Put and Get on it: one copy
+// between socket and staging memory, and the store's own copy. A get reply carries the results first
 // and then the values, so the client writes exactly a value's bytes into
 // its destination, and nothing into one the server found too short (the
 // client sends the destinations' lengths). Batches larger than the
@@ -87,8 +88,9 @@
 //
 // A Server and a Client are safe for concurrent use. A Client runs up to
 // [ClientOptions.Conns] calls at once, one connection each; a Server
-// serves each connection with goroutines of its own, one call at a time
-// per connection. Server.Close closes every listener and connection and
-// waits for the goroutines; Client.Close waits for the calls running.
+// serves up to [ServerOptions.MaxConns] connections, each with goroutines
+// of its own, one call at a time per connection, and refuses more.
+// Server.Close closes every listener and connection and waits for the
+// goroutines; Client.Close waits for the calls running.
 // Neither closes the served store.
 package remote

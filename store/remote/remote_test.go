@@ -653,6 +653,7 @@ func TestBadInput(t *testing.T) {
 		{remote.ServerOptions{MaxValue: -1}, "MaxValue -1"},
 		{remote.ServerOptions{MaxBatch: -3}, "MaxBatch -3"},
 		{remote.ServerOptions{MaxValue: 1 << 20, MaxCallBytes: 1 << 10}, "MaxCallBytes 1024"},
+		{remote.ServerOptions{MaxConns: -1}, "MaxConns -1"},
 	} {
 		if _, err := remote.NewServer(s.inner, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("NewServer(%+v) = %v, want an error naming %s", tc.opts, err, tc.want)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -18,6 +19,7 @@ const (
 	DefaultMaxValue     = 64 << 20
 	DefaultMaxBatch     = 1024
 	DefaultMaxCallBytes = 64 << 20
+	DefaultMaxConns     = 64
 )
 
 // ServerOptions configures a [Server]. The zero value of every field means
@@ -31,12 +33,24 @@ type ServerOptions struct {
 	MaxBatch int
 	// MaxCallBytes is the most value bytes one put or get request moves
 	// (for a get, the destinations' lengths, each cut to MaxValue); clients
-	// split larger batches. It bounds the memory each connection stages
-	// values in. At least MaxValue; default 64 MiB.
+	// split larger batches. It bounds the bytes one request stages: a
+	// connection's staging memory fits the largest request it served
+	// since it was last idle for a second (rounded up to a power of two,
+	// MaxCallBytes at most), and the server's is MaxConns × MaxCallBytes
+	// at most. At least MaxValue; default 64 MiB.
 	MaxCallBytes int
+	// MaxConns is the most connections the server serves at once (each
+	// client takes up to its ClientOptions.Conns). A connection beyond it
+	// is refused: the server answers its hello with an error matching
+	// store.ErrUnavailable, logs a warning, and closes it; the client sees
+	// the error from Dial, or as a per-key store.ErrTransfer of the call
+	// that needed the connection. Default 64.
+	MaxConns int
 	// Logger receives a debug record of every connection that ends, with
 	// its error when it ended in one (a torn or corrupt frame, a client
-	// gone mid-call). Nil discards them.
+	// gone mid-call), a warning of every Accept error that Serve
+	// retries, and one of every connection refused for MaxConns. Nil
+	// discards them.
 	Logger *slog.Logger
 }
 
@@ -50,6 +64,9 @@ func (o *ServerOptions) EnsureDefaults() {
 	}
 	if o.MaxCallBytes == 0 {
 		o.MaxCallBytes = max(DefaultMaxCallBytes, o.MaxValue)
+	}
+	if o.MaxConns == 0 {
+		o.MaxConns = DefaultMaxConns
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -66,6 +83,8 @@ func (o *ServerOptions) Validate() error {
 		return fmt.Errorf("remote: server options: MaxBatch %d: must be in [1, %d]", o.MaxBatch, 1<<20)
 	case o.MaxCallBytes < o.MaxValue:
 		return fmt.Errorf("remote: server options: MaxCallBytes %d: must be at least MaxValue %d", o.MaxCallBytes, o.MaxValue)
+	case o.MaxConns < 1:
+		return fmt.Errorf("remote: server options: MaxConns %d: must be positive", o.MaxConns)
 	}
 	return nil
 }
@@ -86,7 +105,8 @@ type Server struct {
 		sync.Mutex
 		closed    bool
 		listeners map[net.Listener]struct{}
-		conns     map[net.Conn]struct{}
+		conns     map[net.Conn]struct{} // served and being refused
+		served    int                   // connections served, at most MaxConns
 	}
 }
 
@@ -113,9 +133,11 @@ func NewServer(s store.Store, opts ServerOptions) (*Server, error) {
 var ErrServerClosed = errors.New("remote: server closed")
 
 // Serve accepts connections on l and serves each until it ends, and
-// returns when l fails or the server is closed ([ErrServerClosed]). It
-// closes l when it returns. It may be called for several listeners at
-// once.
+// returns when l fails or the server is closed ([ErrServerClosed]). An
+// Accept error that is temporary (such as no file descriptor free) is
+// logged and Accept retried, after 5 ms, doubling up to 1 s while the
+// errors last; any other ends Serve. It closes l when it returns. It may
+// be called for several listeners at once.
 func (srv *Server) Serve(l net.Listener) error {
 	srv.mu.Lock()
 	if srv.mu.closed {
@@ -129,12 +151,21 @@ func (srv *Server) Serve(l net.Listener) error {
 		delete(srv.mu.listeners, l)
 		srv.mu.Unlock()
 	}()
+	var delay time.Duration // before the next Accept, after a temporary error
 	for {
 		nc, err := l.Accept()
 		if err != nil {
 			srv.mu.Lock()
 			closed := srv.mu.closed
 			srv.mu.Unlock()
+			if !closed && temporary(err) {
+				delay = min(max(2*delay, acceptDelay), maxAcceptDelay)
+				srv.log.Warn("remote: accept failed; retrying", "err", err, "delay", delay)
+				if srv.pause(delay) {
+					continue
+				}
+				closed = true
+			}
 			cerr := l.Close()
 			if closed {
 				return ErrServerClosed
@@ -144,6 +175,7 @@ func (srv *Server) Serve(l net.Listener) error {
 			}
 			return errors.Join(fmt.Errorf("remote: accept: %w", err), cerr)
 		}
+		delay = 0
 		srv.mu.Lock()
 		if srv.mu.closed {
 			srv.mu.Unlock()
@@ -151,15 +183,93 @@ func (srv *Server) Serve(l net.Listener) error {
 			continue
 		}
 		srv.mu.conns[nc] = struct{}{}
+		refused := srv.mu.served >= srv.opts.MaxConns
+		if !refused {
+			srv.mu.served++
+		}
 		srv.wg.Add(1)
 		srv.mu.Unlock()
 		go func() {
 			defer srv.wg.Done()
-			srv.serveConn(nc)
+			if refused {
+				srv.refuse(nc)
+				srv.mu.Lock()
+				delete(srv.mu.conns, nc)
+				srv.mu.Unlock()
+				return
+			}
+			err := srv.serveConn(nc)
 			srv.mu.Lock()
 			delete(srv.mu.conns, nc)
+			srv.mu.served--
 			srv.mu.Unlock()
+			srv.log.Debug("remote: connection ended", "remote", nc.RemoteAddr().String(), "err", err)
 		}()
+	}
+}
+
+// refuseWait bounds the exchange with a connection refused for MaxConns.
+const refuseWait = time.Second
+
+// refuse answers the hello of nc, a connection beyond MaxConns, with an
+// error matching store.ErrUnavailable, closes it, and logs a warning,
+// with the error of the exchange if the client could not be told.
+func (srv *Server) refuse(nc net.Conn) {
+	err := srv.refuseHello(nc)
+	if cerr := nc.Close(); cerr != nil && !errors.Is(cerr, net.ErrClosed) {
+		err = errors.Join(err, cerr)
+	}
+	srv.log.Warn("remote: connection refused: the server serves MaxConns connections", "remote", nc.RemoteAddr().String(), "max_conns", srv.opts.MaxConns, "err", err)
+}
+
+func (srv *Server) refuseHello(nc net.Conn) error {
+	if err := nc.SetDeadline(time.Now().Add(refuseWait)); err != nil {
+		return err
+	}
+	var hdr [headerLen]byte
+	if _, err := io.ReadFull(nc, hdr[:]); err != nil {
+		return err
+	}
+	h, err := parseHeader(hdr[:], 0)
+	if err != nil {
+		return err
+	}
+	if h.typ != msgHello || h.data != 0 {
+		return fmt.Errorf("%w: first frame of type %d, want a hello", errFrame, h.typ)
+	}
+	if err := readTrailer(nc, crc32Of(hdr[:])); err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("remote: connection refused: the server serves %d connections, its MaxConns", srv.opts.MaxConns)
+	body := enc(nil).u8(codeUnavailable).str(msg).u64(0).u32(0)
+	putHeader(hdr[:], header{typ: msgReply, id: h.id, body: uint32(len(body))})
+	var bufs net.Buffers
+	return writeFrame(nc, &bufs, hdr[:], body, nil)
+}
+
+// The delays before Serve retries Accept after a temporary error: the
+// first, doubled after each error in a row up to the last.
+const (
+	acceptDelay    = 5 * time.Millisecond
+	maxAcceptDelay = time.Second
+)
+
+// temporary reports whether err, an Accept error, may pass: it says so,
+// as net's errors do for EMFILE, ENFILE, ECONNABORTED and the like.
+func temporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// pause waits d, and reports false if the server was closed meanwhile.
+func (srv *Server) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-srv.base.Done():
+		return false
 	}
 }
 
@@ -195,7 +305,8 @@ type sconn struct {
 	body []byte
 	out  enc
 	bufs net.Buffers
-	mem  *rdma.HostMemory // staging memory; nil until a call needs it
+	mem  *rdma.HostMemory // staging memory; nil until a call needs it, and once idle
+	idle *time.Timer      // frees mem when no request comes for stageIdle
 	keys []string
 	regs []rdma.Region
 	res  []store.Result
@@ -209,9 +320,13 @@ type sconn struct {
 
 	mu struct {
 		sync.Mutex
-		id       uint32             // call running
-		cancel   context.CancelFunc // its cancellation; nil when none runs
-		canceled uint32             // the last call id a cancel frame named
+		id     uint32             // call running
+		cancel context.CancelFunc // its cancellation; nil when none runs
+		// pending is the call id of the last cancel frame read while no
+		// call of that id ran, when pendingSet: the next call takes it, and
+		// is canceled at once if it is that id.
+		pending    uint32
+		pendingSet bool
 	}
 }
 
@@ -224,8 +339,9 @@ func (srv *Server) maxBody() uint32 {
 	return uint32(16 + srv.opts.MaxBatch*(2+store.MaxKeyLen+8))
 }
 
-// serveConn serves one connection until it ends.
-func (srv *Server) serveConn(nc net.Conn) {
+// serveConn serves one connection until it ends, and returns why, nil
+// when the client or the server closed it between frames.
+func (srv *Server) serveConn(nc net.Conn) error {
 	c := &sconn{srv: srv, nc: nc, next: make(chan frameOrErr), resume: make(chan struct{}), quit: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Go(c.read)
@@ -237,7 +353,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 		err = nil // the client or the server closed it between frames
 	}
-	srv.log.Debug("remote: connection ended", "remote", nc.RemoteAddr().String(), "err", err)
+	return err
 }
 
 // read reads frame headers: it cancels calls for cancel frames, and hands
@@ -296,11 +412,12 @@ func (c *sconn) readCancel(h header, hdr []byte) error {
 func (c *sconn) cancelCall(id uint32, all bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !all {
-		c.mu.canceled = id
-	}
 	if c.mu.cancel != nil && (all || c.mu.id == id) {
 		c.mu.cancel()
+		return
+	}
+	if !all {
+		c.mu.pending, c.mu.pendingSet = id, true
 	}
 }
 
@@ -320,14 +437,35 @@ func (c *sconn) loop() error {
 	}
 }
 
+// stageIdle is how long a connection that holds staging memory waits for
+// a request before it frees the memory: a client that stops, or calls
+// rarely, holds none.
+const stageIdle = time.Second
+
 // nextFrame returns the header of the next frame the reader took, or why
-// there is none.
+// there is none. It frees the staging memory once no frame came for
+// stageIdle.
 func (c *sconn) nextFrame() (header, error) {
-	select {
-	case f := <-c.next:
-		return f.h, f.err
-	case <-c.srv.base.Done():
-		return header{}, net.ErrClosed
+	var idle <-chan time.Time
+	if c.mem != nil {
+		if c.idle == nil {
+			c.idle = time.NewTimer(stageIdle)
+		} else {
+			c.idle.Reset(stageIdle)
+		}
+		defer c.idle.Stop()
+		idle = c.idle.C
+	}
+	for {
+		select {
+		case f := <-c.next:
+			return f.h, f.err
+		case <-c.srv.base.Done():
+			return header{}, net.ErrClosed
+		case <-idle:
+			c.freeStage()
+			idle = nil
+		}
 	}
 }
 
@@ -443,14 +581,18 @@ func (c *sconn) serve(h header) error {
 }
 
 // startCall makes the context of call id, which a cancel frame, the
-// client's going or the server's Close cancels; done ends it.
+// client's going or the server's Close cancels; done ends it. A cancel
+// read before the call started cancels it if it names id; one that names
+// another id came after that call's reply, and is dropped: the client
+// sends a call's cancel only after its request.
 func (c *sconn) startCall(id uint32) (ctx context.Context, done func()) {
 	ctx, cancel := context.WithCancel(c.srv.base)
 	c.mu.Lock()
 	c.mu.id, c.mu.cancel = id, cancel
-	if c.mu.canceled == id {
+	if c.mu.pendingSet && c.mu.pending == id {
 		cancel()
 	}
+	c.mu.pendingSet = false
 	c.mu.Unlock()
 	return ctx, func() {
 		c.mu.Lock()

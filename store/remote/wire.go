@@ -18,7 +18,8 @@ import (
 //	4       1     version, 1
 //	5       1     type (msgHello ...)
 //	6       2     zero
-//	8       4     call id: a reply carries its request's; a cancel names the call it cancels
+//	8       4     call id: a reply carries its request's; a cancel names the call it cancels;
+//	              a client's hellos and requests count up from 1, skipping 0
 //	12      4     body length
 //	16      8     data length: value bytes after the body
 //	24      4     CRC-32C (Castagnoli) of bytes 0 to 24
@@ -36,7 +37,9 @@ import (
 //
 // Strings (str) are a uint16 length and the bytes. Bodies:
 //
-//	hello         (empty)
+//	hello         (empty); answered with a helloReply, or with a reply
+//	              carrying the error of a server that refuses the
+//	              connection (store.ErrUnavailable: it serves MaxConns)
 //	helloReply    u64 MaxValue, u32 MaxBatch, u64 MaxCallBytes, u8 leaser,
 //	              u8 Leases.Exists, u8 Leases.Get, i64 TTL ns, i64 RemoveWait ns
 //	exists        u32 n, n × str key
