@@ -30,7 +30,6 @@ package main
 // exits. An instance whose coordinator is gone does the same.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -38,10 +37,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"sync"
 	"time"
 
@@ -391,31 +388,10 @@ func (s *pdServer) handle(m pdMsg, done chan<- finished) error {
 	return fmt.Errorf("message %q from the coordinator: unknown", m.Op)
 }
 
-// lockedBuffer collects an instance process's stderr.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // pdProc is the coordinator's record of an instance process.
 type pdProc struct {
+	*child
 	role   string
-	cmd    *exec.Cmd
-	stderr *lockedBuffer
-	exited chan struct{} // closed once cmd.Wait returned
-	err    error         // cmd.Wait's, once exited
 	conn   *net.UnixConn
 	dec    *json.Decoder
 	enc    *json.Encoder
@@ -427,11 +403,7 @@ type pdProc struct {
 
 // describe names the process and what it wrote on stderr, for errors.
 func (p *pdProc) describe() string {
-	s := fmt.Sprintf("the %s instance (pid %d)", p.role, p.cmd.Process.Pid)
-	if out := strings.TrimSpace(p.stderr.String()); out != "" {
-		s += fmt.Sprintf(" (stderr: %s)", out)
-	}
-	return s
+	return fmt.Sprintf("the %s instance (pid %d)%s", p.role, p.pid(), p.said())
 }
 
 // pdEvent is a message from an instance, or the end of its connection
@@ -485,12 +457,7 @@ func runPDProcs(ctx context.Context, o Options) (Run, error) {
 			if p.conn != nil {
 				p.conn.Close()
 			}
-			select {
-			case <-p.exited:
-			default:
-				p.cmd.Process.Kill()
-				<-p.exited
-			}
+			p.endWithin(0)
 		}
 	}()
 	for _, role := range []string{rolePrefill, roleDecode} {
@@ -500,17 +467,11 @@ func runPDProcs(ctx context.Context, o Options) (Run, error) {
 		if err != nil {
 			return Run{}, err
 		}
-		p := &pdProc{role: role, cmd: exec.Command(exe), stderr: &lockedBuffer{}, exited: make(chan struct{})}
-		p.cmd.Env = append(os.Environ(), pdRoleEnv+"="+role, pdSocketEnv+"="+ln.Addr().String(), pdConfigEnv+"="+string(js))
-		p.cmd.Stderr = p.stderr
-		if err := p.cmd.Start(); err != nil {
+		c, err := startChild(exe, pdRoleEnv+"="+role, pdSocketEnv+"="+ln.Addr().String(), pdConfigEnv+"="+string(js))
+		if err != nil {
 			return Run{}, fmt.Errorf("start the %s instance: %w", role, err)
 		}
-		procs = append(procs, p)
-		go func() {
-			p.err = p.cmd.Wait()
-			close(p.exited)
-		}()
+		procs = append(procs, &pdProc{child: c, role: role})
 	}
 	prefill, decode := procs[0], procs[1]
 	if err := pdAccept(ctx, ln, procs); err != nil {

@@ -49,7 +49,6 @@ import (
 	"math"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -271,28 +270,21 @@ func parseStep(b []byte, its []stepItem) (*connector.Metadata, []stepItem, error
 
 // tpProc is the scheduler's record of a rank process.
 type tpProc struct {
-	rank   int
-	cmd    *exec.Cmd
-	stderr *lockedBuffer
-	exited chan struct{} // closed once cmd.Wait returned
-	err    error         // cmd.Wait's, once exited
-	conn   net.Conn
-	f      *frames
-	pid    int
+	*child
+	rank int
+	conn net.Conn
+	f    *frames
 }
 
 // describe names the process, how it ended and what it wrote on stderr.
 func (p *tpProc) describe() string {
-	s := fmt.Sprintf("rank %d (pid %d)", p.rank, p.cmd.Process.Pid)
+	s := fmt.Sprintf("rank %d (pid %d)", p.rank, p.pid())
 	select {
 	case <-p.exited:
 		s += fmt.Sprintf(", ended: %v", p.err)
 	default:
 	}
-	if out := strings.TrimSpace(p.stderr.String()); out != "" {
-		s += fmt.Sprintf(" (stderr: %s)", out)
-	}
-	return s
+	return s + p.said()
 }
 
 // stop ends the process: its input first, then a kill after wait.
@@ -300,12 +292,7 @@ func (p *tpProc) stop(wait time.Duration) {
 	if p.conn != nil {
 		p.conn.Close()
 	}
-	select {
-	case <-p.exited:
-	case <-time.After(wait):
-		p.cmd.Process.Kill()
-		<-p.exited
-	}
+	p.endWithin(wait)
 }
 
 // procRanks are ranks in processes of their own.
@@ -365,17 +352,12 @@ func (pr *procRanks) start(ctx context.Context, r int) error {
 	if err != nil {
 		return err
 	}
-	p := &tpProc{rank: r, cmd: exec.Command(pr.exe), stderr: &lockedBuffer{}, exited: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), tpRoleEnv+"=rank", tpConfigEnv+"="+string(js))
-	p.cmd.Stderr = p.stderr
-	if err := p.cmd.Start(); err != nil {
+	c, err := startChild(pr.exe, tpRoleEnv+"=rank", tpConfigEnv+"="+string(js))
+	if err != nil {
 		return fmt.Errorf("start rank %d: %w", r, err)
 	}
-	pr.pids = append(pr.pids, p.cmd.Process.Pid)
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.exited)
-	}()
+	p := &tpProc{child: c, rank: r}
+	pr.pids = append(pr.pids, p.pid())
 	if err := pr.connect(ctx, p); err != nil {
 		p.stop(0)
 		return err
@@ -422,10 +404,9 @@ func (pr *procRanks) connect(ctx context.Context, p *tpProc) error {
 		return fmt.Errorf("rank %d hello: %w; %s", p.rank, err, p.describe())
 	}
 	var h tpHello
-	if err := json.Unmarshal(b, &h); err != nil || h.Rank != p.rank || h.PID != p.cmd.Process.Pid {
-		return fmt.Errorf("rank %d (pid %d) said hello %q: %v", p.rank, p.cmd.Process.Pid, b, err)
+	if err := json.Unmarshal(b, &h); err != nil || h.Rank != p.rank || h.PID != p.pid() {
+		return fmt.Errorf("rank %d (pid %d) said hello %q: %v", p.rank, p.pid(), b, err)
 	}
-	p.pid = h.PID
 	return nil
 }
 

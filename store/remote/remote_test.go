@@ -291,7 +291,7 @@ func TestKilledClient(t *testing.T) {
 	t.Run("Loop", func(t *testing.T) {
 		inner := newMemstoreOf(t, 64<<20)
 		path := filepath.Join(t.TempDir(), "kv.sock")
-		logs := &records{ended: make(chan error, 16)}
+		logs := make(remote.Endings, 16)
 		start(t, inner, remote.ServerOptions{Logger: slog.New(logs)}, path)
 		cmd, lines := child(t, path)
 		timer := time.NewTimer(bound)
@@ -319,7 +319,7 @@ func TestKilledClient(t *testing.T) {
 		inner := newMemstoreOf(t, 64<<20)
 		dir := t.TempDir()
 		path, proxy := filepath.Join(dir, "kv.sock"), filepath.Join(dir, "proxy.sock")
-		logs := &records{ended: make(chan error, 16)}
+		logs := make(remote.Endings, 16)
 		start(t, inner, remote.ServerOptions{Logger: slog.New(logs)}, path)
 		pl, err := remote.Listen("unix", proxy)
 		if err != nil {
@@ -423,10 +423,10 @@ func kill(t *testing.T, cmd *exec.Cmd, lines <-chan int) {
 }
 
 // waitEnded returns the error with which the server ended a connection.
-func waitEnded(t *testing.T, logs *records) error {
+func waitEnded(t *testing.T, logs remote.Endings) error {
 	t.Helper()
 	select {
-	case err := <-logs.ended:
+	case err := <-logs:
 		return err
 	case <-time.After(bound):
 		t.Fatalf("the server did not end the killed child's connection in %v", bound)
@@ -712,25 +712,3 @@ func TestSplit(t *testing.T) {
 		t.Errorf("Stats() = %+v, want %d keys, puts and hits", st, n)
 	}
 }
-
-// records is a slog.Handler that passes on the error of every record of
-// a connection's end.
-type records struct{ ended chan error }
-
-func (r *records) Enabled(context.Context, slog.Level) bool { return true }
-func (r *records) Handle(_ context.Context, rec slog.Record) error {
-	if rec.Message != "remote: connection ended" {
-		return nil
-	}
-	var err error
-	rec.Attrs(func(a slog.Attr) bool {
-		if a.Key == "err" {
-			err, _ = a.Value.Any().(error)
-		}
-		return true
-	})
-	r.ended <- err
-	return nil
-}
-func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *records) WithGroup(string) slog.Handler      { return r }
