@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -195,7 +196,7 @@ func (lr *localRanks) step(ctx context.Context, plan *scheduler.Plan, toks []has
 	for l := range lr.ranks[0].m.cfg.Layers {
 		for i, it := range lr.its {
 			n := (it.End - it.Start) * d
-			lr.sum = append(lr.sum[:0], make([]float32, n)...)
+			lr.sum = zeros(lr.sum, n)
 			for _, r := range lr.ranks {
 				addTo(lr.sum, r.passes[i].Attend(l))
 			}
@@ -221,6 +222,13 @@ func (lr *localRanks) step(ctx context.Context, plan *scheduler.Plan, toks []has
 		}
 	}
 	return toks, outs, nil
+}
+
+// zeros returns buf resized to n elements, all 0, reusing its memory.
+func zeros(buf []float32, n int) []float32 {
+	buf = slices.Grow(buf[:0], n)[:n]
+	clear(buf)
+	return buf
 }
 
 // addTo adds src to dst, element by element.
@@ -341,7 +349,7 @@ func (e *Engine) stepTP(ctx context.Context, plan *scheduler.Plan) error {
 	if errors.Is(err, errRankLost) && !errors.Is(err, errRankRestart) && ctx.Err() == nil {
 		e.lost++
 		if e.conn == nil {
-			e.outs = e.outs[:0]
+			e.outs = e.outs[:0] // the ledger's, of nothing: no worker has a connector
 		}
 		if werr := e.sched.WorkersLost(e.outs); werr != nil {
 			return errors.Join(err, werr)
@@ -366,9 +374,6 @@ func (e *Engine) stepTP(ctx context.Context, plan *scheduler.Plan) error {
 		next := e.toks[i]
 		r.out = append(r.out, next)
 		e.res = append(e.res, scheduler.Result{ID: it.ID, Token: next, Finished: len(r.out) >= r.maxTokens})
-	}
-	if e.conn == nil {
-		e.outs = e.outs[:0]
 	}
 	return e.done(e.sched.Done(e.res, e.outs))
 }

@@ -50,6 +50,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 	"unsafe"
@@ -467,7 +468,7 @@ func (pr *procRanks) step(ctx context.Context, plan *scheduler.Plan, toks []hash
 			}
 			b, err := p.f.expect(opPart)
 			if err == nil {
-				pr.parts[r] = append(pr.parts[r][:0], make([]float32, n)...)
+				pr.parts[r] = slices.Grow(pr.parts[r][:0], n)[:n]
 				err = bytesFloats(pr.parts[r], b)
 			}
 			if err != nil {
@@ -479,7 +480,7 @@ func (pr *procRanks) step(ctx context.Context, plan *scheduler.Plan, toks []hash
 		if lost() {
 			break
 		}
-		pr.sum = append(pr.sum[:0], make([]float32, n)...)
+		pr.sum = zeros(pr.sum, n)
 		for r := range pr.procs {
 			addTo(pr.sum, pr.parts[r])
 		}
