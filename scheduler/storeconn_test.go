@@ -684,6 +684,7 @@ func TestWorkersLost(t *testing.T) {
 			// rank 1 never reports those loads.
 			deadline := time.Now().Add(2 * time.Minute)
 			var lostBefore, loads int
+			var loadIDs []uint64 // of the step in flight
 			for {
 				p, err := e.s.Step()
 				if err != nil {
@@ -700,6 +701,9 @@ func TestWorkersLost(t *testing.T) {
 				st := e.s.Stats()
 				lostBefore, loads = ledger.Outstanding(1), len(p.Metadata.Loads)
 				if st.Pool.Committed > 0 && loads > 0 {
+					for _, x := range p.Metadata.Loads {
+						loadIDs = append(loadIDs, x.ID)
+					}
 					break
 				}
 
@@ -720,6 +724,29 @@ func TestWorkersLost(t *testing.T) {
 				if st.Pool.Committed > 0 && e.prompts["late"] == nil {
 					e.add("late", late, 3)
 				}
+			}
+
+			// The survivor abandons the step (its saves fail) and ends
+			// its loads: so the loads rank 1 never reports end, failed,
+			// in WorkersLost itself, while their requests still load.
+			if err := e.workers[0].Save(ctx, failedEvent{}); err != nil {
+				t.Fatal(err)
+			}
+			var survived []*connector.Output
+			for waitFor := loadIDs; len(waitFor) > 0; {
+				if time.Now().After(deadline) {
+					t.Fatalf("waited 2m for rank 0 to end %d loads", len(waitFor))
+				}
+				o := e.workers[0].Poll()
+				if len(o.Done) == 0 {
+					runtime.Gosched()
+					continue
+				}
+				if err := ledger.Reported(o); err != nil {
+					t.Fatal(err)
+				}
+				survived = append(survived, &connector.Output{Rank: o.Rank, Done: slices.Clone(o.Done), Failed: slices.Clone(o.Failed)})
+				waitFor = slices.DeleteFunc(waitFor, func(id uint64) bool { return slices.Contains(o.Done, id) })
 			}
 
 			// Rank 1 dies: its worker goes, its memory is lost.
@@ -745,19 +772,14 @@ func TestWorkersLost(t *testing.T) {
 			}
 			e.workers[1] = w
 
-			// The survivor abandons the step; its saves fail.
-			if err := e.workers[0].Save(ctx, failedEvent{}); err != nil {
+			lost, err := ledger.Lost(1, connector.ReasonCanceled)
+			if err != nil {
 				t.Fatal(err)
 			}
-			o0 := e.workers[0].Poll()
-			if err := ledger.Reported(o0); err != nil {
-				t.Fatal(err)
-			}
-			lost := ledger.Lost(1, connector.ReasonCanceled)
 			if len(lost.Done) != lostBefore {
 				t.Fatalf("the lost rank's Output reports %d transfers, the ledger had %d open", len(lost.Done), lostBefore)
 			}
-			if err := e.s.WorkersLost([]*connector.Output{o0, lost}); err != nil {
+			if err := e.s.WorkersLost(append(survived, lost)); err != nil {
 				t.Fatal(err)
 			}
 			if err := e.s.Done(nil, nil); !errors.Is(err, ErrNoStep) {
