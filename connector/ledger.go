@@ -102,10 +102,10 @@ func (l *Ledger) Outstanding(rank int) int {
 // handed and did not report: each is done, with every block failed for
 // reason (ReasonCanceled, say: the worker is gone), in increasing order of
 // transfer ID. The ledger forgets them, so the worker that replaces rank
-// starts with none. It panics if rank is outside [0, workers).
-func (l *Ledger) Lost(rank int, reason Reason) *Output {
+// starts with none. A rank outside [0, workers) is an error.
+func (l *Ledger) Lost(rank int, reason Reason) (*Output, error) {
 	if rank < 0 || rank >= len(l.open) {
-		panic(fmt.Sprintf("connector: Ledger.Lost(%d) of %d workers", rank, len(l.open)))
+		return nil, fmt.Errorf("connector: Ledger.Lost: rank %d, want [0, %d)", rank, len(l.open))
 	}
 	open := l.open[rank]
 	o := &Output{Rank: rank}
@@ -119,5 +119,5 @@ func (l *Ledger) Lost(rank int, reason Reason) *Output {
 		}
 	}
 	clear(open)
-	return o
+	return o, nil
 }

@@ -55,7 +55,10 @@ func TestLedger(t *testing.T) {
 		}
 	}
 	// The refused reports recorded nothing: rank 1 still owes transfer 7.
-	got := l.Lost(1, connector.ReasonCanceled)
+	if _, err := l.Lost(2, connector.ReasonCanceled); err == nil || !strings.Contains(err.Error(), "rank 2, want [0, 2)") {
+		t.Errorf("Lost(2) of 2 workers = %v, want an error naming the rank", err)
+	}
+	got := mustLost(t, l, 1, connector.ReasonCanceled)
 	want := &connector.Output{Rank: 1, Done: []uint64{7}, Failed: []connector.Failure{
 		{Transfer: 7, Index: 0, Reason: connector.ReasonCanceled},
 		{Transfer: 7, Index: 1, Reason: connector.ReasonCanceled},
@@ -66,7 +69,7 @@ func TestLedger(t *testing.T) {
 	if n := l.Outstanding(1); n != 0 {
 		t.Fatalf("Outstanding(1) = %d after Lost, want 0", n)
 	}
-	got = l.Lost(0, connector.ReasonIO)
+	got = mustLost(t, l, 0, connector.ReasonIO)
 	want = &connector.Output{Rank: 0, Done: []uint64{9}, Failed: []connector.Failure{{Transfer: 9, Index: 0, Reason: connector.ReasonIO}}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("Lost(0) (-want +got):\n%s", diff)
@@ -78,11 +81,20 @@ func TestLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	var failed, done int
-	outs := []*connector.Output{l.Lost(0, connector.ReasonCanceled), l.Lost(1, connector.ReasonCanceled)}
+	outs := []*connector.Output{mustLost(t, l, 0, connector.ReasonCanceled), mustLost(t, l, 1, connector.ReasonCanceled)}
 	if err := tl.Apply("test", outs, func(string, connector.Failure) { failed++ }, func(uint64, string) { done++ }); err != nil {
 		t.Fatal(err)
 	}
 	if failed != 6 || done != 1 || tl.Len() != 0 {
 		t.Fatalf("Tally after two lost ranks: %d failures, %d done, %d tracked; want 6, 1, 0", failed, done, tl.Len())
 	}
+}
+
+func mustLost(t *testing.T, l *connector.Ledger, rank int, reason connector.Reason) *connector.Output {
+	t.Helper()
+	o, err := l.Lost(rank, reason)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
 }

@@ -554,7 +554,10 @@ func (pr *procRanks) step(ctx context.Context, plan *scheduler.Plan, toks []hash
 		}
 		p := pr.procs[r]
 		p.stop(10 * time.Second)
-		lo := pr.ledger.Lost(r, connector.ReasonCanceled)
+		lo, err := pr.ledger.Lost(r, connector.ReasonCanceled)
+		if err != nil {
+			return toks, outs, err
+		}
 		pr.lostTransfers += len(lo.Done)
 		outs = append(outs, lo)
 		desc := fmt.Sprintf("%s: %v", p.describe(), e)
