@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/prom"
 	_ "github.com/kvconnect/kvconnect/connector/storeconn" // registers StoreConnector
 	"github.com/kvconnect/kvconnect/hashing"
-	"github.com/kvconnect/kvconnect/observe/prom"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/scheduler"
 	"github.com/kvconnect/kvconnect/store"

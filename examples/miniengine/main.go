@@ -59,10 +59,10 @@ import (
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/kvevents"
 	"github.com/kvconnect/kvconnect/connector/p2p"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
 	"github.com/kvconnect/kvconnect/hashing"
-	"github.com/kvconnect/kvconnect/observe/kvevents"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"

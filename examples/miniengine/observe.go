@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/kvevents"
+	"github.com/kvconnect/kvconnect/connector/prom"
 	"github.com/kvconnect/kvconnect/hashing"
-	"github.com/kvconnect/kvconnect/observe/kvevents"
-	"github.com/kvconnect/kvconnect/observe/prom"
 	"github.com/kvconnect/kvconnect/store"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvconnect/kvconnect/observe/kvevents"
+	"github.com/kvconnect/kvconnect/connector/kvevents"
 )
 
 // TestWaitIdleSteps: over a store that takes 2 ms a call, with lookups

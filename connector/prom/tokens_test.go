@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/kvconnect/kvconnect/observe/prom"
+	"github.com/kvconnect/kvconnect/connector/prom"
 )
 
 // TestPromptTokens checks the counts by source, every source exported

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvconnect/kvconnect/connector"
-	"github.com/kvconnect/kvconnect/observe/prom"
+	"github.com/kvconnect/kvconnect/connector/prom"
 )
 
 // fakeScheduler and fakeWorker are connector halves that report the

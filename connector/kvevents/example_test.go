@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/kvevents"
 	"github.com/kvconnect/kvconnect/hashing"
-	"github.com/kvconnect/kvconnect/observe/kvevents"
 )
 
 // The publisher of an engine over memstore, on loopback. Port 0 lets the

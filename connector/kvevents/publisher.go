@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvconnect/kvconnect/observe/kvevents/internal/zmtp"
+	"github.com/kvconnect/kvconnect/connector/kvevents/internal/zmtp"
 )
 
 // ErrClosed is returned by Publish after Close.

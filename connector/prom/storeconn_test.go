@@ -8,8 +8,8 @@ import (
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/connector/connectortest"
+	"github.com/kvconnect/kvconnect/connector/prom"
 	"github.com/kvconnect/kvconnect/connector/storeconn"
-	"github.com/kvconnect/kvconnect/observe/prom"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
 )

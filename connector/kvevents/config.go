@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvconnect/kvconnect/observe/kvevents/internal/zmtp"
+	"github.com/kvconnect/kvconnect/connector/kvevents/internal/zmtp"
 )
 
 // Defaults of [Config], vLLM's KVEventsConfig defaults.

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/kvconnect/kvconnect/observe/prom"
+	"github.com/kvconnect/kvconnect/connector/prom"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"

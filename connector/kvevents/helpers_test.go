@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvconnect/kvconnect/connector/kvevents/internal/zmtp"
 	"github.com/kvconnect/kvconnect/hashing"
-	"github.com/kvconnect/kvconnect/observe/kvevents/internal/zmtp"
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
