@@ -28,6 +28,15 @@ type invalidIdentity struct {
 	Error    string          `json:"error"`    // substring of the error
 }
 
+// invalidJSON is a text that the JSON form of an identity rejects while
+// decoding, before any validation: a group kind that is not one of the
+// three strings.
+type invalidJSON struct {
+	Name  string `json:"name"`
+	JSON  string `json:"json"`
+	Error string `json:"error"` // substring of the error
+}
+
 type invalidEncoding struct {
 	Name     string `json:"name"`
 	Encoding string `json:"encoding"` // hex
@@ -345,6 +354,27 @@ func generateRejects(t testing.TB, vf *vectorFile, basic, mla Identity, hy hybri
 	} {
 		vf.InvalidKeys = append(vf.InvalidKeys, k)
 	}
+
+	// Group kinds of the JSON form: exactly one of three strings.
+	explicit := basic
+	explicit.Layout.Groups = []Group{{Kind: FullAttention, Layers: basic.Layout.EffectiveGroups()[0].Layers, BlockSize: basic.Layout.BlockSize}}
+	b, err := json.Marshal(explicit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct{ name, kind, err string }{
+		{"group kind unknown", `"mamba"`, `kind = "mamba": unknown group kind`},
+		{"group kind in upper case", `"Full"`, `kind = "Full": unknown group kind`},
+		{"group kind with a hyphen", `"sliding-window"`, `kind = "sliding-window": unknown group kind`},
+		{"group kind empty", `""`, `kind = "": unknown group kind`},
+		{"group kind as a number", `1`, "cannot unmarshal number"},
+	} {
+		text := strings.Replace(string(b), `"kind":"full"`, `"kind":`+x.kind, 1)
+		if text == string(b) {
+			t.Fatalf("no group kind in %s", b)
+		}
+		vf.InvalidJSON = append(vf.InvalidJSON, invalidJSON{Name: x.name, JSON: text, Error: x.err})
+	}
 }
 
 // checkRejects checks the dtype and invalid-input sections of vf against
@@ -399,6 +429,12 @@ func checkRejects(t *testing.T, vf vectorFile) {
 			continue
 		}
 		checkFieldError(t, "invalid chain "+v.Name, err, v.Field, v.Error)
+	}
+	for _, v := range vf.InvalidJSON {
+		var id Identity
+		if err := json.Unmarshal([]byte(v.JSON), &id); err == nil || !strings.Contains(err.Error(), v.Error) {
+			t.Errorf("invalid JSON %s: json.Unmarshal = %v, want an error containing %q", v.Name, err, v.Error)
+		}
 	}
 	for _, v := range vf.InvalidKeys {
 		k, err := ParseKey(v.Key)

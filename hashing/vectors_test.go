@@ -34,6 +34,7 @@ type vectorFile struct {
 	InvalidEncodings  []invalidEncoding `json:"invalid_encodings"`
 	InvalidChains     []invalidChain    `json:"invalid_chains"`
 	InvalidKeys       []invalidKey      `json:"invalid_keys"`
+	InvalidJSON       []invalidJSON     `json:"invalid_json"`
 	Worked            []workedValue     `json:"worked_example"`
 	Folds             []foldVector      `json:"folds"`
 }
@@ -52,7 +53,8 @@ type identityVector struct {
 	ID           string   `json:"id"`
 	Prefix       string   `json:"prefix"`
 	TenantPrefix string   `json:"tenant_prefix"`
-	Shards       int      `json:"shards"`
+	Shards       int      `json:"shards"`       // shards of the attention groups and the default layout: TP size / replication
+	GroupShards  []int    `json:"group_shards"` // shards of each group, in order (one entry for the default layout)
 }
 
 type extraVector struct {
@@ -135,6 +137,15 @@ func (e extraVector) ref(t testing.TB) refExtra {
 }
 
 func intp(i int) *int { return &i }
+
+// groupShards returns the number of shards of each of ns's groups.
+func groupShards(ns Namespace) []int {
+	n := make([]int, len(ns.Groups()))
+	for g := range n {
+		n[g] = ns.GroupShards(g)
+	}
+	return n
+}
 
 func b3hex(s string) string { h := blake3.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
 
@@ -226,6 +237,7 @@ func generateVectors(t testing.TB) vectorFile {
 		vf.Identities = append(vf.Identities, identityVector{
 			Name: x.name, Identity: x.id, Encoding: hex.EncodeToString(enc), Digest: hex.EncodeToString(d[:]),
 			ID: ns.ID(), Prefix: ns.Prefix(), TenantPrefix: TenantPrefix(x.id.Tenant), Shards: ns.Shards(),
+			GroupShards: groupShards(ns),
 		})
 	}
 
@@ -657,7 +669,8 @@ func TestVectors(t *testing.T) {
 		nss[v.Name] = ns
 		d := ns.Digest()
 		got := identityVector{Name: v.Name, Identity: v.Identity, Encoding: hex.EncodeToString(enc), Digest: hex.EncodeToString(d[:]),
-			ID: ns.ID(), Prefix: ns.Prefix(), TenantPrefix: TenantPrefix(v.Identity.Tenant), Shards: ns.Shards()}
+			ID: ns.ID(), Prefix: ns.Prefix(), TenantPrefix: TenantPrefix(v.Identity.Tenant), Shards: ns.Shards(),
+			GroupShards: groupShards(ns)}
 		if diff := cmp.Diff(v, got); diff != "" {
 			t.Errorf("identity %s (-file +package):\n%s", v.Name, diff)
 		}

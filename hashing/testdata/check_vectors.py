@@ -324,6 +324,8 @@ def is_default_groups(x):
 
 def group_from_json(g):
     kind = g.get("kind")
+    if kind is not None and (not isinstance(kind, str) or kind not in KINDS):
+        raise Reject("kind", f"{kind!r}: unknown group kind (known: full, sliding_window, state)")
     return {"kind": KINDS[kind] if kind is not None else 0, "layers": g.get("layers", []), "block_size": g.get("block_size", 0),
             "window": g.get("window", 0), "state_bytes": g.get("state_bytes", 0)}
 
@@ -514,7 +516,9 @@ def main():
         ids[v["name"]] = (x, d)
         tenant = x["tenant"].decode()
         got = dict(encoding=enc.hex(), digest=d.hex(), id=d[:16].hex(), prefix=f"{tenant}/{d[:16].hex()}/",
-                   tenant_prefix=tenant + "/", shards=x["tp_size"] // x["replication"])
+                   tenant_prefix=tenant + "/", shards=x["tp_size"] // x["replication"],
+                   group_shards=[x["tp_size"] if g["kind"] == STATE else x["tp_size"] // x["replication"]
+                                 for g in effective_groups(x)])  # section 6
         for k, want in got.items():
             expect(v[k] == want, f"identity {v['name']}: {k} {v[k]}, computed {want}")
         want = dict(x, groups=[] if is_default_groups(x) else x["groups"])
@@ -567,6 +571,9 @@ def main():
         expect(rejects(lambda: chain(v["block_size"], [], v["extras"]), v["field"]),
                f"invalid chain {v['name']}: not rejected for {v['field']}")
     print(f"invalid chains: {len(vf['invalid_chains'])} rejected")
+    for v in vf["invalid_json"]:
+        expect(rejects(lambda: identity_from_json(json.loads(v["json"])), "kind"), f"invalid JSON {v['name']}: decoded")
+    print(f"invalid JSON identities: {len(vf['invalid_json'])} rejected")
     for v in vf["invalid_keys"]:
         expect(rejects(lambda: parse_key(v["key"])), f"invalid key {v['key']!r}: parsed")
     print(f"invalid keys: {len(vf['invalid_keys'])} rejected")
