@@ -106,13 +106,25 @@ func jsonDecode(t *testing.T, b []byte) any {
 // DEALER socket and prints JSON that is compared here field by field.
 func TestIndependentConsumer(t *testing.T) {
 	python := checkerPython(t)
-	for _, f := range []Format{FormatMap, FormatArray} {
-		t.Run(string(f), func(t *testing.T) {
+	for _, tc := range []struct {
+		f      Format
+		legacy bool
+	}{{FormatMap, false}, {FormatArray, false}, {FormatMap, true}} {
+		f := tc.f
+		name := string(f)
+		if tc.legacy {
+			name += "/legacy_replay"
+		}
+		t.Run(name, func(t *testing.T) {
 			const topic = "kv@pod-0@llama"
-			p := openTest(t, Config{Topic: topic, Format: f, DataParallelRank: 2})
+			p := openTest(t, Config{Topic: topic, Format: f, DataParallelRank: 2, LegacyReplay: tc.legacy})
 			var stdout, stderr bytes.Buffer
-			cmd := exec.Command(python, "testdata/check_consumer.py", "--pub", p.Endpoint(), "--replay", p.ReplayEndpoint(),
-				"--topic", "kv@", "--count", "2", "--replay-from", "0")
+			args := []string{"testdata/check_consumer.py", "--pub", p.Endpoint(), "--replay", p.ReplayEndpoint(),
+				"--topic", "kv@", "--count", "2", "--replay-from", "0"}
+			if tc.legacy {
+				args = append(args, "--legacy-replay")
+			}
+			cmd := exec.Command(python, args...)
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -161,8 +173,12 @@ func TestIndependentConsumer(t *testing.T) {
 			}
 			wantOut := map[string]any{
 				"live":   []any{batch(topic, 0, want), batch(topic, 1, want[3:])},
-				"replay": []any{batch(nil, 0, want), batch(nil, 1, want[3:])},
-				"end":    []any{"", "ffffffffffffffff", ""},
+				"replay": []any{batch(topic, 0, want), batch(topic, 1, want[3:])},
+				"end":    []any{"", "", "ffffffffffffffff", ""},
+			}
+			if tc.legacy {
+				wantOut["replay"] = []any{batch(nil, 0, want), batch(nil, 1, want[3:])}
+				wantOut["end"] = []any{"", "ffffffffffffffff", ""}
 			}
 			// The timestamps: floats between before and after; then out of
 			// the comparison.

@@ -30,9 +30,13 @@
 // With [Config.ReplayEndpoint] set, a ROUTER socket resends the latest
 // [Config.BufferSteps] batches: a DEALER client sends ["", start], start
 // the first wanted seq as 8 bytes big-endian, and receives
-// ["", seq, payload] for each buffered batch from start on, then
-// ["", -1 as 8 bytes, ""] (the frames of vLLM's replay; a replay reply has
-// no topic frame). A REQ client may send [start], as its socket adds the
+// ["", topic, seq, payload] for each buffered batch from start on, then
+// ["", "", -1 as 8 bytes, ""]: after the empty delimiter, exactly the
+// three frames that vLLM sends since 0.26 (vLLM PR 45177) and that
+// llm-d-router 0.10 requires. [Config.LegacyReplay] sends the form of
+// vLLM before 0.26 instead, ["", seq, payload] and ["", -1, ""], for
+// consumers older than vLLM 0.26. A start past the newest batch gets the
+// end marker alone. A REQ client may send [start], as its socket adds the
 // empty frame, but it then receives only the first reply. A subscriber
 // that sees a gap in seq, or that joined late, fills it so: a batch is
 // buffered before it is sent, so every batch seen live can be replayed.
