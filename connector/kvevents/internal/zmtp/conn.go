@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 )
 
@@ -312,13 +313,36 @@ func (c *Conn) readHeader(first bool) (byte, uint64, error) {
 }
 
 // readBody reads a frame body of size bytes, size checked by readHeader.
+// A large body grows as its bytes arrive, so that a peer that announces a
+// frame and sends less of it makes the reader hold no more than about
+// twice what it sent.
 func (c *Conn) readBody(size uint64) ([]byte, error) {
-	body := make([]byte, size)
-	if _, err := io.ReadFull(c.br, body); err != nil {
-		return nil, err
+	if size <= bodyChunk {
+		body := make([]byte, size)
+		if _, err := io.ReadFull(c.br, body); err != nil {
+			return nil, err
+		}
+		return body, nil
+	}
+	body := make([]byte, 0, bodyChunk)
+	for uint64(len(body)) < size {
+		if len(body) == cap(body) {
+			body = slices.Grow(body, min(int(size)-len(body), cap(body)))
+		}
+		n, err := c.br.Read(body[len(body):min(cap(body), int(size))])
+		body = body[:len(body)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
 	}
 	return body, nil
 }
+
+// bodyChunk is the size up to which a frame body is allocated at once.
+const bodyChunk = 4 << 10
 
 // WriteCommand writes one command and flushes it. It must not be called
 // concurrently with WriteMsg.
