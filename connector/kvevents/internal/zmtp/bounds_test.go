@@ -481,3 +481,67 @@ func FuzzReadMsgMemory(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkPubSendSubscriptions: the cost of Send does not grow with a
+// peer's subscriptions. Two PUB sockets, each with one peer, that peer
+// subscribed to 1 prefix on one and to 4,096 of 4 to 23 bytes on the
+// other (none matching, so only the matching is measured); topics alternate so that the last
+// answer is never reused. Reports each socket's time per Send and their
+// ratio (many/one), measured in the same loop.
+func BenchmarkPubSendSubscriptions(b *testing.B) {
+	const many = 4096
+	lim := testLimits
+	lim.Subs, lim.SubBytes = many+1, many*16
+	log := slog.New(slog.DiscardHandler)
+	pubs := make([]*Pub, 2)
+	for i, n := range []int{1, many} {
+		pub, err := ListenPub(context.Background(), "tcp://127.0.0.1:0", 10, lim, log)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pub.Close(0)
+		c, err := Dial(context.Background(), pub.Endpoint(), "SUB", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		for j := range n {
+			// Prefixes of 4 to 23 bytes, none a prefix of the topics: every
+			// length of the topics' prefixes has subscriptions to look up.
+			s := fmt.Appendf(nil, "\x01%x", j)
+			for len(s) < 1+4+j%20 {
+				s = append(s, 'z')
+			}
+			c.writeMsg([][]byte{s})
+		}
+		c.writeMsg([][]byte{[]byte("\x01last")})
+		if err := c.bw.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		deadline := time.Now().Add(waitTimeout)
+		for pub.Subscribers([]byte("last")) != 1 {
+			if time.Now().After(deadline) {
+				b.Fatal("the subscriptions were not counted")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		pubs[i] = pub
+	}
+	topics := [][][]byte{{[]byte("kv@pod-0@model"), nil}, {[]byte("kv@pod-1@model"), nil}}
+	var spent [2]time.Duration
+	sends := 0
+	for b.Loop() {
+		for i, pub := range pubs {
+			start := time.Now()
+			for k := range 64 {
+				pub.Send(topics[k%2])
+			}
+			spent[i] += time.Since(start)
+		}
+		sends += 64
+	}
+	one, lots := float64(spent[0].Nanoseconds())/float64(sends), float64(spent[1].Nanoseconds())/float64(sends)
+	b.ReportMetric(one, "ns/send-1-sub")
+	b.ReportMetric(lots, "ns/send-4096-subs")
+	b.ReportMetric(lots/one, "ratio")
+}

@@ -1,6 +1,7 @@
 package zmtp
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -88,9 +89,10 @@ type peer struct {
 		// PUB: subscribed prefixes with their counts, how many and their
 		// bytes, and the last topic matched against them.
 		subs               map[string]int
+		lens               []int32 // lens[n]: how many prefixes of n bytes
 		subBytes           int
 		gen                uint64 // changes with subs
-		lastTopic          string
+		lastTopic          []byte
 		lastGen            uint64
 		lastHit, lastValid bool
 	}
@@ -193,12 +195,17 @@ func (p *peer) subscribe(msg []byte, lim *SocketLimits) error {
 		}
 		p.mu.subs[topic] = 1
 		p.mu.subBytes += len(topic)
+		if len(topic) >= len(p.mu.lens) {
+			p.mu.lens = append(p.mu.lens, make([]int32, len(topic)+1-len(p.mu.lens))...)
+		}
+		p.mu.lens[len(topic)]++
 		p.mu.gen++
 	case n > 1:
 		p.mu.subs[topic] = n - 1
 	case ok:
 		delete(p.mu.subs, topic)
 		p.mu.subBytes -= len(topic)
+		p.mu.lens[len(topic)]--
 		p.mu.gen++
 	}
 	return nil
@@ -208,7 +215,7 @@ func (p *peer) subscribe(msg []byte, lim *SocketLimits) error {
 // connecting socket (its peer sends them again).
 func (p *peer) resetSubs() {
 	p.mu.Lock()
-	p.mu.subs = nil
+	p.mu.subs, p.mu.lens = nil, nil
 	p.mu.subBytes = 0
 	p.mu.gen++
 	p.mu.Unlock()
@@ -223,20 +230,22 @@ func (p *peer) hasSubs() bool {
 // subscribed reports whether a prefix of topic is subscribed. Its cost
 // does not grow with the number of subscriptions: the last topic's answer
 // is kept until the subscriptions change, and otherwise each prefix of
-// topic is looked up in the set (len(topic)+1 lookups).
+// topic whose length some subscription has is looked up in the set (at
+// most len(topic)+1 lookups).
 func (p *peer) subscribed(topic []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.mu.lastValid && p.mu.lastGen == p.mu.gen && p.mu.lastTopic == string(topic) {
+	if p.mu.lastValid && p.mu.lastGen == p.mu.gen && bytes.Equal(p.mu.lastTopic, topic) {
 		return p.mu.lastHit
 	}
 	hit := false
-	if len(p.mu.subs) > 0 {
-		for i := 0; i <= len(topic) && !hit; i++ {
-			_, hit = p.mu.subs[string(topic[:i])]
+	for n := 0; n <= len(topic) && n < len(p.mu.lens) && !hit; n++ {
+		if p.mu.lens[n] > 0 {
+			_, hit = p.mu.subs[string(topic[:n])]
 		}
 	}
-	p.mu.lastTopic, p.mu.lastGen, p.mu.lastHit, p.mu.lastValid = string(topic), p.mu.gen, hit, true
+	p.mu.lastTopic = append(p.mu.lastTopic[:0], topic...)
+	p.mu.lastGen, p.mu.lastHit, p.mu.lastValid = p.mu.gen, hit, true
 	return hit
 }
 
