@@ -353,6 +353,15 @@ func (c *Conn) WriteCommand(name string, data []byte) error {
 	return c.bw.Flush()
 }
 
+// WriteRaw writes b as it is and flushes it, for tests of peers that
+// break the protocol. It must not be called concurrently with WriteMsg.
+func (c *Conn) WriteRaw(b []byte) error {
+	if _, err := c.bw.Write(b); err != nil {
+		return err
+	}
+	return c.bw.Flush()
+}
+
 // WriteMsg writes one message of frames (at least one) and, unless more
 // is set, flushes it.
 func (c *Conn) WriteMsg(frames [][]byte) error {
