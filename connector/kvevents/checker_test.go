@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -109,28 +110,83 @@ func TestIndependentConsumer(t *testing.T) {
 	for _, tc := range []struct {
 		f      Format
 		legacy bool
-	}{{FormatMap, false}, {FormatArray, false}, {FormatMap, true}} {
+		bind   bool // the SUB binds and the publisher connects to it
+	}{{FormatMap, false, false}, {FormatArray, false, false}, {FormatMap, true, false}, {FormatMap, false, true}} {
 		f := tc.f
 		name := string(f)
 		if tc.legacy {
 			name += "/legacy_replay"
 		}
+		if tc.bind {
+			name += "/binding_sub"
+		}
 		t.Run(name, func(t *testing.T) {
 			const topic = "kv@pod-0@llama"
-			p := openTest(t, Config{Topic: topic, Format: f, DataParallelRank: 2, LegacyReplay: tc.legacy})
-			var stdout, stderr bytes.Buffer
-			args := []string{"testdata/check_consumer.py", "--pub", p.Endpoint(), "--replay", p.ReplayEndpoint(),
+			cfg := Config{Topic: topic, Format: f, DataParallelRank: 2, LegacyReplay: tc.legacy}
+			var p *Publisher
+			pub, replayArg := "", "-"
+			if !tc.bind {
+				p = openTest(t, cfg)
+				pub, replayArg = p.Endpoint(), p.ReplayEndpoint()
+			} else {
+				pub = "tcp://127.0.0.1:*"
+			}
+			args := []string{"testdata/check_consumer.py", "--pub", pub, "--replay", replayArg,
 				"--topic", "kv@", "--count", "2", "--replay-from", "0"}
 			if tc.legacy {
 				args = append(args, "--legacy-replay")
 			}
+			if tc.bind {
+				args = append(args, "--bind")
+			}
 			cmd := exec.Command(python, args...)
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			var stderr bytes.Buffer
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pr.Close()
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stdout, cmd.Stderr = pw, &stderr
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
+			pw.Close()
+			lines := make(chan string, 4)
+			go func() {
+				defer close(lines)
+				sc := bufio.NewScanner(pr)
+				sc.Buffer(nil, 64<<20)
+				for sc.Scan() {
+					lines <- sc.Text()
+				}
+			}()
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
+			if tc.bind {
+				var first string
+				select {
+				case first = <-lines:
+				case err := <-exited:
+					t.Fatalf("check_consumer.py exited before binding: %v\n%s", err, stderr.String())
+				case <-time.After(2 * testTimeout):
+					cmd.Process.Kill()
+					t.Fatalf("check_consumer.py did not bind\n%s", stderr.String())
+				}
+				var bound struct{ Bound string }
+				if err := json.Unmarshal([]byte(first), &bound); err != nil || bound.Bound == "" {
+					t.Fatalf("check_consumer.py's first line %q: want {\"bound\": endpoint}", first)
+				}
+				cfg.Endpoint = bound.Bound
+				p = openTest(t, cfg)
+				if p.cfg.binds() {
+					t.Fatalf("the publisher binds %q, want it to connect", cfg.Endpoint)
+				}
+				fmt.Fprintln(stdin, p.ReplayEndpoint())
+			}
 			// Wait for the subscription (or for the checker to fail first).
 			deadline := time.Now().Add(testTimeout)
 			for p.Stats().Subscribers == 0 {
@@ -161,8 +217,12 @@ func TestIndependentConsumer(t *testing.T) {
 				<-exited
 				t.Fatalf("check_consumer.py did not finish\n%s", stderr.String())
 			}
-			t.Logf("check_consumer.py printed:\n%s", stdout.String())
-			got := jsonDecode(t, stdout.Bytes()).(map[string]any)
+			var stdout string
+			for l := range lines {
+				stdout = l // the last line is the output
+			}
+			t.Logf("check_consumer.py printed:\n%s", stdout)
+			got := jsonDecode(t, []byte(stdout)).(map[string]any)
 
 			batch := func(topic any, seq int, evs [][]kv) map[string]any {
 				out := []any{}

@@ -110,13 +110,26 @@ def main():
     ap.add_argument("--replay-from", type=int, default=0)
     ap.add_argument("--timeout-ms", type=int, default=20000)
     ap.add_argument("--legacy-replay", action="store_true")
+    # --bind: the SUB binds --pub (tcp://127.0.0.1:* for a port of the
+    # system's choice), as in llm-d's static-endpoint mode, for a publisher
+    # that connects; it prints {"bound": endpoint} on a line first.
+    # --replay - reads the replay endpoint from stdin after that line.
+    ap.add_argument("--bind", action="store_true")
     args = ap.parse_args()
 
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt_string(zmq.SUBSCRIBE, args.topic)
-    sub.connect(args.pub)
+    if args.bind:
+        sub.bind(args.pub)
+        bound = sub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        print(json.dumps({"bound": bound}), flush=True)
+    else:
+        sub.connect(args.pub)
+    replay_endpoint = args.replay
+    if replay_endpoint == "-":
+        replay_endpoint = sys.stdin.readline().strip()
     # The Go side waits until the publisher counts this subscription, then
     # publishes: no fixed sleep, nothing lost to the slow-joiner race.
     live = []
@@ -130,7 +143,7 @@ def main():
 
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(args.replay)
+    dealer.connect(replay_endpoint)
     # A DEALER sends the empty delimiter that a REQ socket would add.
     dealer.send_multipart([b"", args.replay_from.to_bytes(8, "big")])
     replay, end = [], None
