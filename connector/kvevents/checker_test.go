@@ -182,7 +182,7 @@ func TestIndependentConsumer(t *testing.T) {
 				}
 				cfg.Endpoint = bound.Bound
 				p = openTest(t, cfg)
-				if p.cfg.binds() {
+				if p.cfg.Binds() {
 					t.Fatalf("the publisher binds %q, want it to connect", cfg.Endpoint)
 				}
 				fmt.Fprintln(stdin, p.ReplayEndpoint())

@@ -201,7 +201,7 @@ func (c Config) Validate() error {
 	if c.Mode != ModeAuto && c.Mode != ModeBind && c.Mode != ModeConnect {
 		return fmt.Errorf("kvevents: mode = %q: want \"\" (vLLM's rule), %q or %q", c.Mode, ModeBind, ModeConnect)
 	}
-	if !c.binds() && strings.HasSuffix(c.Endpoint, ":0") {
+	if !c.Binds() && strings.HasSuffix(c.Endpoint, ":0") {
 		return fmt.Errorf("kvevents: endpoint = %q: port 0 with mode %q: there is nothing to connect to", c.Endpoint, c.Mode)
 	}
 	if err := checkTopic(c.Topic); err != nil {
@@ -222,9 +222,9 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// binds reports whether the PUB socket binds its endpoint (see Mode).
-// c.Endpoint is valid.
-func (c Config) binds() bool {
+// Binds reports whether the PUB socket binds Endpoint, rather than
+// connect to it, by Mode's rule.
+func (c Config) Binds() bool {
 	switch c.Mode {
 	case ModeBind:
 		return true

@@ -110,7 +110,7 @@ func Open(ctx context.Context, cfg Config) (*Publisher, error) {
 		p.log = slog.New(slog.DiscardHandler)
 	}
 	var err error
-	if cfg.binds() {
+	if cfg.Binds() {
 		p.pub, err = zmtp.ListenPub(ctx, cfg.Endpoint, cfg.HWM, pubLimits(cfg), p.log)
 	} else {
 		p.pub, err = zmtp.DialPub(cfg.Endpoint, cfg.HWM, pubLimits(cfg), p.log)

@@ -34,8 +34,8 @@ func TestModeRule(t *testing.T) {
 		{"tcp://127.0.0.1:5557", ModeBind, true},
 		{"tcp://*:5557", ModeConnect, false},
 	} {
-		if got := (Config{Endpoint: tt.endpoint, Mode: tt.mode}).binds(); got != tt.bind {
-			t.Errorf("Config{Endpoint: %q, Mode: %q}.binds() = %v, want %v", tt.endpoint, tt.mode, got, tt.bind)
+		if got := (Config{Endpoint: tt.endpoint, Mode: tt.mode}).Binds(); got != tt.bind {
+			t.Errorf("Config{Endpoint: %q, Mode: %q}.Binds() = %v, want %v", tt.endpoint, tt.mode, got, tt.bind)
 		}
 	}
 }
