@@ -112,10 +112,12 @@
 //   - idle time: a subscriber subscribes within 60 s of its handshake (a
 //     subscribed one may stay silent: it only reads), and a replay client
 //     sends each request within 60 s ([Stats].PeersIdle);
-//   - what a peer does not read: [Config.HWM] messages queued per peer,
-//     sharing the batches' bytes with the replay buffer; past it messages
-//     are dropped for that peer ([Stats].SubscriberDrops) and replay
-//     fills the gap;
+//   - what a peer does not read: [Config.HWM] messages queued per
+//     subscriber, sharing the batches' bytes with the replay buffer; past
+//     it messages are dropped for that subscriber
+//     ([Stats].SubscriberDrops) and replay fills the gap; a replay client
+//     has [Config.BufferSteps]+1 replies queued at most, one whole replay
+//     ([Stats].ReplayDrops past it);
 //   - ZMTP broken (a command inside a message, a wrong greeting or socket
 //     type): [Stats].PeersMalformed.
 //

@@ -69,6 +69,7 @@ type Stats struct {
 	SubscriberDrops uint64 // messages dropped for a subscriber whose HWM was reached
 	Replays         uint64 // replay requests answered
 	ReplayMalformed uint64 // replay requests ignored: not [identity, "", start of up to 8 bytes]
+	ReplayDrops     uint64 // replay replies dropped for a client with buffer_steps+1 replies unread
 	Subscribers     int    // connected subscribers whose subscription matches the topic
 
 	// Peers of the PUB and replay sockets (together) disconnected for
@@ -119,8 +120,9 @@ func Open(ctx context.Context, cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("kvevents: endpoint: %w", err)
 	}
 	if cfg.ReplayEndpoint != "" {
-		// A replay of the whole buffer fits the client's queue.
-		p.replay, err = zmtp.ListenRouter(ctx, cfg.ReplayEndpoint, max(cfg.HWM, cfg.BufferSteps+1), replayLimits(cfg), p.log)
+		// A replay of the whole buffer fits a client's queue, and a client
+		// that asks again without reading gets what fits (counted).
+		p.replay, err = zmtp.ListenRouter(ctx, cfg.ReplayEndpoint, cfg.BufferSteps+1, replayLimits(cfg), p.log)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("kvevents: replay_endpoint: %w", err), p.pub.Close(0))
 		}
@@ -313,6 +315,13 @@ func (p *Publisher) replayFrames(id, topic, seq, payload []byte) [][]byte {
 	return [][]byte{id, {}, topic, seq, payload}
 }
 
+func (p *Publisher) replayDrops() uint64 {
+	if p.replay == nil {
+		return 0
+	}
+	return p.replay.Drops()
+}
+
 // Stats returns the publisher's counters.
 func (p *Publisher) Stats() Stats {
 	st := Stats{
@@ -323,6 +332,7 @@ func (p *Publisher) Stats() Stats {
 		SubscriberDrops: p.pub.Drops(),
 		Replays:         p.replays.Load(),
 		ReplayMalformed: p.replayMalformed.Load(),
+		ReplayDrops:     p.replayDrops(),
 		Subscribers:     p.pub.Subscribers(p.topic),
 	}
 	c := p.pub.Counters()

@@ -251,3 +251,33 @@ func TestLegacyReplay(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayClientThatNeverReads: a replay client that asks again and
+// again and reads nothing holds at most one whole replay; the rest is
+// dropped and counted, and Publish and other clients go on.
+func TestReplayClientThatNeverReads(t *testing.T) {
+	p := openTest(t, Config{BufferSteps: 8})
+	tokens := make([]hashing.Token, 64*1024) // batches of 256 KiB: the socket buffers fill at once
+	ev := Event{Kind: BlockStored, Hashes: []hashing.BlockHash{testHash(0, 1)}, BlockSize: len(tokens), Tokens: tokens}
+	for range 8 {
+		mustPublish(t, p, ev)
+	}
+	waitFor(t, "the batches to be sent", func() bool { return p.Stats().Batches == 8 })
+	lazy := dealer(t, p)
+	for range 20 {
+		if err := lazy.WriteMsg([][]byte{{}, make([]byte, 8)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 20 replays of 9 replies each (8 of 256 KiB): at most 9 queued, 9
+	// more taken by the writer, and what the kernel's buffers hold (a few
+	// MiB: a few tens of replies); at least half are dropped.
+	waitFor(t, "the replies over the queue to be dropped", func() bool {
+		st := p.Stats()
+		return st.Replays == 20 && st.ReplayDrops >= 20*9/2
+	})
+	mustPublish(t, p, ev)
+	if got := replay(t, dealer(t, p), 8); len(got) != 1 {
+		t.Errorf("another client's replay from 8: %d batches, want 1", len(got))
+	}
+}
