@@ -208,6 +208,7 @@ func TestPeerBoundsInStats(t *testing.T) {
 	waitFor(t, "the flood to be counted", func() bool { return p.Stats().PeersOverSubscribed == 1 })
 
 	mustPublish(t, p, Event{Kind: AllBlocksCleared})
+	waitFor(t, "the batch to be sent", func() bool { return p.Stats().Batches == 1 })
 	d := dealer(t, p)
 	if got := replay(t, d, 1); len(got) != 0 {
 		t.Errorf("replay from 1 with only seq 0 buffered: %d batches, want the end marker alone", len(got))
@@ -277,6 +278,7 @@ func TestReplayClientThatNeverReads(t *testing.T) {
 		return st.Replays == 20 && st.ReplayDrops >= 20*9/2
 	})
 	mustPublish(t, p, ev)
+	waitFor(t, "the last batch to be sent", func() bool { return p.Stats().Batches == 9 })
 	if got := replay(t, dealer(t, p), 8); len(got) != 1 {
 		t.Errorf("another client's replay from 8: %d batches, want 1", len(got))
 	}

@@ -260,7 +260,7 @@ func (c *Conn) readMsg(keep int) ([][]byte, error) {
 			discard = true
 		}
 		if discard {
-			if _, err := io.CopyN(io.Discard, c.br, int64(size)); err != nil {
+			if _, err := c.br.Discard(int(size)); err != nil { // size <= Limits.Frame
 				return nil, err
 			}
 		} else {
