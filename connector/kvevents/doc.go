@@ -45,6 +45,7 @@
 //
 //	p, err := kvevents.Open(ctx, kvevents.Config{
 //		Endpoint:       "tcp://127.0.0.1:5557",
+//		Mode:           kvevents.ModeBind, // this host only; see Binding or connecting
 //		ReplayEndpoint: "tcp://127.0.0.1:5558",
 //		Topic:          "kv@pod-0@llama",
 //		Medium:         kvevents.MediumCPU, // memstore; MediumStorage for Mooncake
@@ -116,8 +117,8 @@
 //     subscriber, sharing the batches' bytes with the replay buffer; past
 //     it messages are dropped for that subscriber
 //     ([Stats].SubscriberDrops) and replay fills the gap; a replay client
-//     has [Config.BufferSteps]+1 replies queued at most, one whole replay
-//     ([Stats].ReplayDrops past it);
+//     has one whole replay queued at most (one more reply than
+//     [Config.BufferSteps]; [Stats].ReplayDrops past it);
 //   - ZMTP broken (a command inside a message, a wrong greeting or socket
 //     type): [Stats].PeersMalformed.
 //
