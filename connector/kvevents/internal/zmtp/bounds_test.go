@@ -316,13 +316,40 @@ func TestIdlePeers(t *testing.T) {
 	closedByPeer(t, subscribed, "a subscriber stalled in a message")
 	waitFor(t, "the stalled subscriber to be counted", func() bool { return pub.Counters().Idle == 2 })
 
-	r, err := ListenRouter(context.Background(), "tcp://127.0.0.1:0", 10, lim, log)
+	// A ROUTER: a client that asked for 16 MiB of replies and reads none
+	// yet is busy, not idle; one that sends nothing is dropped.
+	r, err := ListenRouter(context.Background(), "tcp://127.0.0.1:0", 100, lim, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close(0)
+	slow := rawPeer(t, r.Endpoint(), "DEALER")
+	slow.Limits.Frame, slow.Limits.Bytes = 1<<20, 1<<20
+	if err := slow.WriteMsg([][]byte{{}, []byte("replay")}); err != nil {
+		t.Fatal(err)
+	}
+	req, err := r.Recv(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply := make([]byte, 256<<10)
+	for range 64 {
+		if ok, err := r.Send([][]byte{req[0], {}, reply}); !ok || err != nil {
+			t.Fatalf("Send = %v, %v", ok, err)
+		}
+	}
 	closedByPeer(t, rawPeer(t, r.Endpoint(), "DEALER"), "a ROUTER peer that sends nothing")
-	waitFor(t, "the silent ROUTER peer to be counted", func() bool { return r.Counters().Idle == 1 })
+	waitFor(t, "the silent ROUTER peer to be counted", func() bool { return r.Counters().Idle >= 1 })
+	// The slow client has been silent for longer than Idle by now.
+	slow.SetDeadline(time.Now().Add(waitTimeout))
+	for i := range 64 {
+		if m, err := slow.ReadMsg(); err != nil || len(m) != 2 || len(m[1]) != len(reply) {
+			t.Fatalf("the slow client's reply %d: %d frames, %v; want it served whole", i, len(m), err)
+		}
+	}
+	if n := r.Counters().Idle; n != 1 {
+		t.Errorf("Counters().Idle = %d, want only the silent client", n)
+	}
 }
 
 // TestHandshakeBounds: a silent connection ends at the handshake's time

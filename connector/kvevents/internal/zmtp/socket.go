@@ -85,6 +85,7 @@ type peer struct {
 		conn    *Conn         // nil while a connecting socket is disconnected
 		gone    chan struct{} // closed when conn's writer has exited
 		queue   [][][]byte
+		writing bool // the writer holds messages taken from queue
 		closing bool
 		// PUB: subscribed prefixes with their counts, how many and their
 		// bytes, and the last topic matched against them.
@@ -155,6 +156,7 @@ func (p *peer) writeLoop(c *Conn, gone chan struct{}) {
 		}
 		batch, closing := p.mu.queue, p.mu.closing
 		p.mu.queue = nil
+		p.mu.writing = len(batch) > 0
 		p.mu.Unlock()
 		if len(batch) == 0 {
 			if closing {
@@ -163,17 +165,25 @@ func (p *peer) writeLoop(c *Conn, gone chan struct{}) {
 			<-p.wake
 			continue
 		}
-		for _, m := range batch {
-			if err := c.writeMsg(m); err != nil {
-				c.Close()
-				return
-			}
-		}
-		if err := c.bw.Flush(); err != nil {
+		err := p.write(c, batch)
+		p.mu.Lock()
+		p.mu.writing = false
+		p.mu.Unlock()
+		if err != nil {
 			c.Close()
 			return
 		}
 	}
+}
+
+// write writes batch to c and flushes it.
+func (p *peer) write(c *Conn, batch [][][]byte) error {
+	for _, m := range batch {
+		if err := c.writeMsg(m); err != nil {
+			return err
+		}
+	}
+	return c.bw.Flush()
 }
 
 // subscribe applies a subscription message (0x01 or 0x00, then the
@@ -219,6 +229,13 @@ func (p *peer) resetSubs() {
 	p.mu.subBytes = 0
 	p.mu.gen++
 	p.mu.Unlock()
+}
+
+// busy reports whether the peer has messages queued or being written.
+func (p *peer) busy() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.mu.queue) > 0 || p.mu.writing
 }
 
 func (p *peer) hasSubs() bool {
@@ -441,7 +458,17 @@ func (s *server) readLoop(p *peer, c *Conn) error {
 		if err := c.nc.SetReadDeadline(deadline); err != nil {
 			return err
 		}
-		msg, err := c.readMsg(keep)
+		// Wait for a message's first byte: past Idle, a peer that has
+		// replies queued or being written (a slow reader of a long
+		// replay) is given another Idle; any other is dropped.
+		_, err := c.br.Peek(1)
+		if errors.Is(err, os.ErrDeadlineExceeded) && p.busy() {
+			continue
+		}
+		var msg [][]byte
+		if err == nil {
+			msg, err = c.readMsg(keep)
+		}
 		if err == nil && msg != nil {
 			err = s.onMsg(p, msg)
 		}
