@@ -132,7 +132,7 @@ func TestIndependentConsumer(t *testing.T) {
 				pub = "tcp://127.0.0.1:*"
 			}
 			args := []string{"testdata/check_consumer.py", "--pub", pub, "--replay", replayArg,
-				"--topic", "kv@", "--count", "2", "--replay-from", "0"}
+				"--topic", "kv@", "--count", "2", "--replay-from", "0", "--timeout-ms", fmt.Sprint(testTimeout.Milliseconds())}
 			if tc.legacy {
 				args = append(args, "--legacy-replay")
 			}
