@@ -501,10 +501,19 @@ func (s *server) connectLoop(addr string, p *peer) {
 		}
 	}()
 	backoff := minBackoff
+	warned := false // the current streak of failures was logged
 	for {
-		ok, clean := s.connectOnce(ctx, addr, p)
+		ok, clean, err := s.connectOnce(ctx, addr, p)
+		if ok {
+			warned = false
+		}
 		if ok && clean {
 			backoff = minBackoff
+		}
+		if err != nil && !warned {
+			// Later failures of the streak are counted, not logged.
+			s.log.Warn("zmtp: connect failed, retrying with backoff", "type", s.typ, "endpoint", s.remote, "err", err)
+			warned = true
 		}
 		select {
 		case <-s.done:
@@ -518,32 +527,34 @@ func (s *server) connectLoop(addr string, p *peer) {
 }
 
 // connectOnce dials, serves the connection until it ends and reports
-// whether a handshake completed and whether the connection ended without
-// the peer breaking a bound or the protocol.
-func (s *server) connectOnce(ctx context.Context, addr string, p *peer) (ok, clean bool) {
+// whether a handshake completed, whether the connection ended without the
+// peer breaking a bound or the protocol, and the error of an attempt that
+// failed before its handshake completed (counted).
+func (s *server) connectOnce(ctx context.Context, addr string, p *peer) (ok, clean bool, err error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.cnt.dialFailures.Add(1)
-			s.log.Debug("zmtp: connect", "type", s.typ, "endpoint", s.remote, "err", err)
+		if ctx.Err() != nil {
+			return false, true, nil // closing
 		}
-		return false, false
+		s.cnt.dialFailures.Add(1)
+		return false, false, err
 	}
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
 		nc.Close()
-		return false, true
+		return false, true, nil
 	}
 	s.mu.pending[nc] = struct{}{}
 	s.mu.Unlock()
 	c, err := s.handshake(nc)
 	if err != nil {
-		if !errors.Is(err, ErrClosed) {
-			s.cnt.dialFailures.Add(1)
+		if s.isClosed() {
+			return false, true, nil
 		}
-		return false, false
+		s.cnt.dialFailures.Add(1)
+		return false, false, err
 	}
 	s.cnt.connects.Add(1)
 	p.resetSubs()
@@ -551,13 +562,19 @@ func (s *server) connectOnce(ctx context.Context, addr string, p *peer) (ok, cle
 	if s.mu.closed {
 		s.mu.Unlock()
 		c.Close()
-		return true, true
+		return true, true, nil
 	}
 	p.attach(c) // under s.mu: Close sees the connection
 	s.mu.Unlock()
 	err = s.readLoop(p, c)
 	p.detach(c)
-	return true, !errors.Is(err, ErrBound) && !errors.Is(err, ErrProtocol)
+	return true, !errors.Is(err, ErrBound) && !errors.Is(err, ErrProtocol), nil
+}
+
+func (s *server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.closed
 }
 
 // close stops accepting, lets each peer's writer send what it has queued
