@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,6 +256,63 @@ func TestIndependentConsumer(t *testing.T) {
 			}
 			if diff := cmp.Diff(jsonValue(t, wantOut), any(got)); diff != "" {
 				t.Errorf("check_consumer.py output (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestCheckerRejectsOtherReplayForm: check_consumer.py fails on the replay
+// form it was not told to expect, as llm-d-router v0.10.0 fails on the
+// form before vLLM 0.26: its replay check can fail.
+func TestCheckerRejectsOtherReplayForm(t *testing.T) {
+	python := checkerPython(t)
+	for _, tc := range []struct {
+		legacyPub, legacyChecker bool
+		want                     string
+	}{
+		{true, false, "malformed replay frame with 2 frames"},
+		{false, true, "legacy replay reply of 3 frames"},
+	} {
+		t.Run(fmt.Sprintf("publisher_legacy=%v", tc.legacyPub), func(t *testing.T) {
+			p := openTest(t, Config{Topic: "kv@pod@m", LegacyReplay: tc.legacyPub})
+			args := []string{"testdata/check_consumer.py", "--pub", p.Endpoint(), "--replay", p.ReplayEndpoint(),
+				"--count", "1", "--timeout-ms", fmt.Sprint(testTimeout.Milliseconds())}
+			if tc.legacyChecker {
+				args = append(args, "--legacy-replay")
+			}
+			cmd := exec.Command(python, args...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			deadline := time.Now().Add(testTimeout)
+			for p.Stats().Subscribers == 0 {
+				select {
+				case err := <-exited:
+					t.Fatalf("check_consumer.py exited before subscribing: %v\n%s", err, stderr.String())
+				default:
+				}
+				if time.Now().After(deadline) {
+					cmd.Process.Kill()
+					<-exited
+					t.Fatalf("check_consumer.py did not subscribe within %v", testTimeout)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			mustPublish(t, p, Event{Kind: AllBlocksCleared})
+			var err error
+			select {
+			case err = <-exited:
+			case <-time.After(2 * testTimeout):
+				cmd.Process.Kill()
+				<-exited
+				t.Fatalf("check_consumer.py did not finish\n%s", stderr.String())
+			}
+			if err == nil || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("check_consumer.py = %v, stderr %q; want a failure saying %q", err, stderr.String(), tc.want)
 			}
 		})
 	}
