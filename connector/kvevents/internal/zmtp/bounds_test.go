@@ -571,3 +571,48 @@ func BenchmarkPubSendSubscriptions(b *testing.B) {
 	b.ReportMetric(lots, "ns/send-4096-subs")
 	b.ReportMetric(lots/one, "ratio")
 }
+
+// fakeConn is a net.Conn that reads r and discards what is written.
+type fakeConn struct{ r io.Reader }
+
+func (f fakeConn) Read(b []byte) (int, error)       { return f.r.Read(b) }
+func (f fakeConn) Write(b []byte) (int, error)      { return len(b), nil }
+func (f fakeConn) Close() error                     { return nil }
+func (f fakeConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (f fakeConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (f fakeConn) SetDeadline(time.Time) error      { return nil }
+func (f fakeConn) SetReadDeadline(time.Time) error  { return nil }
+func (f fakeConn) SetWriteDeadline(time.Time) error { return nil }
+
+// FuzzHandshakeMemory: a handshake with a peer that sends any bytes
+// allocates in proportion to them, beyond the connection's two buffers:
+// a READY that announces 1 GiB holds no more than what came of it.
+func FuzzHandshakeMemory(f *testing.F) {
+	var g [greetingLen]byte
+	g[0], g[9], g[10] = 0xff, 0x7f, 3
+	copy(g[12:], "NULL")
+	ready := appendProperty(nil, "Socket-Type", []byte("SUB"))
+	f.Add(append(append(g[:], flagCommand, byte(6+len(ready)), 5, 'R', 'E', 'A', 'D', 'Y'), ready...))
+	f.Add(append(g[:], flagCommand|flagLong, 0, 0, 0, 0x40, 0, 0, 0, 0, 5, 'R', 'E', 'A', 'D', 'Y'))
+	f.Add(append(g[:], flagCommand|flagLong, 0, 0, 0, 0, 0, 0, 0x1f, 0xff, 5, 'R', 'E', 'A', 'D', 'Y'))
+	f.Add(append(g[:], flagCommand|flagLong, 0, 0, 0, 0, 0, 0x10, 0, 0, 5, 'R', 'E', 'A', 'D', 'Y'))
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		before := totalAlloc()
+		c, err := Handshake(fakeConn{bytes.NewReader(data)}, "PUB", nil)
+		if err == nil {
+			c.Limits = Limits{Frame: 1 << 20, Bytes: 1 << 21, Frames: 64}
+			for range 4 {
+				if _, err := c.readMsg(64); err != nil {
+					break
+				}
+			}
+		}
+		// Two 4 KiB buffers, the greeting, the READY written, a first
+		// chunk of 4 KiB, errors and properties: under 32 KiB, plus what
+		// came in, three times over.
+		if got, bound := totalAlloc()-before, uint64(3*len(data)+32<<10); got > bound {
+			t.Fatalf("a handshake of %d bytes allocated %d bytes, over %d", len(data), got, bound)
+		}
+	})
+}
