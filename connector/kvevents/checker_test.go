@@ -1,12 +1,14 @@
 package kvevents
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,19 +108,86 @@ func jsonDecode(t *testing.T, b []byte) any {
 // DEALER socket and prints JSON that is compared here field by field.
 func TestIndependentConsumer(t *testing.T) {
 	python := checkerPython(t)
-	for _, f := range []Format{FormatMap, FormatArray} {
-		t.Run(string(f), func(t *testing.T) {
+	for _, tc := range []struct {
+		f      Format
+		legacy bool
+		bind   bool // the SUB binds and the publisher connects to it
+	}{{FormatMap, false, false}, {FormatArray, false, false}, {FormatMap, true, false}, {FormatMap, false, true}} {
+		f := tc.f
+		name := string(f)
+		if tc.legacy {
+			name += "/legacy_replay"
+		}
+		if tc.bind {
+			name += "/binding_sub"
+		}
+		t.Run(name, func(t *testing.T) {
 			const topic = "kv@pod-0@llama"
-			p := openTest(t, Config{Topic: topic, Format: f, DataParallelRank: 2})
-			var stdout, stderr bytes.Buffer
-			cmd := exec.Command(python, "testdata/check_consumer.py", "--pub", p.Endpoint(), "--replay", p.ReplayEndpoint(),
-				"--topic", "kv@", "--count", "2", "--replay-from", "0")
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			cfg := Config{Topic: topic, Format: f, DataParallelRank: 2, LegacyReplay: tc.legacy}
+			var p *Publisher
+			pub, replayArg := "", "-"
+			if !tc.bind {
+				p = openTest(t, cfg)
+				pub, replayArg = p.Endpoint(), p.ReplayEndpoint()
+			} else {
+				pub = "tcp://127.0.0.1:*"
+			}
+			args := []string{"testdata/check_consumer.py", "--pub", pub, "--replay", replayArg,
+				"--topic", "kv@", "--count", "2", "--replay-from", "0", "--timeout-ms", fmt.Sprint(testTimeout.Milliseconds())}
+			if tc.legacy {
+				args = append(args, "--legacy-replay")
+			}
+			if tc.bind {
+				args = append(args, "--bind")
+			}
+			cmd := exec.Command(python, args...)
+			var stderr bytes.Buffer
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pr.Close()
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stdout, cmd.Stderr = pw, &stderr
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
+			pw.Close()
+			lines := make(chan string, 4)
+			go func() {
+				defer close(lines)
+				sc := bufio.NewScanner(pr)
+				sc.Buffer(nil, 64<<20)
+				for sc.Scan() {
+					lines <- sc.Text()
+				}
+			}()
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
+			if tc.bind {
+				var first string
+				select {
+				case first = <-lines:
+				case err := <-exited:
+					t.Fatalf("check_consumer.py exited before binding: %v\n%s", err, stderr.String())
+				case <-time.After(2 * testTimeout):
+					cmd.Process.Kill()
+					t.Fatalf("check_consumer.py did not bind\n%s", stderr.String())
+				}
+				var bound struct{ Bound string }
+				if err := json.Unmarshal([]byte(first), &bound); err != nil || bound.Bound == "" {
+					t.Fatalf("check_consumer.py's first line %q: want {\"bound\": endpoint}", first)
+				}
+				cfg.Endpoint = bound.Bound
+				p = openTest(t, cfg)
+				if p.cfg.Binds() {
+					t.Fatalf("the publisher binds %q, want it to connect", cfg.Endpoint)
+				}
+				fmt.Fprintln(stdin, p.ReplayEndpoint())
+			}
 			// Wait for the subscription (or for the checker to fail first).
 			deadline := time.Now().Add(testTimeout)
 			for p.Stats().Subscribers == 0 {
@@ -149,8 +218,12 @@ func TestIndependentConsumer(t *testing.T) {
 				<-exited
 				t.Fatalf("check_consumer.py did not finish\n%s", stderr.String())
 			}
-			t.Logf("check_consumer.py printed:\n%s", stdout.String())
-			got := jsonDecode(t, stdout.Bytes()).(map[string]any)
+			var stdout string
+			for l := range lines {
+				stdout = l // the last line is the output
+			}
+			t.Logf("check_consumer.py printed:\n%s", stdout)
+			got := jsonDecode(t, []byte(stdout)).(map[string]any)
 
 			batch := func(topic any, seq int, evs [][]kv) map[string]any {
 				out := []any{}
@@ -161,8 +234,12 @@ func TestIndependentConsumer(t *testing.T) {
 			}
 			wantOut := map[string]any{
 				"live":   []any{batch(topic, 0, want), batch(topic, 1, want[3:])},
-				"replay": []any{batch(nil, 0, want), batch(nil, 1, want[3:])},
-				"end":    []any{"", "ffffffffffffffff", ""},
+				"replay": []any{batch(topic, 0, want), batch(topic, 1, want[3:])},
+				"end":    []any{"", "", "ffffffffffffffff", ""},
+			}
+			if tc.legacy {
+				wantOut["replay"] = []any{batch(nil, 0, want), batch(nil, 1, want[3:])}
+				wantOut["end"] = []any{"", "ffffffffffffffff", ""}
 			}
 			// The timestamps: floats between before and after; then out of
 			// the comparison.
@@ -179,6 +256,63 @@ func TestIndependentConsumer(t *testing.T) {
 			}
 			if diff := cmp.Diff(jsonValue(t, wantOut), any(got)); diff != "" {
 				t.Errorf("check_consumer.py output (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestCheckerRejectsOtherReplayForm: check_consumer.py fails on the replay
+// form it was not told to expect, as llm-d-router v0.10.0 fails on the
+// form before vLLM 0.26: its replay check can fail.
+func TestCheckerRejectsOtherReplayForm(t *testing.T) {
+	python := checkerPython(t)
+	for _, tc := range []struct {
+		legacyPub, legacyChecker bool
+		want                     string
+	}{
+		{true, false, "malformed replay frame with 2 frames"},
+		{false, true, "legacy replay reply of 3 frames"},
+	} {
+		t.Run(fmt.Sprintf("publisher_legacy=%v", tc.legacyPub), func(t *testing.T) {
+			p := openTest(t, Config{Topic: "kv@pod@m", LegacyReplay: tc.legacyPub})
+			args := []string{"testdata/check_consumer.py", "--pub", p.Endpoint(), "--replay", p.ReplayEndpoint(),
+				"--count", "1", "--timeout-ms", fmt.Sprint(testTimeout.Milliseconds())}
+			if tc.legacyChecker {
+				args = append(args, "--legacy-replay")
+			}
+			cmd := exec.Command(python, args...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			deadline := time.Now().Add(testTimeout)
+			for p.Stats().Subscribers == 0 {
+				select {
+				case err := <-exited:
+					t.Fatalf("check_consumer.py exited before subscribing: %v\n%s", err, stderr.String())
+				default:
+				}
+				if time.Now().After(deadline) {
+					cmd.Process.Kill()
+					<-exited
+					t.Fatalf("check_consumer.py did not subscribe within %v", testTimeout)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			mustPublish(t, p, Event{Kind: AllBlocksCleared})
+			var err error
+			select {
+			case err = <-exited:
+			case <-time.After(2 * testTimeout):
+				cmd.Process.Kill()
+				<-exited
+				t.Fatalf("check_consumer.py did not finish\n%s", stderr.String())
+			}
+			if err == nil || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("check_consumer.py = %v, stderr %q; want a failure saying %q", err, stderr.String(), tc.want)
 			}
 		})
 	}

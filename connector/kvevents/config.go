@@ -3,8 +3,11 @@ package kvevents
 import (
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvconnect/kvconnect/connector/kvevents/internal/zmtp"
 )
@@ -14,6 +17,63 @@ const (
 	DefaultBufferSteps  = 10000
 	DefaultHWM          = 100000
 	DefaultMaxQueueSize = 100000
+	// DefaultMaxPeers is the default of Config.MaxPeers.
+	DefaultMaxPeers = 64
+	// MaxTopicBytes bounds Config.Topic.
+	MaxTopicBytes = 256
+)
+
+// Bounds on what the sockets' peers send and hold (see the package doc,
+// "Security"). A peer over one is disconnected and counted in [Stats].
+const (
+	// pubIdle: a subscriber subscribes within it after its handshake.
+	pubIdle = 60 * time.Second
+	// replayIdle: a replay client sends each request within it.
+	replayIdle = 60 * time.Second
+	// msgTimeout: a message, once begun, arrives whole within it.
+	msgTimeout = 10 * time.Second
+	// maxSubs and maxSubBytes bound one subscriber's subscriptions.
+	maxSubs     = 64
+	maxSubBytes = 4 << 10
+	// pubMsgBytes and pubMsgFrames bound a message a subscriber sends (a
+	// subscription is one frame; the rest is read and discarded).
+	pubMsgBytes  = 64 << 10
+	pubMsgFrames = 16
+	// replayMsgBytes and replayMsgFrames bound a replay request (two
+	// frames of at most 8 bytes; a REQ socket may add a request id).
+	replayMsgBytes  = 1 << 10
+	replayMsgFrames = 4
+)
+
+func pubLimits(c Config) zmtp.SocketLimits {
+	return zmtp.SocketLimits{
+		Msg:   zmtp.Limits{Frame: pubMsgBytes, Bytes: pubMsgBytes, Frames: pubMsgFrames, MsgTimeout: msgTimeout},
+		Peers: c.MaxPeers, Idle: pubIdle, Subs: maxSubs, SubBytes: maxSubBytes,
+	}
+}
+
+func replayLimits(c Config) zmtp.SocketLimits {
+	return zmtp.SocketLimits{
+		Msg:   zmtp.Limits{Frame: replayMsgBytes, Bytes: replayMsgBytes, Frames: replayMsgFrames, MsgTimeout: msgTimeout},
+		Peers: c.MaxPeers, Idle: replayIdle,
+	}
+}
+
+// Mode is whether the PUB socket binds its endpoint or connects to it.
+type Mode string
+
+const (
+	// ModeAuto follows vLLM: bind an endpoint whose host is a wildcard
+	// (tcp://*:5557, or an IPv6 host with "::" as tcp://[::]:5557), and
+	// connect to any other, for a subscriber that binds (llm-d's
+	// static-endpoint mode). An endpoint with port 0 binds too: there is
+	// nothing to connect to.
+	ModeAuto Mode = ""
+	// ModeBind binds the endpoint whatever its host, for example
+	// tcp://127.0.0.1:5557 to serve subscribers of this host only.
+	ModeBind Mode = "bind"
+	// ModeConnect connects to the endpoint whatever its host.
+	ModeConnect Mode = "connect"
 )
 
 // Format is how events are written inside a batch.
@@ -33,16 +93,28 @@ const (
 // decodes into it (enable_kv_cache_events and publisher are not fields:
 // opening a Publisher is enabling it, and it is always "zmq").
 type Config struct {
-	// Endpoint is where the PUB socket binds: tcp://host:port, the host an
-	// IP address, a name, or * for every interface; port 0 lets the system
-	// choose (see [Publisher.Endpoint]). Required: there is no default, so
-	// that events are never exposed beyond what was asked, for example
-	// tcp://127.0.0.1:5557 for this host only. Unlike vLLM, which connects
-	// to an endpoint without a wildcard, the publisher always binds.
+	// Endpoint is where the PUB socket binds, or what it connects to (see
+	// Mode): tcp://host:port, the host an IP address, a name, or * for
+	// every interface; port 0 lets the system choose (see
+	// [Publisher.Endpoint]). Required: there is no default, so that events
+	// are never exposed beyond what was asked. As vLLM's, tcp://*:5557
+	// binds and tcp://router-host:5557 connects (a subscriber binds there).
 	Endpoint string `json:"endpoint"`
+	// Mode is ModeAuto (vLLM's rule, for ""), ModeBind or ModeConnect. The
+	// replay socket always binds.
+	Mode Mode `json:"mode,omitempty"`
 	// ReplayEndpoint is where the ROUTER socket that answers replay
 	// requests binds, as Endpoint; "" for no replay.
 	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+	// LegacyReplay sends replay replies as vLLM did before 0.26, for
+	// consumers older than vLLM 0.26: [seq, payload] per batch and
+	// [-1, ""] at the end, without the topic frame that vLLM 0.26 and
+	// llm-d-router 0.10 expect ([topic, seq, payload], ["", -1, ""]).
+	LegacyReplay bool `json:"legacy_replay,omitempty"`
+	// MaxPeers bounds the connections of each socket, handshakes in
+	// progress included; a connection over it is closed at once and
+	// counted ([Stats].PeersRefused). 0 is DefaultMaxPeers.
+	MaxPeers int `json:"max_peers,omitempty"`
 	// BufferSteps is how many of the latest batches replay can resend;
 	// 0 is DefaultBufferSteps.
 	BufferSteps int `json:"buffer_steps"`
@@ -55,7 +127,9 @@ type Config struct {
 	// dropped and counted. 0 is DefaultMaxQueueSize.
 	MaxQueueSize int `json:"max_queue_size"`
 	// Topic is the first frame of every message (subscribers filter on its
-	// prefix); llm-d reads topics of the form kv@<pod>@<model>.
+	// prefix); llm-d reads topics of the form kv@<pod>@<model>. It is
+	// UTF-8 of at most MaxTopicBytes bytes, without control characters
+	// (NUL and newlines among them).
 	Topic string `json:"topic"`
 	// Medium is the medium of every event whose Event.Medium is "":
 	// MediumCPU for memstore, MediumStorage or a name of the deployment's
@@ -89,6 +163,9 @@ func (c Config) EnsureDefaults() Config {
 	if c.Format == "" {
 		c.Format = FormatMap
 	}
+	if c.MaxPeers == 0 {
+		c.MaxPeers = DefaultMaxPeers
+	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = time.Second
 	}
@@ -116,10 +193,19 @@ func (c Config) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"buffer_steps", c.BufferSteps}, {"hwm", c.HWM}, {"max_queue_size", c.MaxQueueSize}} {
+	}{{"buffer_steps", c.BufferSteps}, {"hwm", c.HWM}, {"max_queue_size", c.MaxQueueSize}, {"max_peers", c.MaxPeers}} {
 		if f.v < 0 {
 			return fmt.Errorf("kvevents: %s = %d: negative (0 is the default)", f.name, f.v)
 		}
+	}
+	if c.Mode != ModeAuto && c.Mode != ModeBind && c.Mode != ModeConnect {
+		return fmt.Errorf("kvevents: mode = %q: want \"\" (vLLM's rule), %q or %q", c.Mode, ModeBind, ModeConnect)
+	}
+	if !c.Binds() && strings.HasSuffix(c.Endpoint, ":0") {
+		return fmt.Errorf("kvevents: endpoint = %q: port 0 with mode %q: there is nothing to connect to", c.Endpoint, c.Mode)
+	}
+	if err := checkTopic(c.Topic); err != nil {
+		return err
 	}
 	if c.Medium == "" {
 		return fmt.Errorf("kvevents: medium = \"\": required (%s for memstore, %s for Mooncake)", MediumCPU, MediumStorage)
@@ -132,6 +218,47 @@ func (c Config) Validate() error {
 	}
 	if c.CloseTimeout < 0 {
 		return fmt.Errorf("kvevents: CloseTimeout = %v: negative", c.CloseTimeout)
+	}
+	return nil
+}
+
+// Binds reports whether the PUB socket binds Endpoint, rather than
+// connect to it, by Mode's rule.
+func (c Config) Binds() bool {
+	switch c.Mode {
+	case ModeBind:
+		return true
+	case ModeConnect:
+		return false
+	}
+	addr, err := zmtp.TCPAddr(c.Endpoint)
+	if err != nil {
+		return true
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	return host == "" || strings.Contains(host, "::") || port == "0"
+}
+
+// checkTopic returns an error naming the topic, quoted and truncated, when
+// it is not UTF-8, holds a control character or is over MaxTopicBytes.
+func checkTopic(topic string) error {
+	bad := func(why string) error {
+		q := strconv.Quote(topic)
+		if len(topic) > 64 {
+			q = strconv.Quote(topic[:64]) + fmt.Sprintf("... (%d bytes)", len(topic))
+		}
+		return fmt.Errorf("kvevents: topic = %s: %s", q, why)
+	}
+	if len(topic) > MaxTopicBytes {
+		return bad(fmt.Sprintf("over %d bytes", MaxTopicBytes))
+	}
+	if !utf8.ValidString(topic) {
+		return bad("not valid UTF-8")
+	}
+	for i, r := range topic {
+		if r < 0x20 || r == 0x7f {
+			return bad(fmt.Sprintf("control character %U at byte %d", r, i))
+		}
 	}
 	return nil
 }

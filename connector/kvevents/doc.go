@@ -30,9 +30,13 @@
 // With [Config.ReplayEndpoint] set, a ROUTER socket resends the latest
 // [Config.BufferSteps] batches: a DEALER client sends ["", start], start
 // the first wanted seq as 8 bytes big-endian, and receives
-// ["", seq, payload] for each buffered batch from start on, then
-// ["", -1 as 8 bytes, ""] (the frames of vLLM's replay; a replay reply has
-// no topic frame). A REQ client may send [start], as its socket adds the
+// ["", topic, seq, payload] for each buffered batch from start on, then
+// ["", "", -1 as 8 bytes, ""]: after the empty delimiter, exactly the
+// three frames that vLLM sends since 0.26 (vLLM PR 45177) and that
+// llm-d-router 0.10 requires. [Config.LegacyReplay] sends the form of
+// vLLM before 0.26 instead, ["", seq, payload] and ["", -1, ""], for
+// consumers older than vLLM 0.26. A start past the newest batch gets the
+// end marker alone. A REQ client may send [start], as its socket adds the
 // empty frame, but it then receives only the first reply. A subscriber
 // that sees a gap in seq, or that joined late, fills it so: a batch is
 // buffered before it is sent, so every batch seen live can be replayed.
@@ -41,6 +45,7 @@
 //
 //	p, err := kvevents.Open(ctx, kvevents.Config{
 //		Endpoint:       "tcp://127.0.0.1:5557",
+//		Mode:           kvevents.ModeBind, // this host only; see Binding or connecting
 //		ReplayEndpoint: "tcp://127.0.0.1:5558",
 //		Topic:          "kv@pod-0@llama",
 //		Medium:         kvevents.MediumCPU, // memstore; MediumStorage for Mooncake
@@ -58,9 +63,72 @@
 // parent hash and token ids today, so routers that re-hash tokens cannot
 // use them until the connector fills them.
 //
-// The sockets bind exactly the configured address and nothing else; there
-// is no default endpoint. Bind a loopback or private address: the events
-// name the tokens of every cached prompt.
+// # Binding or connecting
+//
+// As vLLM's publisher, the PUB socket binds an endpoint whose host is a
+// wildcard (tcp://*:5557, or an IPv6 host with "::") and connects to any
+// other ([ModeAuto]): pointed at a router whose SUB binds (llm-d's
+// static-endpoint mode), the engine connects to it. An endpoint with port
+// 0 binds. [Config.Mode] forces [ModeBind] (for example to bind
+// tcp://127.0.0.1:5557, this host only) or [ModeConnect]. The replay
+// socket always binds.
+//
+// A connecting publisher returns from [Open] at once and connects in the
+// background; a failed attempt or a lost connection is retried after
+// 100 ms, doubling to 10 s (back to 100 ms after a connection that ended
+// without the peer breaking a bound), each failure counted in
+// [Stats].ConnectFailures. As with libzmq, batches sent while it has no
+// connection ([Stats].Disconnected) wait for the next connection if the
+// last one had subscribed to them, within [Config.HWM] (past it they are
+// dropped and counted in [Stats].SubscriberDrops); the router then
+// subscribes again, and batches sent before its subscription arrives are
+// not delivered. Every batch is buffered for replay all the same. Publish
+// never waits for a connection.
+//
+// # Security
+//
+// The sockets speak ZMTP with the NULL mechanism: there is no
+// authentication and no encryption, and anyone who can reach an endpoint
+// can subscribe to every event (which names the tokens of every cached
+// prompt) and ask for replays. Who may connect is decided by the network:
+// bind a loopback or private address (there is no default endpoint, and
+// a socket binds exactly the address configured), or connect to the
+// router's address. Peers are untrusted: they cannot make the publisher
+// send wrong events, block Publish, or hold memory or goroutines past
+// these bounds (each per socket, the PUB and the replay socket apart):
+//
+//   - peers: [Config.MaxPeers] connections, handshakes in progress
+//     included (default [DefaultMaxPeers], 64); a connection over it is
+//     closed at once ([Stats].PeersRefused);
+//   - the handshake: 10 s, and a READY command of at most 8 KiB;
+//   - a message a subscriber sends: 64 KiB and 16 frames (a subscription is
+//     one frame; anything else is read and discarded frame by frame,
+//     never buffered); a replay request: 1 KiB and 4 frames; a message,
+//     once begun, arrives whole within 10 s ([Stats].PeersOversize,
+//     [Stats].PeersIdle);
+//   - subscriptions: 64 prefixes and 4 KiB of them per subscriber
+//     ([Stats].PeersOverSubscribed); matching a batch's topic against
+//     them costs at most one set lookup per byte of the topic, whatever
+//     their number;
+//   - idle time: a subscriber subscribes within 60 s of its handshake (a
+//     subscribed one may stay silent: it only reads), and a replay client
+//     sends each request within 60 s ([Stats].PeersIdle);
+//   - what a peer does not read: [Config.HWM] messages queued per
+//     subscriber, sharing the batches' bytes with the replay buffer; past
+//     it messages are dropped for that subscriber
+//     ([Stats].SubscriberDrops) and replay fills the gap; a replay client
+//     has one whole replay queued at most (one more reply than
+//     [Config.BufferSteps]; [Stats].ReplayDrops past it);
+//   - ZMTP broken (a command inside a message, a wrong greeting or socket
+//     type): [Stats].PeersMalformed.
+//
+// A peer over a bound is disconnected, counted by bound in [Stats] and
+// logged at debug level; it may connect again (a connecting publisher
+// retries with its backoff, doubled after such a peer). A replay request
+// that is malformed is ignored and counted ([Stats].ReplayMalformed); one
+// for a sequence past the buffer gets the end marker alone. The topic is
+// checked at [Open]: UTF-8 of at most [MaxTopicBytes] bytes without control
+// characters.
 //
 // # Concurrency
 //
@@ -79,8 +147,9 @@
 //
 // Config's JSON names are vLLM's KVEventsConfig names (endpoint,
 // replay_endpoint, buffer_steps, hwm, max_queue_size, topic), with the
-// same defaults, plus medium, data_parallel_rank and format. Unlike vLLM,
-// the publisher always binds (vLLM connects to an endpoint without a
-// wildcard), does not add the data-parallel rank to the ports, supports
-// only tcp:// endpoints, and does not answer ZMTP heartbeats.
+// same defaults, plus medium, data_parallel_rank, format, mode,
+// legacy_replay and max_peers. It binds or connects by vLLM's rule and
+// replies to replays in the frames of vLLM 0.26. Unlike vLLM, it does not
+// add the data-parallel rank to the ports, supports only tcp:// endpoints,
+// does not answer ZMTP heartbeats, and bounds its peers (see Security).
 package kvevents

@@ -10,8 +10,9 @@ import (
 )
 
 // The publisher of an engine over memstore, on loopback. Port 0 lets the
-// system choose; a deployment names fixed ports, for example
-// tcp://127.0.0.1:5557 and tcp://127.0.0.1:5558.
+// system choose (and binds); a deployment names fixed ports, for example
+// tcp://127.0.0.1:5557 with Mode ModeBind (a host that is not a wildcard
+// is connected to otherwise, as vLLM does) and tcp://127.0.0.1:5558.
 func Example() {
 	p, err := kvevents.Open(context.Background(), kvevents.Config{
 		Endpoint:       "tcp://127.0.0.1:0",

@@ -15,8 +15,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
-// testTimeout bounds every wait of these tests.
-const testTimeout = 20 * time.Second
+// testTimeout bounds every wait of these tests: generous, as a loaded
+// machine may be slow.
+const testTimeout = time.Minute
 
 // openTest opens a publisher on ephemeral loopback ports, closed at the
 // end of the test.
@@ -65,7 +66,7 @@ func subscribe(t *testing.T, p *Publisher, topic string) *zmtp.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.MaxFrame = 64 << 20
+	c.Limits = zmtp.Limits{Frame: 64 << 20, Bytes: 64 << 20, Frames: 16}
 	t.Cleanup(func() { c.Close() })
 	if err := c.WriteMsg([][]byte{append([]byte{1}, topic...)}); err != nil {
 		t.Fatal(err)
@@ -94,13 +95,14 @@ func dealer(t *testing.T, p *Publisher) *zmtp.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.MaxFrame = 64 << 20
+	c.Limits = zmtp.Limits{Frame: 64 << 20, Bytes: 64 << 20, Frames: 16}
 	t.Cleanup(func() { c.Close() })
 	return c
 }
 
 // replay requests the batches from start on over c and returns the
-// replies before the end marker, checking the marker's frames.
+// replies before the end marker, each [topic, seq, payload], parsed as
+// llm-d-router v0.10.0 parses them (routerReplayFrames).
 func replay(t *testing.T, c *zmtp.Conn, start uint64) [][][]byte {
 	t.Helper()
 	if err := c.WriteMsg([][]byte{{}, binary.BigEndian.AppendUint64(nil, start)}); err != nil {
@@ -109,17 +111,38 @@ func replay(t *testing.T, c *zmtp.Conn, start uint64) [][][]byte {
 	var out [][][]byte
 	for {
 		m := recv(t, c)
-		if len(m) != 3 || len(m[0]) != 0 {
-			t.Fatalf("replay reply %x: want 3 frames, the first empty", m)
+		topic, seq, payload, end, err := routerReplayFrames(m)
+		if err != nil {
+			t.Fatalf("replay reply %x: %v", m, err)
 		}
-		if bytes.Equal(m[1], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}) {
-			if len(m[2]) != 0 {
-				t.Fatalf("replay end marker %x: want an empty last frame", m)
-			}
+		if end {
 			return out
 		}
-		out = append(out, m)
+		out = append(out, [][]byte{topic, binary.BigEndian.AppendUint64(nil, uint64(seq)), payload})
 	}
+}
+
+// routerReplayFrames parses one replay reply received on a DEALER socket
+// as llm-d-router v0.10.0 does: after the empty delimiter it requires
+// exactly three frames, [topic, seq, payload], seq 8 bytes big-endian and
+// signed, and takes seq -1 for the end of the replay; it rejects anything
+// else.
+func routerReplayFrames(m [][]byte) (topic []byte, seq int64, payload []byte, end bool, err error) {
+	if len(m) == 0 || len(m[0]) != 0 {
+		return nil, 0, nil, false, fmt.Errorf("missing empty delimiter")
+	}
+	parts := m[1:]
+	if len(parts) != 3 {
+		return nil, 0, nil, false, fmt.Errorf("malformed replay frame with %d frames", len(parts))
+	}
+	if len(parts[1]) != 8 {
+		return nil, 0, nil, false, fmt.Errorf("malformed sequence of %d bytes", len(parts[1]))
+	}
+	seq = int64(binary.BigEndian.Uint64(parts[1]))
+	if seq == -1 {
+		return nil, seq, nil, true, nil
+	}
+	return parts[0], seq, parts[2], false, nil
 }
 
 func seqOf(t *testing.T, b []byte) uint64 {

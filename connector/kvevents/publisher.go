@@ -51,8 +51,8 @@ type Publisher struct {
 		full    bool
 	}
 
-	batches, events, droppedBatches, droppedEvents, replays atomic.Uint64
-	seq                                                     uint64 // the sender's next sequence number
+	batches, events, droppedBatches, droppedEvents, replays, replayMalformed atomic.Uint64
+	seq                                                                      uint64 // the sender's next sequence number
 }
 
 type entry struct {
@@ -68,12 +68,33 @@ type Stats struct {
 	DroppedEvents   uint64 // events in them
 	SubscriberDrops uint64 // messages dropped for a subscriber whose HWM was reached
 	Replays         uint64 // replay requests answered
+	ReplayMalformed uint64 // replay requests ignored: not [identity, "", start of up to 8 bytes]
+	ReplayDrops     uint64 // replay replies dropped for a client with buffer_steps+1 replies unread
 	Subscribers     int    // connected subscribers whose subscription matches the topic
+
+	// Peers of the PUB and replay sockets (together) disconnected for
+	// breaking a bound (see the package doc, "Security"), by bound.
+	PeersRefused        uint64 // connections over Config.MaxPeers, closed at once
+	PeersOversize       uint64 // a frame or message over its bound
+	PeersOverSubscribed uint64 // subscriptions over their count or bytes
+	PeersIdle           uint64 // silent past the idle bound, or half a message past its time
+	PeersMalformed      uint64 // a handshake or message that broke ZMTP
+
+	// A publisher that connects (Config.Mode): handshakes completed,
+	// attempts that failed (each retried after a backoff), and batches
+	// sent while it had no connection (queued for the next one within the
+	// HWM, or counted in SubscriberDrops past it).
+	Connects        uint64
+	ConnectFailures uint64
+	Disconnected    uint64
 }
 
-// Open validates cfg, binds the PUB socket (and the ROUTER socket of the
-// replay endpoint) and starts the publisher's goroutines. ctx bounds the
-// binding only.
+// Open validates cfg, binds or connects the PUB socket (see [Config.Mode]),
+// binds the ROUTER socket of the replay endpoint, and starts the
+// publisher's goroutines. ctx bounds the binding only. An endpoint that
+// cannot be bound is an error; one that the publisher connects to is
+// never an error here: the publisher retries in the background, counting
+// the failures in [Stats].ConnectFailures, and Publish never waits for it.
 func Open(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -90,13 +111,18 @@ func Open(ctx context.Context, cfg Config) (*Publisher, error) {
 		p.log = slog.New(slog.DiscardHandler)
 	}
 	var err error
-	p.pub, err = zmtp.ListenPub(ctx, cfg.Endpoint, cfg.HWM, p.log)
+	if cfg.Binds() {
+		p.pub, err = zmtp.ListenPub(ctx, cfg.Endpoint, cfg.HWM, pubLimits(cfg), p.log)
+	} else {
+		p.pub, err = zmtp.DialPub(cfg.Endpoint, cfg.HWM, pubLimits(cfg), p.log)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: endpoint: %w", err)
 	}
 	if cfg.ReplayEndpoint != "" {
-		// A replay of the whole buffer fits the client's queue.
-		p.replay, err = zmtp.ListenRouter(ctx, cfg.ReplayEndpoint, max(cfg.HWM, cfg.BufferSteps+1), p.log)
+		// A replay of the whole buffer fits a client's queue, and a client
+		// that asks again without reading gets what fits (counted).
+		p.replay, err = zmtp.ListenRouter(ctx, cfg.ReplayEndpoint, cfg.BufferSteps+1, replayLimits(cfg), p.log)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("kvevents: replay_endpoint: %w", err), p.pub.Close(0))
 		}
@@ -112,7 +138,8 @@ func Open(ctx context.Context, cfg Config) (*Publisher, error) {
 }
 
 // Endpoint returns the PUB socket's address, tcp://host:port, with the
-// port the system chose when the configured port was 0.
+// port the system chose when the configured port was 0; for a publisher
+// that connects, the endpoint it connects to.
 func (p *Publisher) Endpoint() string { return p.pub.Endpoint() }
 
 // ReplayEndpoint returns the ROUTER socket's address as Endpoint does, or
@@ -244,10 +271,12 @@ func (p *Publisher) buffered(start uint64) []entry {
 }
 
 // replayLoop answers replay requests until Close: a request is
-// [identity, "", start] (a DEALER sends ["", start]), start
-// the first wanted sequence number, big-endian; the replies are
-// [identity, "", seq, payload] for each buffered batch from start on, then
-// [identity, "", -1, ""].
+// [identity, "", start] (a DEALER sends ["", start]), start the first
+// wanted sequence number, big-endian; the replies are
+// [identity, "", topic, seq, payload] for each buffered batch from start
+// on, then [identity, "", "", -1, ""], as vLLM since 0.26 sends them (with
+// LegacyReplay, [identity, "", seq, payload] and [identity, "", -1, ""]).
+// A start past the newest batch gets the end marker alone.
 func (p *Publisher) replayLoop() {
 	defer p.wg.Done()
 	for {
@@ -256,6 +285,7 @@ func (p *Publisher) replayLoop() {
 			return
 		}
 		if len(msg) != 3 || len(msg[1]) != 0 || len(msg[2]) > 8 {
+			p.replayMalformed.Add(1)
 			p.log.Warn("kvevents: malformed replay request", "frames", len(msg))
 			continue
 		}
@@ -265,28 +295,58 @@ func (p *Publisher) replayLoop() {
 		}
 		id := msg[0]
 		for _, e := range p.buffered(start) {
-			if _, err := p.replay.Send([][]byte{id, {}, binary.BigEndian.AppendUint64(nil, e.seq), e.payload}); err != nil {
+			if _, err := p.replay.Send(p.replayFrames(id, p.topic, binary.BigEndian.AppendUint64(nil, e.seq), e.payload)); err != nil {
 				return
 			}
 		}
-		if _, err := p.replay.Send([][]byte{id, {}, endSeq, {}}); err != nil {
+		if _, err := p.replay.Send(p.replayFrames(id, nil, endSeq, nil)); err != nil {
 			return
 		}
 		p.replays.Add(1)
 	}
 }
 
+// replayFrames returns one reply to the client id: a batch, or the end
+// marker (an empty topic, seq endSeq and an empty payload).
+func (p *Publisher) replayFrames(id, topic, seq, payload []byte) [][]byte {
+	if p.cfg.LegacyReplay {
+		return [][]byte{id, {}, seq, payload}
+	}
+	return [][]byte{id, {}, topic, seq, payload}
+}
+
+func (p *Publisher) replayDrops() uint64 {
+	if p.replay == nil {
+		return 0
+	}
+	return p.replay.Drops()
+}
+
 // Stats returns the publisher's counters.
 func (p *Publisher) Stats() Stats {
-	return Stats{
+	st := Stats{
 		Batches:         p.batches.Load(),
 		Events:          p.events.Load(),
 		DroppedBatches:  p.droppedBatches.Load(),
 		DroppedEvents:   p.droppedEvents.Load(),
 		SubscriberDrops: p.pub.Drops(),
 		Replays:         p.replays.Load(),
+		ReplayMalformed: p.replayMalformed.Load(),
+		ReplayDrops:     p.replayDrops(),
 		Subscribers:     p.pub.Subscribers(p.topic),
 	}
+	c := p.pub.Counters()
+	if p.replay != nil {
+		r := p.replay.Counters()
+		c.Refused += r.Refused
+		c.Oversize += r.Oversize
+		c.Subscriptions += r.Subscriptions
+		c.Idle += r.Idle
+		c.Malformed += r.Malformed
+	}
+	st.PeersRefused, st.PeersOversize, st.PeersOverSubscribed, st.PeersIdle, st.PeersMalformed = c.Refused, c.Oversize, c.Subscriptions, c.Idle, c.Malformed
+	st.Connects, st.ConnectFailures, st.Disconnected = c.Connects, c.DialFailures, c.Disconnected
+	return st
 }
 
 // Close stops Publish, sends what is queued for up to CloseTimeout (what

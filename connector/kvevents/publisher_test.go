@@ -263,6 +263,14 @@ func TestConfigErrors(t *testing.T) {
 		{"dp rank", func(c *Config) { c.DataParallelRank = -1 }, "data_parallel_rank = -1"},
 		{"format", func(c *Config) { c.Format = "json" }, `format = "json": want "map" or "array"`},
 		{"close timeout", func(c *Config) { c.CloseTimeout = -time.Second }, "CloseTimeout = -1s"},
+		{"max_peers", func(c *Config) { c.MaxPeers = -1 }, "max_peers = -1: negative"},
+		{"mode", func(c *Config) { c.Mode = "listen" }, `mode = "listen": want "" (vLLM's rule), "bind" or "connect"`},
+		{"connect to port 0", func(c *Config) { c.Mode = ModeConnect }, `endpoint = "tcp://127.0.0.1:0": port 0 with mode "connect"`},
+		{"topic NUL", func(c *Config) { c.Topic = "kv@pod\x00@m" }, `topic = "kv@pod\x00@m": control character U+0000 at byte 6`},
+		{"topic newline", func(c *Config) { c.Topic = "kv@pod\n" }, `topic = "kv@pod\n": control character U+000A at byte 6`},
+		{"topic not UTF-8", func(c *Config) { c.Topic = "kv@\xff\xfe" }, `topic = "kv@\xff\xfe": not valid UTF-8`},
+		{"topic 1 MiB", func(c *Config) { c.Topic = strings.Repeat("k", 1<<20) }, `topic = "` + strings.Repeat("k", 64) + `"... (1048576 bytes): over 256 bytes`},
+		{"topic 257 bytes", func(c *Config) { c.Topic = strings.Repeat("é", 128) + "k" }, `(257 bytes): over 256 bytes`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -281,7 +289,7 @@ func TestConfigErrors(t *testing.T) {
 	// A port in use: the error names the field.
 	p := openTest(t, Config{})
 	c := ok
-	c.Endpoint = p.Endpoint()
+	c.Endpoint, c.Mode = p.Endpoint(), ModeBind
 	if _, err := Open(context.Background(), c); err == nil || !strings.Contains(err.Error(), "kvevents: endpoint: ") {
 		t.Errorf("Open on a port in use = %v, want an endpoint error", err)
 	}

@@ -214,7 +214,7 @@ func main() {
 	fs.BoolVar(&o.TPProcs, "tp-procs", o.TPProcs, "also run the connector-on workload with the -tp ranks as processes of their own, started from this binary: the scheduler ships each step's encoded Metadata to them over unix sockets and gets their encoded Outputs back, and they reach the embedded store served on a unix socket (store/remote)")
 	fs.BoolVar(&o.Wait, "wait", o.Wait, "while every engine has nothing to compute, block until a connector has news (connector.Waker) instead of stepping to poll")
 	fs.StringVar(&o.Metrics, "metrics", o.Metrics, "serve the Prometheus metrics of the latest run with the connector on, from its start, at http://ADDR/metrics, for example 127.0.0.1:9400")
-	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "publish the KV events of the runs with the connector on, as vLLM does, on a ZMQ PUB socket bound at this endpoint, for example tcp://127.0.0.1:5557 (replay on the next port)")
+	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "publish the KV events of the runs with the connector on, as vLLM does, on a ZMQ PUB socket at this endpoint: bound for a wildcard host or port 0, for example tcp://*:5557 (replay bound on the next port), connected to for any other host, as vLLM does, for example tcp://router:5557 where a router's SUB binds (no replay)")
 	fs.IntVar(&o.Repeat, "repeat", o.Repeat, "run each configuration this many times, OFF and ON interleaved; the table shows each one's median-duration run")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the results as JSON")
 	fs.BoolVar(&o.Progress, "progress", o.Progress, "print a progress line while running")

@@ -132,14 +132,14 @@ type eventSink struct {
 	buf []kvevents.Event
 }
 
-// newEventSink binds the publisher at o.KVEvents, and its replay socket at
-// the next port.
+// newEventSink opens the publisher at o.KVEvents (bound or connected by
+// vLLM's rule), and, when it binds, its replay socket at the next port.
 func newEventSink(ctx context.Context, o Options, errw io.Writer) (*eventSink, error) {
 	cfg := kvevents.Config{Endpoint: o.KVEvents, Medium: kvevents.MediumCPU, Topic: "kv@miniengine@kvconnect-mini"}
 	if o.Store == "mooncake" {
 		cfg.Medium = kvevents.MediumStorage
 	}
-	if replay, ok := nextPort(o.KVEvents); ok {
+	if replay, ok := nextPort(o.KVEvents); ok && cfg.Binds() {
 		cfg.ReplayEndpoint = replay
 	}
 	pub, err := kvevents.Open(ctx, cfg)

@@ -10,7 +10,13 @@ prints one JSON object:
 
   {"live": [batch...], "replay": [batch...], "end": [frames as hex]}
 
-where a batch is {"topic" (null in a replay, whose replies carry none),
+A replay reply is parsed as vLLM >= 0.26 sends it (vLLM PR 45177) and as
+llm-d-router v0.10.0 reads it: after the empty delimiter exactly three
+frames, [topic, seq, payload] per batch and ["", -1, ""] at the end;
+anything else fails. With --legacy-replay, the form before vLLM 0.26:
+[seq, payload] and [-1, ""], with no topic.
+
+A batch is {"topic" (null in a legacy replay, whose replies carry none),
 "seq", "ts", "dp_rank", "events"} and an event
 is {"type", "encoding" ("map" or "array"), "keys" (the map's keys in wire
 order, or null), "fields" (every field of the class, by name)}.
@@ -103,13 +109,27 @@ def main():
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--replay-from", type=int, default=0)
     ap.add_argument("--timeout-ms", type=int, default=20000)
+    ap.add_argument("--legacy-replay", action="store_true")
+    # --bind: the SUB binds --pub (tcp://127.0.0.1:* for a port of the
+    # system's choice), as in llm-d's static-endpoint mode, for a publisher
+    # that connects; it prints {"bound": endpoint} on a line first.
+    # --replay - reads the replay endpoint from stdin after that line.
+    ap.add_argument("--bind", action="store_true")
     args = ap.parse_args()
 
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt_string(zmq.SUBSCRIBE, args.topic)
-    sub.connect(args.pub)
+    if args.bind:
+        sub.bind(args.pub)
+        bound = sub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        print(json.dumps({"bound": bound}), flush=True)
+    else:
+        sub.connect(args.pub)
+    replay_endpoint = args.replay
+    if replay_endpoint == "-":
+        replay_endpoint = sys.stdin.readline().strip()
     # The Go side waits until the publisher counts this subscription, then
     # publishes: no fixed sleep, nothing lost to the slow-joiner race.
     live = []
@@ -123,7 +143,7 @@ def main():
 
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(args.replay)
+    dealer.connect(replay_endpoint)
     # A DEALER sends the empty delimiter that a REQ socket would add.
     dealer.send_multipart([b"", args.replay_from.to_bytes(8, "big")])
     replay, end = [], None
@@ -131,15 +151,24 @@ def main():
         if not dealer.poll(args.timeout_ms):
             fail(f"replay timed out after {len(replay)} batches")
         frames = dealer.recv_multipart()
-        if len(frames) != 3 or frames[0] != b"":
-            fail(f"replay reply of frames {frames!r}: want [b'', seq, payload]")
-        if frames[1] == END_SEQ:
-            if frames[2] != b"":
-                fail("replay end marker with a payload")
+        if not frames or frames[0] != b"":
+            fail(f"replay reply of frames {frames!r}: no empty delimiter")
+        parts = frames[1:]
+        if args.legacy_replay:
+            if len(parts) != 2:
+                fail(f"legacy replay reply of {len(parts)} frames, want [seq, payload]")
+            parts = [None] + parts
+        elif len(parts) != 3:
+            fail(f"malformed replay frame with {len(parts)} frames, want [topic, seq, payload]")
+        topic, seq, payload = parts
+        if seq == END_SEQ:
+            if payload != b"" or topic not in (None, b""):
+                fail(f"replay end marker {frames!r}: want an empty topic and payload")
             end = [f.hex() for f in frames]
             break
-        # A replay reply carries no topic frame.
-        replay.append(decode_batch(None, frames[1], frames[2]))
+        if topic is not None and not topic.startswith(args.topic.encode()):
+            fail(f"replay topic {topic!r} does not match the subscription {args.topic!r}")
+        replay.append(decode_batch(topic, seq, payload))
 
     json.dump({"live": live, "replay": replay, "end": end}, sys.stdout)
     print()

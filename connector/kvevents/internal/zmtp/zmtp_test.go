@@ -10,16 +10,23 @@ import (
 	"time"
 )
 
+// testLimits are the bounds of the sockets of these tests but those that
+// test a bound.
+var testLimits = SocketLimits{
+	Msg:   Limits{Frame: 1 << 16, Bytes: 1 << 16, Frames: 16, MsgTimeout: time.Minute},
+	Peers: 16, Idle: time.Minute, Subs: 8, SubBytes: 1 << 10,
+}
+
 // TestHandshakeRefusesIncompatiblePeers: a PUB socket refuses a DEALER
 // peer, and a ROUTER socket a SUB peer.
 func TestHandshakeRefusesIncompatiblePeers(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
-	pub, err := ListenPub(context.Background(), "tcp://127.0.0.1:0", 10, log)
+	pub, err := ListenPub(context.Background(), "tcp://127.0.0.1:0", 10, testLimits, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close(0)
-	router, err := ListenRouter(context.Background(), "tcp://127.0.0.1:0", 10, log)
+	router, err := ListenRouter(context.Background(), "tcp://127.0.0.1:0", 10, testLimits, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +48,7 @@ func TestHandshakeRefusesIncompatiblePeers(t *testing.T) {
 // TestRouterRoutesByIdentity: two DEALER peers, one with an identity of
 // its own; replies reach only the peer named.
 func TestRouterRoutesByIdentity(t *testing.T) {
-	router, err := ListenRouter(context.Background(), "tcp://127.0.0.1:0", 10, slog.New(slog.DiscardHandler))
+	router, err := ListenRouter(context.Background(), "tcp://127.0.0.1:0", 10, testLimits, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +106,7 @@ func TestRouterRoutesByIdentity(t *testing.T) {
 // TestLongFrames: a frame over 255 bytes takes the long form, and a PUB
 // socket delivers it to a subscriber once the subscription is counted.
 func TestLongFrames(t *testing.T) {
-	pub, err := ListenPub(context.Background(), "tcp://127.0.0.1:0", 10, slog.New(slog.DiscardHandler))
+	pub, err := ListenPub(context.Background(), "tcp://127.0.0.1:0", 10, testLimits, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +130,7 @@ func TestLongFrames(t *testing.T) {
 	if err := pub.Send([][]byte{[]byte("t"), big}); err != nil {
 		t.Fatal(err)
 	}
-	sub.MaxFrame = 1 << 20
+	sub.Limits.Frame = 1 << 20
 	sub.SetDeadline(time.Now().Add(10 * time.Second))
 	m, err := sub.ReadMsg()
 	if err != nil || len(m) != 2 || !bytes.Equal(m[1], big) {
@@ -139,7 +146,7 @@ func FuzzReadMsg(f *testing.F) {
 	f.Add([]byte{0x04, 0x0a, 0x09, 'S', 'U', 'B', 'S', 'C', 'R', 'I', 'B', 'E'})
 	f.Add([]byte{0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c := &Conn{br: bufio.NewReader(bytes.NewReader(data)), bw: bufio.NewWriter(io.Discard), MaxFrame: 1 << 16}
+		c := &Conn{br: bufio.NewReader(bytes.NewReader(data)), bw: bufio.NewWriter(io.Discard), Limits: Limits{Frame: 1 << 16, Bytes: 1 << 17, Frames: 16}}
 		for range 8 {
 			m, err := c.ReadMsg()
 			if err != nil {
