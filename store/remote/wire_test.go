@@ -87,7 +87,7 @@ func (r *rig) conn(t *testing.T) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	if _, err := nc.Write(frame(msgHello, 1, nil, nil)); err != nil {
+	if _, err := nc.Write(frame(msgHello, 1, make([]byte, nonceLen), nil)); err != nil {
 		t.Fatal(err)
 	}
 	if h, _ := readFrame(t, nc); h.typ != msgHelloReply {
@@ -299,7 +299,7 @@ func FuzzServer(f *testing.F) {
 			srv.serveConn(server)
 		}()
 		go io.Copy(io.Discard, client) // replies
-		hello := frame(msgHello, 1, nil, nil)
+		hello := frame(msgHello, 1, make([]byte, nonceLen), nil)
 		if _, err := client.Write(append(hello, in...)); err != nil && !errors.Is(err, io.ErrClosedPipe) {
 			t.Fatal(err)
 		}
