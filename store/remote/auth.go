@@ -17,7 +17,7 @@ const MinSecretLen = 16
 // Secret is a shared secret that a server and its clients prove to each
 // other when a connection starts (see "Security" in the package doc). It
 // never crosses the wire, and it prints as "[secret]" with every verb of
-// package fmt and in log/slog records, so that options printed whole, in
+// package fmt, in log/slog records and as JSON, so that options printed whole, in
 // a log or an error text, do not reveal it.
 type Secret []byte
 
@@ -31,6 +31,9 @@ func (s Secret) String() string {
 
 // Format prints s as String does, whatever the verb.
 func (s Secret) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(s.String())) }
+
+// MarshalText hides s from encoding/json and the like.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // LogValue hides s from log/slog records.
 func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }

@@ -323,18 +323,27 @@ func (cc *cconn) hello(secret Secret, nextID func() uint32) (Limits, error) {
 	if lim.MaxValue < 1 || lim.MaxBatch < 1 || lim.MaxCallBytes < lim.MaxValue || auth > 1 {
 		return Limits{}, fmt.Errorf("%w: server limits %+v, auth %d", errFrame, lim, auth)
 	}
+	var refused error // the client's reason to refuse the server
 	switch {
 	case auth == 0 && len(secret) != 0:
 		return Limits{}, errors.New("remote: the server does not prove a shared secret, and ClientOptions.Secret is set: refusing a server that may not be the one meant")
-	case auth == 1 && len(secret) == 0:
-		return Limits{}, fmt.Errorf("remote: the server requires a shared secret, and the client has none (ClientOptions.Secret or %s)", SecretEnv)
 	case auth == 0:
 		return lim, nil
+	case len(secret) == 0:
+		refused = fmt.Errorf("remote: the server requires a shared secret, and the client has none (ClientOptions.Secret or %s)", SecretEnv)
+	case !checkProof(serverProof, secret, labelServer, clientNonce, serverNonce):
+		refused = errors.New("remote: the server's proof of the shared secret is wrong: the secrets differ, or the server is not the one meant")
 	}
-	if !checkProof(serverProof, secret, labelServer, clientNonce, serverNonce) {
-		return Limits{}, errors.New("remote: the server's proof of the shared secret is wrong: the secrets differ, or the server is not the one meant")
+	// A client that refuses the server still sends a proof, of zeros, so
+	// that the server learns and logs why the connection ends.
+	p := make([]byte, proofLen)
+	if refused == nil {
+		p = proof(secret, labelClient, clientNonce, serverNonce)
 	}
-	h, err = cc.exchange(msgAuth, nextID(), proof(secret, labelClient, clientNonce, serverNonce))
+	h, err = cc.exchange(msgAuth, nextID(), p)
+	if refused != nil {
+		return Limits{}, refused
+	}
 	if err != nil {
 		return Limits{}, err
 	}

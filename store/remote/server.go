@@ -659,7 +659,7 @@ func (c *sconn) hello() error {
 func (c *sconn) auth(secret, clientNonce, serverNonce []byte) error {
 	h, err := c.nextFrame()
 	if err != nil {
-		return err
+		return fmt.Errorf("remote: the client sent no proof of the shared secret: %w", err)
 	}
 	if h.typ != msgAuth || h.body != proofLen || h.data != 0 {
 		return fmt.Errorf("%w: frame of type %d with a body of %d bytes after the hello, want the client's proof of the shared secret", errFrame, h.typ, h.body)
