@@ -102,9 +102,14 @@ type Client interface {
 }
 
 var (
-	_ Client       = (*client)(nil)
-	_ Client       = (*leaserClient)(nil)
-	_ store.Leaser = (*leaserClient)(nil)
+	_ Client        = (*client)(nil)
+	_ Client        = (*leaserClient)(nil)
+	_ store.Leaser  = (*leaserClient)(nil)
+	_ Client        = (*watcherClient)(nil)
+	_ store.Watcher = (*watcherClient)(nil)
+	_ Client        = (*leaserWatcherClient)(nil)
+	_ store.Leaser  = (*leaserWatcherClient)(nil)
+	_ store.Watcher = (*leaserWatcherClient)(nil)
 )
 
 // client is the Client of a store that is not a store.Leaser.
@@ -131,6 +136,14 @@ type client struct {
 		sync.Mutex
 		last store.Stats
 	}
+	// closing ends when Close starts: the context of a watch's dials.
+	closing     context.Context
+	closeCancel context.CancelFunc
+	watches     struct {
+		sync.Mutex
+		set map[*cwatch]struct{}
+		wg  sync.WaitGroup
+	}
 }
 
 // leaserClient is the Client of a store.Leaser.
@@ -138,6 +151,23 @@ type leaserClient struct{ *client }
 
 // Leases returns the served store's declaration, as the server sent it.
 func (c *leaserClient) Leases() store.Leases { return c.limits.Leases }
+
+// watcherClient is the Client of a store.Watcher.
+type watcherClient struct{ *client }
+
+// Watch starts a feed of the served store's key events: see
+// [store.Watcher] and "Key events" in the package doc.
+func (c *watcherClient) Watch(n int) (*store.Feed, error) { return c.watch(n) }
+
+// leaserWatcherClient is the Client of a store.Leaser and store.Watcher.
+type leaserWatcherClient struct{ *client }
+
+// Leases returns the served store's declaration, as the server sent it.
+func (c *leaserWatcherClient) Leases() store.Leases { return c.limits.Leases }
+
+// Watch starts a feed of the served store's key events: see
+// [store.Watcher] and "Key events" in the package doc.
+func (c *leaserWatcherClient) Watch(n int) (*store.Feed, error) { return c.watch(n) }
 
 // Dial connects to the server listening at address on network ("unix" or
 // "tcp", as for net.Dial), and returns a client of the store it serves.
@@ -162,8 +192,15 @@ func Dial(ctx context.Context, network, address string, opts ClientOptions) (Cli
 	}
 	c.limits = lim
 	c.pool.idle = append(c.pool.idle, cc)
-	if lim.Leaser {
+	c.closing, c.closeCancel = context.WithCancel(context.Background())
+	c.watches.set = make(map[*cwatch]struct{})
+	switch {
+	case lim.Leaser && lim.Watcher:
+		return &leaserWatcherClient{c}, nil
+	case lim.Leaser:
 		return &leaserClient{c}, nil
+	case lim.Watcher:
+		return &watcherClient{c}, nil
 	}
 	return c, nil
 }
@@ -435,6 +472,8 @@ func (c *client) Close() error {
 		return nil
 	}
 	c.life.closed = true
+	c.closeCancel()
+	c.stopWatches()
 	c.pool.Lock()
 	idle := c.pool.idle
 	c.pool.idle = nil

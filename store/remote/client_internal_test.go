@@ -25,6 +25,10 @@ func innerClient(t *testing.T, c Client) *client {
 		return c
 	case *leaserClient:
 		return c.client
+	case *watcherClient:
+		return c.client
+	case *leaserWatcherClient:
+		return c.client
 	}
 	t.Fatalf("Dial returned a %T", c)
 	return nil

@@ -723,7 +723,7 @@ func (c *sconn) serve(h header) error {
 	switch h.typ {
 	case msgPut:
 		return c.put(h, crc)
-	case msgGet, msgExists, msgRemove, msgRemovePrefix, msgRemoveAll, msgStats:
+	case msgGet, msgExists, msgRemove, msgRemovePrefix, msgRemoveAll, msgStats, msgWatch:
 		if h.data != 0 {
 			return fmt.Errorf("%w: request of type %d with %d data bytes", errFrame, h.typ, h.data)
 		}
@@ -739,6 +739,8 @@ func (c *sconn) serve(h header) error {
 		return c.get(h)
 	case msgExists:
 		return c.exists(h)
+	case msgWatch:
+		return c.watch(h)
 	case msgStats:
 		st := c.srv.s.Stats()
 		b := enc(c.out[:0])
