@@ -255,8 +255,9 @@ func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 	if c.opts.CallTimeout > 0 {
 		deadline = time.Now().Add(c.opts.CallTimeout)
 	}
+	ctxDeadline := false // the deadline is ctx's: its timeout is ctx's end
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
-		deadline = d
+		deadline, ctxDeadline = d, true
 	}
 	err = nc.SetDeadline(deadline)
 	var lim Limits
@@ -274,6 +275,9 @@ func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 		_ = nc.Close() // the handshake's error says why
 		if ctx.Err() != nil {
 			return nil, Limits{}, ctx.Err()
+		}
+		if ctxDeadline && isTimeout(err) {
+			return nil, Limits{}, context.DeadlineExceeded // ctx's deadline passed; ctx is told a moment later
 		}
 		if isTimeout(err) {
 			err = fmt.Errorf("no answer within the call timeout: %w", err)

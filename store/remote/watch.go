@@ -193,6 +193,9 @@ func (w *cwatch) open(ctx context.Context) (*cconn, uint32, error) {
 		if ctx.Err() != nil {
 			return nil, 0, fmt.Errorf("remote: watch: %w", ctx.Err())
 		}
+		if isTimeout(err) {
+			return nil, 0, fmt.Errorf("%w: remote: watch: no answer within the call timeout: %w", store.ErrUnavailable, err)
+		}
 		return nil, 0, fmt.Errorf("remote: watch: %w", err)
 	}
 	cc.maxReply = maxEventsBody
