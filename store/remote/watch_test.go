@@ -186,3 +186,85 @@ func TestWatchBroken(t *testing.T) {
 		t.Errorf("Watch after Close = %v, want store.ErrClosed", err)
 	}
 }
+
+// TestWatchIndex serves a memstore of 64 values with heavy eviction (512
+// puts of distinct keys) and keeps an index built only from the client's
+// feed: every key put, less those the feed reports gone. Once the feed
+// has caught up, the index equals the store's content: 0 stale, 0
+// missing. It runs when memstore is a store.Watcher.
+func TestWatchIndex(t *testing.T) {
+	const size, held, puts = 4096, 64, 512
+	inner, err := memstore.New(memstore.Config{Capacity: size * held})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	if _, ok := any(inner).(store.Watcher); !ok {
+		t.Skip("memstore is no store.Watcher")
+	}
+	path := filepath.Join(t.TempDir(), "kv.sock")
+	start(t, inner, remote.ServerOptions{}, path)
+	c := dial(t, path, remote.ClientOptions{})
+	f, err := c.(store.Watcher).Watch(4 * puts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	mem := host(t, size)
+	if err := c.Register(mem.Region()); err != nil {
+		t.Fatal(err)
+	}
+	index := make(map[string]bool) // key -> the feed says it is held
+	var keys []string
+	res := make([]store.Result, 1)
+	for i := range puts {
+		k := fmt.Sprintf("idx/%04d", i)
+		fill(mem.Bytes(), i)
+		if err := c.Put(context.Background(), []string{k}, []rdma.Region{mem.Region()}, res); err != nil || res[0].Err != nil {
+			t.Fatalf("Put(%s) = %v, %v", k, err, res[0].Err)
+		}
+		index[k] = true
+		keys = append(keys, k)
+	}
+	var evs []store.KeyEvent
+	var lost int64
+	stale, missing := 0, 0
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for {
+		var l int64
+		evs, l = f.Take(evs[:0])
+		lost += l
+		for _, e := range evs {
+			if e.Op.Gone() {
+				index[e.Key] = false
+			}
+		}
+		if lost != 0 {
+			t.Fatalf("the feed lost %d events", lost)
+		}
+		res := make([]store.Result, len(keys))
+		if err := inner.Exists(context.Background(), keys, res); err != nil {
+			t.Fatal(err)
+		}
+		stale, missing = 0, 0
+		for i, k := range keys {
+			switch held := res[i].Err == nil; {
+			case index[k] && !held:
+				stale++
+			case !index[k] && held:
+				missing++
+			}
+		}
+		if stale == 0 && missing == 0 {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-timer.C:
+			t.Fatalf("the index built from the feed has %d stale and %d missing keys after %v, want 0 and 0", stale, missing, bound)
+		}
+	}
+}
