@@ -276,28 +276,41 @@ func (w *cwatch) receive(cc *cconn, id uint32) {
 		if cc.readBody(h, &crc) != nil || readTrailer(cc.nc, crc) != nil {
 			return
 		}
-		d := dec{b: cc.body}
-		lost := d.u64()
-		n := d.u32()
-		if n > eventsPerFrame || lost > math.MaxInt64 {
-			return
-		}
-		evs := make([]store.KeyEvent, 0, n)
-		for range n {
-			e := store.KeyEvent{Key: d.str(), Op: store.KeyOp(d.u8()), Medium: d.str()}
-			if e.Op < store.KeyStored || e.Op > store.KeyExpired || len(e.Key) > store.MaxKeyLen || len(e.Medium) > maxMedium {
-				return
-			}
-			evs = append(evs, e)
-		}
-		if d.end() != nil {
+		evs, lost, err := parseEvents(cc.body)
+		if err != nil {
 			return
 		}
 		for _, e := range evs {
 			w.feeds.Announce(e)
 		}
-		w.feeds.Lose(int64(lost))
+		w.feeds.Lose(lost)
 	}
+}
+
+// parseEvents decodes the body of an events frame, refusing one that the
+// server's bounds would not produce.
+func parseEvents(body []byte) ([]store.KeyEvent, int64, error) {
+	d := dec{b: body}
+	lost := d.u64()
+	n := d.u32()
+	if d.err == nil && (n > eventsPerFrame || lost > math.MaxInt64) {
+		return nil, 0, fmt.Errorf("%w: events frame of %d events, %d lost", errFrame, n, lost)
+	}
+	evs := make([]store.KeyEvent, 0, min(n, eventsPerFrame))
+	for range n {
+		e := store.KeyEvent{Key: d.str(), Op: store.KeyOp(d.u8()), Medium: d.str()}
+		if d.err != nil {
+			break
+		}
+		if e.Op < store.KeyStored || e.Op > store.KeyExpired || len(e.Key) > store.MaxKeyLen || len(e.Medium) > maxMedium {
+			return nil, 0, fmt.Errorf("%w: event %v of key %.64q, medium of %d bytes", errFrame, e.Op, e.Key, len(e.Medium))
+		}
+		evs = append(evs, e)
+	}
+	if err := d.end(); err != nil {
+		return nil, 0, err
+	}
+	return evs, int64(lost), nil
 }
 
 // stop ends w's connection, and its goroutine soon after.

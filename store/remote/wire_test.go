@@ -311,3 +311,30 @@ func FuzzServer(f *testing.F) {
 		}
 	})
 }
+
+// FuzzEvents feeds parseEvents arbitrary bodies: it never panics, and what
+// it takes is within the server's bounds and encodes back to the body.
+func FuzzEvents(f *testing.F) {
+	f.Add([]byte(enc(nil).u64(3).u32(1).str("k").u8(byte(store.KeyEvicted)).str("CPU")))
+	f.Add([]byte(enc(nil).u64(0).u32(0)))
+	f.Add([]byte(enc(nil).u64(0).u32(2).str("a").u8(1).str("")))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		evs, lost, err := parseEvents(body)
+		if err != nil {
+			return
+		}
+		if len(evs) > eventsPerFrame || lost < 0 {
+			t.Fatalf("parseEvents took %d events, %d lost", len(evs), lost)
+		}
+		b := enc(nil).u64(uint64(lost)).u32(uint32(len(evs)))
+		for _, e := range evs {
+			if !e.Op.Gone() && e.Op != store.KeyStored {
+				t.Fatalf("parseEvents took op %v", e.Op)
+			}
+			b = b.str(e.Key).u8(byte(e.Op)).str(e.Medium)
+		}
+		if string(b) != string(body) {
+			t.Fatalf("parseEvents(%x) = %v, %d: encodes back to %x", body, evs, lost, []byte(b))
+		}
+	})
+}
