@@ -92,8 +92,8 @@ type Limits struct {
 }
 
 // Client is a [store.Store] served by a [Server], made by [Dial]. It
-// implements [store.Vectored], and [store.Leaser] exactly when the served
-// store does. It is safe for concurrent use.
+// implements [store.Vectored], and [store.Leaser] and [store.Watcher]
+// each exactly when the served store does. It is safe for concurrent use.
 type Client interface {
 	store.Store
 	store.Vectored

@@ -152,7 +152,8 @@
 //
 // Client.Stats returns the served store's counters, fetched from the
 // server. A Client implements [store.Leaser] exactly when the served store
-// does, with the server's declaration, and [store.Vectored] always (the
+// does, with the server's declaration, [store.Watcher] likewise (see "Key
+// events"), and [store.Vectored] always (the
 // server stages the value whole, whether or not its store is Vectored).
 //
 // # Concurrency

@@ -650,8 +650,10 @@ func (c *sconn) hello() error {
 		}
 	}
 	// The hello is done: from now on the connection may be idle between
-	// frames, and a frame must not stall (see readHeader and write).
-	return c.nc.SetDeadline(time.Time{})
+	// frames, and a frame must not stall. Each read and write sets its own
+	// deadline (readHeader, stallReader, stallWriter), the reader's
+	// included, which may be reading the next header already.
+	return nil
 }
 
 // auth reads the client's proof of the secret and answers it: a wrong
