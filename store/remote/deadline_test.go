@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -209,4 +210,30 @@ func TestStalledFrame(t *testing.T) {
 		o.waitEnded(t, "stalled for FrameTimeout 200ms")
 		o.waitStaged(t, "after a reply that was never read", func(n int64) bool { return n == 0 })
 	})
+}
+
+// TestRefusalsBounded serves MaxConns 1 with a HelloTimeout of ten
+// minutes: a silent connection is served, a second silent one is being
+// refused, and a third is closed at once, unanswered, as MaxConns
+// refusals are under way; the second, once it sends its hello, is told
+// why it is refused.
+func TestRefusalsBounded(t *testing.T) {
+	o := serveRaw(t, ServerOptions{MaxConns: 1, HelloTimeout: 10 * time.Minute}, "unix")
+	o.raw(t) // served, silent
+	refusing := o.raw(t)
+	third := o.raw(t)
+	if err := third.SetReadDeadline(time.Now().Add(bound)); err != nil {
+		t.Fatal(err)
+	}
+	var b [1]byte
+	if n, err := third.Read(b[:]); !errors.Is(err, io.EOF) {
+		t.Errorf("a connection beyond MaxConns 1 with a refusal under way: Read = %d, %v; want it closed at once (EOF)", n, err)
+	}
+	if _, err := refusing.Write(frame(msgHello, 1, nonce(), nil)); err != nil {
+		t.Fatal(err)
+	}
+	h, body := readFrame(t, refusing)
+	if err := replyError(body); h.typ != msgReply || !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "MaxConns") {
+		t.Errorf("the hello of a connection beyond MaxConns 1 = type %d, %v; want a reply naming MaxConns", h.typ, err)
+	}
 }

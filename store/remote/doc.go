@@ -121,7 +121,10 @@
 // its hello, and its proof, within [ServerOptions.HelloTimeout] (default
 // 5 s), so silent connections cannot hold the [ServerOptions.MaxConns]
 // places (default 64) for long; a connection refused for MaxConns is
-// answered and closed within a second. Once a frame has begun, each MiB of
+// answered and closed within HelloTimeout too, and at most MaxConns are
+// being refused at once: beyond that, a connection is closed unanswered,
+// so a flood of connections keeps at most 2 × MaxConns of them open, and
+// each for HelloTimeout at most until it has sent its hello. Once a frame has begun, each MiB of
 // it, read or written, must move within [ServerOptions.FrameTimeout]
 // (default 5 s), or the connection ends and its staging memory is freed:
 // a put that stops after its header and a reply the client never reads

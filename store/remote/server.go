@@ -48,7 +48,10 @@ type ServerOptions struct {
 	// is refused: the server answers its hello with an error matching
 	// store.ErrUnavailable, logs a warning, and closes it; the client sees
 	// the error from Dial, or as a per-key store.ErrTransfer of the call
-	// that needed the connection. Default 64.
+	// that needed the connection. A refused connection has HelloTimeout
+	// to send its hello, and at most MaxConns are answered at once: one
+	// beyond that is closed at once, unanswered, with a debug record.
+	// Default 64.
 	MaxConns int
 	// Secret is the shared secret that clients must prove they hold when
 	// they connect, and that the server proves it holds to them (see
@@ -152,6 +155,7 @@ type Server struct {
 		listeners map[net.Listener]struct{}
 		conns     map[net.Conn]struct{} // served and being refused
 		served    int                   // connections served, at most MaxConns
+		refusing  int                   // connections being refused, at most MaxConns
 	}
 }
 
@@ -237,9 +241,17 @@ func (srv *Server) Serve(l net.Listener) error {
 			_ = nc.Close() // refused: the server is closed
 			continue
 		}
-		srv.mu.conns[nc] = struct{}{}
 		refused := srv.mu.served >= srv.opts.MaxConns
-		if !refused {
+		if refused && srv.mu.refusing >= srv.opts.MaxConns {
+			srv.mu.Unlock()
+			_ = nc.Close() // refused unanswered: MaxConns refusals are under way
+			srv.log.Debug("remote: connection closed unanswered: the server serves MaxConns connections and refuses as many", "remote", nc.RemoteAddr().String(), "max_conns", srv.opts.MaxConns)
+			continue
+		}
+		srv.mu.conns[nc] = struct{}{}
+		if refused {
+			srv.mu.refusing++
+		} else {
 			srv.mu.served++
 		}
 		srv.wg.Add(1)
@@ -250,6 +262,7 @@ func (srv *Server) Serve(l net.Listener) error {
 				srv.refuse(nc)
 				srv.mu.Lock()
 				delete(srv.mu.conns, nc)
+				srv.mu.refusing--
 				srv.mu.Unlock()
 				return
 			}
@@ -263,9 +276,6 @@ func (srv *Server) Serve(l net.Listener) error {
 	}
 }
 
-// refuseWait bounds the exchange with a connection refused for MaxConns.
-const refuseWait = time.Second
-
 // refuse answers the hello of nc, a connection beyond MaxConns, with an
 // error matching store.ErrUnavailable, closes it, and logs a warning,
 // with the error of the exchange if the client could not be told.
@@ -278,7 +288,7 @@ func (srv *Server) refuse(nc net.Conn) {
 }
 
 func (srv *Server) refuseHello(nc net.Conn) error {
-	if err := nc.SetDeadline(time.Now().Add(refuseWait)); err != nil {
+	if err := nc.SetDeadline(time.Now().Add(srv.opts.HelloTimeout)); err != nil {
 		return err
 	}
 	var hdr [headerLen]byte
