@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -265,6 +266,72 @@ func TestWatchIndex(t *testing.T) {
 		case <-tick.C:
 		case <-timer.C:
 			t.Fatalf("the index built from the feed has %d stale and %d missing keys after %v, want 0 and 0", stale, missing, bound)
+		}
+	}
+}
+
+// leasedWatched is a watched store that is a store.Leaser too.
+type leasedWatched struct{ *watched }
+
+func (leasedWatched) Leases() store.Leases { return store.Leases{Get: true, TTL: time.Second} }
+
+// TestWatchLeaser: the client of a store that is a store.Leaser and a
+// store.Watcher is both, with the server's declaration.
+func TestWatchLeaser(t *testing.T) {
+	s := leasedWatched{&watched{Store: newMemstore(t)}}
+	path := filepath.Join(t.TempDir(), "kv.sock")
+	start(t, s, remote.ServerOptions{}, path)
+	c := dial(t, path, remote.ClientOptions{})
+	l, ok := c.(store.Leaser)
+	if _, w := c.(store.Watcher); !ok || !w {
+		t.Fatalf("the client of a store.Leaser and store.Watcher is a %T: want both", c)
+	}
+	if got, want := l.Leases(), s.Leases(); got != want {
+		t.Errorf("Leases() = %+v, want %+v", got, want)
+	}
+	f, err := c.(store.Watcher).Watch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s.Announce(ev(1, store.KeyExpired))
+	if got, lost := takeAll(t, f, 1); len(got) != 1 || got[0] != ev(1, store.KeyExpired) || lost != 0 {
+		t.Errorf("the client's feed took %v, lost %d; want %v", got, lost, ev(1, store.KeyExpired))
+	}
+}
+
+// TestWatchClosed: a feed its reader closes while its connection waits
+// for a frame ends the connection (at the server's next keepalive, within
+// a second), and the server's feed with it.
+func TestWatchClosed(t *testing.T) {
+	w := &watched{Store: newMemstore(t)}
+	path := filepath.Join(t.TempDir(), "kv.sock")
+	logs := make(logRecords, 64)
+	start(t, w, remote.ServerOptions{Logger: slog.New(logs)}, path)
+	c := dial(t, path, remote.ClientOptions{})
+	f, err := c.(store.Watcher).Watch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.Watching() {
+		t.Fatal("the server's store has no feed open after a client's Watch")
+	}
+	// An event taken: the client's connection waits for the next frame.
+	w.Announce(ev(0, store.KeyRemoved))
+	if got, lost := takeAll(t, f, 1); len(got) != 1 || lost != 0 {
+		t.Fatalf("the client's feed took %v, lost %d; want the one event", got, lost)
+	}
+	f.Close()
+	waitLog(t, logs, "remote: connection ended")
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for w.Watching() {
+		select {
+		case <-tick.C:
+		case <-timer.C:
+			t.Fatalf("the server's feed is still open %v after the client's was closed", bound)
 		}
 	}
 }
