@@ -5,6 +5,7 @@ package remote
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"syscall"
 )
@@ -30,10 +31,22 @@ func lockDir(dir string) (unlock func(), _ error) {
 }
 
 // place links the socket at tmp to address: it fails if anything is at
-// address, so that a socket made there meanwhile is never replaced.
+// address, so that a socket made there meanwhile, by a process that does
+// not take the directory's lock, is never replaced. On a file system
+// without hard links it renames the socket into place, under the lock.
 func place(tmp, address string) error {
-	if err := os.Link(tmp, address); err != nil {
+	err := os.Link(tmp, address)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, fs.ErrExist):
 		return fmt.Errorf("place the socket: %w", err)
+	}
+	if _, lerr := os.Lstat(address); !errors.Is(lerr, fs.ErrNotExist) {
+		return fmt.Errorf("place the socket: %w", err)
+	}
+	if rerr := os.Rename(tmp, address); rerr != nil {
+		return fmt.Errorf("place the socket: %w", errors.Join(err, rerr))
 	}
 	return nil
 }
