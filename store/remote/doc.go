@@ -124,12 +124,14 @@
 // answered and closed within HelloTimeout too, and at most MaxConns are
 // being refused at once: beyond that, a connection is closed unanswered,
 // so a flood of connections keeps at most 2 × MaxConns of them open, and
-// each for HelloTimeout at most until it has sent its hello. Once a frame has begun, each MiB of
-// it, read or written, must move within [ServerOptions.FrameTimeout]
-// (default 5 s), or the connection ends and its staging memory is freed:
-// a put that stops after its header and a reply the client never reads
-// hold it that long at most. Between frames a connection may stay idle,
-// and holds no staging memory once idle for a second. A frame's body is
+// each for HelloTimeout at most until it has sent its hello. Once a frame
+// has begun, each MiB of it, read or written, must move within
+// [ServerOptions.FrameTimeout] (default 5 s), or the connection ends and
+// its staging memory is freed: a put that stops after its header and a
+// reply the client never reads hold it that long at most (a trusted peer
+// that trickles a MiB per FrameTimeout keeps its connection). Between
+// frames a connection may stay idle, and holds no staging memory once
+// idle for a second. A frame's body is
 // at most what [ServerOptions.MaxBatch] keys take, its values at most
 // [ServerOptions.MaxCallBytes], each value at most [ServerOptions.MaxValue];
 // a watch holds at most [ServerOptions.MaxWatch] events on the server. The
