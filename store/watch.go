@@ -77,6 +77,7 @@ type Feed struct {
 		head   int        // index of the oldest event
 		n      int        // events held
 		lost   int64      // events dropped since the last Take
+		lossy  bool       // Lose counted events: later ones are dropped until Take
 		closed bool
 	}
 	dropped atomic.Int64 // events dropped over the feed's life
@@ -99,6 +100,7 @@ func (f *Feed) Take(dst []KeyEvent) (_ []KeyEvent, lost int64) {
 	}
 	f.mu.head, f.mu.n = 0, 0
 	lost, f.mu.lost = f.mu.lost, 0
+	f.mu.lossy = false
 	return dst, lost
 }
 
@@ -125,13 +127,26 @@ func (f *Feed) add(e KeyEvent) {
 	if f.mu.closed {
 		return
 	}
-	if f.mu.n == len(f.mu.buf) {
+	if f.mu.n == len(f.mu.buf) || f.mu.lossy {
 		f.mu.lost++
 		f.dropped.Add(1)
 		return
 	}
 	f.mu.buf[(f.mu.head+f.mu.n)%len(f.mu.buf)] = e
 	f.mu.n++
+}
+
+// lose counts n events lost, and drops the events added after them until
+// the next Take, so that those Take returns all came before the loss.
+func (f *Feed) lose(n int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.mu.closed {
+		return
+	}
+	f.mu.lost += n
+	f.mu.lossy = true
+	f.dropped.Add(n)
 }
 
 // Feeds is the set of [Feed]s of one store: what an implementation of
@@ -177,6 +192,25 @@ func (fs *Feeds) Announce(e KeyEvent) {
 	defer fs.mu.Unlock()
 	for _, f := range fs.mu.list {
 		f.add(e)
+	}
+}
+
+// Lose counts n events lost (n > 0) for every open feed, as a full feed
+// counts the events it drops: their readers learn of it from [Feed.Take],
+// and the events announced after it are dropped and counted too until the
+// reader's next Take, so that the events Take returns all came before
+// the loss, as they do from a feed that was full. It is for a store whose
+// events pass through another queue first and may be lost there (a
+// client of a store served over a connection: the server's feed dropped
+// events, or the connection broke).
+func (fs *Feeds) Lose(n int64) {
+	if n <= 0 || fs.count.Load() == 0 {
+		return
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for _, f := range fs.mu.list {
+		f.lose(n)
 	}
 }
 

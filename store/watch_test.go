@@ -120,3 +120,30 @@ func TestKeyOpString(t *testing.T) {
 		t.Error("Gone: stored counts as gone, or expired does not")
 	}
 }
+
+// TestFeedsLose: a loss counted with Lose reaches the reader's Take, and
+// the events announced after it are dropped and counted until that Take,
+// so that the events taken all came before the loss.
+func TestFeedsLose(t *testing.T) {
+	var fs store.Feeds
+	fs.Lose(5) // nobody watches: nothing to count
+	f, err := fs.Watch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs.Announce(ev(0))
+	fs.Lose(3)
+	fs.Announce(ev(1))
+	got, lost := f.Take(nil)
+	if diff := cmp.Diff([]store.KeyEvent{ev(0)}, got); diff != "" || lost != 4 {
+		t.Errorf("Take after Lose(3) = %v, lost %d; want k0, lost 4 (diff %s)", got, lost, diff)
+	}
+	fs.Announce(ev(2))
+	got, lost = f.Take(got[:0])
+	if diff := cmp.Diff([]store.KeyEvent{ev(2)}, got); diff != "" || lost != 0 {
+		t.Errorf("Take after the loss was taken = %v, lost %d; want k2, lost 0 (diff %s)", got, lost, diff)
+	}
+	if f.Dropped() != 4 {
+		t.Errorf("Dropped = %d, want 4", f.Dropped())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -61,68 +62,75 @@ func TestExistsPresenceOnly(t *testing.T) {
 	}
 }
 
-// TestDialCanceledDuringHello ends Dial's context while the hello waits
-// for its reply, through a proxy that passes the reply on only once the
-// client's cancel of the hello reached the server: the handshake
-// completes, and the first call is served, not taken for the hello.
-func TestDialCanceledDuringHello(t *testing.T) {
-	dir := t.TempDir()
-	path, proxy := filepath.Join(dir, "kv.sock"), filepath.Join(dir, "proxy.sock")
-	start(t, newMemstore(t), remote.ServerOptions{}, path)
-	pl, err := remote.Listen("unix", proxy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const frameLen = 28 + 4 // a hello and a cancel: a header and a trailer
-	helloSeen := make(chan struct{})
-	var conns []net.Conn
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		pl.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		down, err := pl.Accept()
-		if err != nil {
-			return
-		}
-		up, err := net.Dial("unix", path)
-		if err != nil {
-			down.Close()
-			return
-		}
-		mu.Lock()
-		conns = append(conns, down, up)
-		mu.Unlock()
-		if _, err := io.CopyN(up, down, frameLen); err != nil {
-			return
-		}
-		close(helloSeen)
-		if _, err := io.CopyN(up, down, frameLen); err != nil {
-			return
-		}
-		wg.Go(func() { io.Copy(up, down) })
-		io.Copy(down, up)
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		<-helloSeen
-		cancel()
-	}()
-	c, err := remote.Dial(ctx, "unix", proxy, remote.ClientOptions{Conns: 1})
-	if err != nil {
-		t.Fatalf("Dial with its context ended after the hello was sent = %v, want the handshake done", err)
-	}
-	defer c.Close()
-	res := make([]store.Result, 1)
-	if err := c.Exists(context.Background(), []string{"first"}, res); err != nil || !errors.Is(res[0].Err, store.ErrNotFound) {
-		t.Errorf("the first Exists after the hello's cancel = %v, %+v; want store.ErrNotFound", err, res[0])
+// TestDialKeepsContext dials a server that takes the hello and never
+// answers it: Dial returns its context's error when the context ends (its
+// deadline passes, or it is canceled once the hello arrived), not
+// CancelWait (a minute here) later. The bound of 20 s is ten times the
+// deadline: a Dial that waited CancelWait would pass it by far.
+func TestDialKeepsContext(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want error
+	}{
+		{"Deadline", context.DeadlineExceeded},
+		{"Canceled", context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "mute.sock")
+			l, err := remote.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			helloSeen := make(chan struct{})
+			var wg sync.WaitGroup
+			var conns []net.Conn
+			var mu sync.Mutex
+			t.Cleanup(func() {
+				l.Close()
+				mu.Lock()
+				for _, c := range conns {
+					c.Close()
+				}
+				mu.Unlock()
+				wg.Wait()
+			})
+			wg.Go(func() {
+				nc, err := l.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns = append(conns, nc)
+				mu.Unlock()
+				var b [1]byte
+				if _, err := nc.Read(b[:]); err == nil {
+					close(helloSeen)
+				}
+				io.Copy(io.Discard, nc) // never answers
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if tc.want == context.Canceled {
+				ctx, cancel = context.WithCancel(context.Background())
+				defer cancel()
+				go func() {
+					<-helloSeen
+					cancel()
+				}()
+			}
+			opts := remote.ClientOptions{Conns: 1, CallTimeout: time.Hour, CancelWait: time.Minute}
+			begin := time.Now()
+			c, err := remote.Dial(ctx, "unix", path, opts)
+			took := time.Since(begin)
+			if err == nil {
+				c.Close()
+			}
+			if !errors.Is(err, tc.want) {
+				t.Errorf("Dial of a server that never answers the hello = %v, want %v", err, tc.want)
+			}
+			if took > 20*time.Second {
+				t.Errorf("Dial returned %v after it began, past its context's end (2 s at most) by far: it waited for CancelWait", took)
+			}
+		})
 	}
 }

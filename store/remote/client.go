@@ -36,8 +36,17 @@ type ClientOptions struct {
 	// CancelWait is how long a call whose context ends while the server
 	// runs it waits for the server's answer to the cancellation, which
 	// says what the call did; past it the connection is dropped and the
-	// keys not answered report the context's error. Default 5 s.
+	// keys not answered report the context's error. Default 5 s. It does
+	// not apply to Dial, nor to the start of a connection, which end with
+	// their context.
 	CancelWait time.Duration
+	// Secret is the shared secret of the server (see ServerOptions.Secret
+	// and "Security" in the package doc): the client proves it holds it,
+	// and refuses a server that does not prove the same. Dial refuses a
+	// network other than "unix" without one. If empty, EnsureDefaults
+	// takes the value of the environment variable [SecretEnv]. At least
+	// [MinSecretLen] bytes.
+	Secret Secret
 }
 
 // EnsureDefaults sets every zero field of o to its default.
@@ -51,6 +60,7 @@ func (o *ClientOptions) EnsureDefaults() {
 	if o.CancelWait == 0 {
 		o.CancelWait = DefaultCancelWait
 	}
+	o.Secret = secretFromEnv(o.Secret)
 }
 
 // Validate reports the first field of o that is out of range, naming the
@@ -64,7 +74,7 @@ func (o *ClientOptions) Validate() error {
 	case o.CancelWait < 0:
 		return fmt.Errorf("remote: client options: CancelWait %v: must not be negative", o.CancelWait)
 	}
-	return nil
+	return checkSecret("client", o.Secret)
 }
 
 // Limits are what a server told a client when it connected.
@@ -76,11 +86,14 @@ type Limits struct {
 	// is set.
 	Leases store.Leases
 	Leaser bool
+	// Watcher says whether the served store is a store.Watcher, and so
+	// the client.
+	Watcher bool
 }
 
 // Client is a [store.Store] served by a [Server], made by [Dial]. It
-// implements [store.Vectored], and [store.Leaser] exactly when the served
-// store does. It is safe for concurrent use.
+// implements [store.Vectored], and [store.Leaser] and [store.Watcher]
+// each exactly when the served store does. It is safe for concurrent use.
 type Client interface {
 	store.Store
 	store.Vectored
@@ -89,9 +102,14 @@ type Client interface {
 }
 
 var (
-	_ Client       = (*client)(nil)
-	_ Client       = (*leaserClient)(nil)
-	_ store.Leaser = (*leaserClient)(nil)
+	_ Client        = (*client)(nil)
+	_ Client        = (*leaserClient)(nil)
+	_ store.Leaser  = (*leaserClient)(nil)
+	_ Client        = (*watcherClient)(nil)
+	_ store.Watcher = (*watcherClient)(nil)
+	_ Client        = (*leaserWatcherClient)(nil)
+	_ store.Leaser  = (*leaserWatcherClient)(nil)
+	_ store.Watcher = (*leaserWatcherClient)(nil)
 )
 
 // client is the Client of a store that is not a store.Leaser.
@@ -118,6 +136,14 @@ type client struct {
 		sync.Mutex
 		last store.Stats
 	}
+	// closing ends when Close starts: the context of a watch's dials.
+	closing     context.Context
+	closeCancel context.CancelFunc
+	watches     struct {
+		sync.Mutex
+		set map[*cwatch]struct{}
+		wg  sync.WaitGroup
+	}
 }
 
 // leaserClient is the Client of a store.Leaser.
@@ -126,16 +152,38 @@ type leaserClient struct{ *client }
 // Leases returns the served store's declaration, as the server sent it.
 func (c *leaserClient) Leases() store.Leases { return c.limits.Leases }
 
+// watcherClient is the Client of a store.Watcher.
+type watcherClient struct{ *client }
+
+// Watch starts a feed of the served store's key events: see
+// [store.Watcher] and "Key events" in the package doc.
+func (c *watcherClient) Watch(n int) (*store.Feed, error) { return c.watch(n) }
+
+// leaserWatcherClient is the Client of a store.Leaser and store.Watcher.
+type leaserWatcherClient struct{ *client }
+
+// Leases returns the served store's declaration, as the server sent it.
+func (c *leaserWatcherClient) Leases() store.Leases { return c.limits.Leases }
+
+// Watch starts a feed of the served store's key events: see
+// [store.Watcher] and "Key events" in the package doc.
+func (c *leaserWatcherClient) Watch(n int) (*store.Feed, error) { return c.watch(n) }
+
 // Dial connects to the server listening at address on network ("unix" or
 // "tcp", as for net.Dial), and returns a client of the store it serves.
-// It makes one connection and its handshake, within ctx, and returns an
+// It makes one connection and its handshake, within ctx (it returns as
+// soon as ctx ends, with ctx's error, whatever CancelWait), and returns an
 // error wrapping store.ErrUnavailable when that fails; later connections
 // are made when calls need them. opts' zero fields take their defaults; a
-// field out of range is an error naming it.
+// field out of range is an error naming it. A network other than "unix"
+// without [ClientOptions.Secret] is refused before anything is sent.
 func Dial(ctx context.Context, network, address string, opts ClientOptions) (Client, error) {
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	if needsSecret(network) && len(opts.Secret) == 0 {
+		return nil, fmt.Errorf("remote: dial %s %s: refused: a %s connection needs a shared secret (ClientOptions.Secret or %s), as only a unix socket is kept to its owner", network, address, network, SecretEnv)
 	}
 	c := &client{network: network, address: address, opts: opts, slots: make(chan struct{}, opts.Conns)}
 	cc, lim, err := c.dial(ctx)
@@ -144,8 +192,15 @@ func Dial(ctx context.Context, network, address string, opts ClientOptions) (Cli
 	}
 	c.limits = lim
 	c.pool.idle = append(c.pool.idle, cc)
-	if lim.Leaser {
+	c.closing, c.closeCancel = context.WithCancel(context.Background())
+	c.watches.set = make(map[*cwatch]struct{})
+	switch {
+	case lim.Leaser && lim.Watcher:
+		return &leaserWatcherClient{c}, nil
+	case lim.Leaser:
 		return &leaserClient{c}, nil
+	case lim.Watcher:
+		return &watcherClient{c}, nil
 	}
 	return c, nil
 }
@@ -184,7 +239,8 @@ const (
 	phaseRecv // reading the reply
 )
 
-// dial makes a connection and its handshake.
+// dial makes a connection and its handshake, within ctx: the handshake
+// has CallTimeout at most, and ends at once when ctx does.
 func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, c.network, c.address)
@@ -195,56 +251,148 @@ func (c *client) dial(ctx context.Context) (*cconn, Limits, error) {
 		return nil, Limits{}, fmt.Errorf("%w: remote: dial %s %s: %v", store.ErrUnavailable, c.network, c.address, err)
 	}
 	cc := &cconn{nc: nc, maxReply: 1 << 16}
-	lim, err := cc.hello(ctx, c.opts, c.nextID())
+	var deadline time.Time
+	if c.opts.CallTimeout > 0 {
+		deadline = time.Now().Add(c.opts.CallTimeout)
+	}
+	ctxDeadline := false // the deadline is ctx's: its timeout is ctx's end
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline, ctxDeadline = d, true
+	}
+	err = nc.SetDeadline(deadline)
+	var lim Limits
+	if err == nil {
+		stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) }) // ends the handshake's read or write at once
+		lim, err = cc.hello(c.opts.Secret, c.nextID)
+		if !stop() {
+			err = ctx.Err()
+		}
+	}
+	if err == nil {
+		err = nc.SetDeadline(time.Time{})
+	}
 	if err != nil {
 		_ = nc.Close() // the handshake's error says why
 		if ctx.Err() != nil {
 			return nil, Limits{}, ctx.Err()
 		}
-		return nil, Limits{}, fmt.Errorf("%w: remote: handshake with %s %s: %v", store.ErrUnavailable, c.network, c.address, err)
+		if ctxDeadline && isTimeout(err) {
+			return nil, Limits{}, context.DeadlineExceeded // ctx's deadline passed; ctx is told a moment later
+		}
+		if isTimeout(err) {
+			err = fmt.Errorf("no answer within the call timeout: %w", err)
+		}
+		return nil, Limits{}, fmt.Errorf("%w: remote: handshake with %s %s: %w", store.ErrUnavailable, c.network, c.address, err)
 	}
 	cc.maxReply = uint32(min(64+lim.MaxBatch*(1+8+2+maxMessage), 1<<30))
 	return cc, lim, nil
 }
 
-func (cc *cconn) hello(ctx context.Context, opts ClientOptions, id uint32) (Limits, error) {
-	cc.out = cc.out[:0]
-	h, err := cc.roundTrip(ctx, opts, msgHello, id, nil)
-	defer cc.finish()
-	if err != nil {
-		return Limits{}, err
+// exchange writes a frame of typ and body, and reads the reply's header
+// into cc.hdr, its body into cc.body, and checks its trailer.
+func (cc *cconn) exchange(typ byte, id uint32, body []byte) (header, error) {
+	var hdr [headerLen]byte
+	putHeader(hdr[:], header{typ: typ, id: id, body: uint32(len(body))})
+	if err := writeFrame(cc.nc, &cc.bufs, hdr[:], body, nil); err != nil {
+		return header{}, err
 	}
-	if h.typ != msgHelloReply && h.typ != msgReply || h.data != 0 {
-		return Limits{}, fmt.Errorf("%w: reply of type %d to a hello", errFrame, h.typ)
+	if _, err := io.ReadFull(cc.nc, cc.hdr[:]); err != nil {
+		return header{}, midFrame(err)
+	}
+	h, err := parseHeader(cc.hdr[:], cc.maxReply)
+	if err != nil {
+		return header{}, err
+	}
+	if h.id != id || h.data != 0 {
+		return header{}, fmt.Errorf("%w: reply of type %d to call %d with %d data bytes, want call %d", errFrame, h.typ, h.id, h.data, id)
 	}
 	crc := crc32Of(cc.hdr[:])
 	if err := cc.readBody(h, &crc); err != nil {
+		return header{}, err
+	}
+	return h, readTrailer(cc.nc, crc)
+}
+
+// replyError decodes a reply to a hello or a proof, which carries no
+// results: the server's error, nil if none.
+func replyError(body []byte) error {
+	d := dec{b: body}
+	err := decodeError(d.u8(), d.str())
+	d.u64()
+	n := d.u32()
+	if derr := d.end(); derr != nil {
+		return derr
+	}
+	if n != 0 {
+		return fmt.Errorf("%w: a reply to a hello with %d results", errFrame, n)
+	}
+	return err
+}
+
+// hello makes the handshake on cc: it sends the client's nonce, reads the
+// server's limits and nonce, checks the server's proof of the secret and
+// sends its own when the server has one. Its deadlines are the caller's.
+func (cc *cconn) hello(secret Secret, nextID func() uint32) (Limits, error) {
+	clientNonce := nonce()
+	h, err := cc.exchange(msgHello, nextID(), clientNonce)
+	if err != nil {
 		return Limits{}, err
 	}
-	if err := readTrailer(cc.nc, crc); err != nil {
-		return Limits{}, err
+	switch h.typ {
+	case msgReply: // the server refused the connection, and says why
+		if err := replyError(cc.body); err != nil {
+			return Limits{}, err
+		}
+		return Limits{}, fmt.Errorf("%w: a reply to a hello with no error", errFrame)
+	case msgHelloReply:
+	default:
+		return Limits{}, fmt.Errorf("%w: reply of type %d to a hello", errFrame, h.typ)
 	}
 	d := dec{b: cc.body}
-	if h.typ == msgReply {
-		// The server refused the connection, and says why.
-		err := decodeError(d.u8(), d.str())
-		d.u64()
-		n := d.u32()
-		if derr := d.end(); derr != nil {
-			return Limits{}, derr
-		}
-		if err == nil || n != 0 {
-			return Limits{}, fmt.Errorf("%w: a reply to a hello with no error", errFrame)
-		}
-		return Limits{}, err
-	}
 	lim := Limits{MaxValue: int(d.u64()), MaxBatch: int(d.u32()), MaxCallBytes: int(d.u64()), Leaser: d.u8() == 1}
 	lim.Leases = store.Leases{Exists: d.u8() == 1, Get: d.u8() == 1, TTL: time.Duration(d.u64()), RemoveWait: time.Duration(d.u64())}
+	lim.Watcher = d.u8() == 1
+	serverNonce := append([]byte(nil), d.take(nonceLen)...)
+	auth := d.u8()
+	var serverProof []byte
+	if auth == 1 {
+		serverProof = d.take(proofLen)
+	}
 	if err := d.end(); err != nil {
 		return Limits{}, err
 	}
-	if lim.MaxValue < 1 || lim.MaxBatch < 1 || lim.MaxCallBytes < lim.MaxValue {
-		return Limits{}, fmt.Errorf("%w: server limits %+v", errFrame, lim)
+	if lim.MaxValue < 1 || lim.MaxBatch < 1 || lim.MaxCallBytes < lim.MaxValue || auth > 1 {
+		return Limits{}, fmt.Errorf("%w: server limits %+v, auth %d", errFrame, lim, auth)
+	}
+	var refused error // the client's reason to refuse the server
+	switch {
+	case auth == 0 && len(secret) != 0:
+		return Limits{}, errors.New("remote: the server does not prove a shared secret, and ClientOptions.Secret is set: refusing a server that may not be the one meant")
+	case auth == 0:
+		return lim, nil
+	case len(secret) == 0:
+		refused = fmt.Errorf("remote: the server requires a shared secret, and the client has none (ClientOptions.Secret or %s)", SecretEnv)
+	case !checkProof(serverProof, secret, labelServer, clientNonce, serverNonce):
+		refused = errors.New("remote: the server's proof of the shared secret is wrong: the secrets differ, or the server is not the one meant")
+	}
+	// A client that refuses the server still sends a proof, of zeros, so
+	// that the server learns and logs why the connection ends.
+	p := make([]byte, proofLen)
+	if refused == nil {
+		p = proof(secret, labelClient, clientNonce, serverNonce)
+	}
+	h, err = cc.exchange(msgAuth, nextID(), p)
+	if refused != nil {
+		return Limits{}, refused
+	}
+	if err != nil {
+		return Limits{}, err
+	}
+	if h.typ != msgReply {
+		return Limits{}, fmt.Errorf("%w: reply of type %d to the proof of the shared secret", errFrame, h.typ)
+	}
+	if err := replyError(cc.body); err != nil {
+		return Limits{}, err
 	}
 	return lim, nil
 }
@@ -328,6 +476,8 @@ func (c *client) Close() error {
 		return nil
 	}
 	c.life.closed = true
+	c.closeCancel()
+	c.stopWatches()
 	c.pool.Lock()
 	idle := c.pool.idle
 	c.pool.idle = nil

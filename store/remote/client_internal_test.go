@@ -25,6 +25,10 @@ func innerClient(t *testing.T, c Client) *client {
 		return c
 	case *leaserClient:
 		return c.client
+	case *watcherClient:
+		return c.client
+	case *leaserWatcherClient:
+		return c.client
 	}
 	t.Fatalf("Dial returned a %T", c)
 	return nil
@@ -116,7 +120,9 @@ func fakeServe(nc net.Conn, reply func(id uint32) []byte) error {
 		return fmt.Errorf("first frame of type %d, want a hello", h.typ)
 	}
 	l := fakeLimits
-	body := enc(nil).u64(uint64(l.MaxValue)).u32(uint32(l.MaxBatch)).u64(uint64(l.MaxCallBytes)).u8(0).u8(0).u8(0).u64(0).u64(0)
+	body := enc(nil).u64(uint64(l.MaxValue)).u32(uint32(l.MaxBatch)).u64(uint64(l.MaxCallBytes)).u8(0).u8(0).u8(0).u64(0).u64(0).u8(0)
+	body = append(body, make([]byte, nonceLen)...)
+	body = body.u8(0)
 	if _, err := nc.Write(frame(msgHelloReply, h.id, body, nil)); err != nil {
 		return err
 	}

@@ -95,4 +95,37 @@ func TestConformance(t *testing.T) {
 			}, tc.opts)
 		})
 	}
+	// Over TCP, with a shared secret on both sides.
+	t.Run("TCP", func(t *testing.T) {
+		secret := remote.Secret("the conformance test's shared secret")
+		storetest.Run(t, func(t testing.TB) store.Store {
+			inner := newMemstoreOf(t, 8<<20)
+			srv, err := remote.NewServer(inner, remote.ServerOptions{Secret: secret})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := remote.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				if err := srv.Serve(l); !errors.Is(err, remote.ErrServerClosed) {
+					t.Errorf("Serve() = %v, want %v", err, remote.ErrServerClosed)
+				}
+			})
+			t.Cleanup(func() {
+				if err := srv.Close(); err != nil {
+					t.Errorf("server Close() = %v", err)
+				}
+				wg.Wait()
+			})
+			c, err := remote.Dial(context.Background(), "tcp", l.Addr().String(), remote.ClientOptions{Secret: secret})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			return c
+		}, storetest.Options{Capacity: 1 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters})
+	})
 }

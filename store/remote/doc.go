@@ -5,8 +5,8 @@
 // tensor-parallel rank, say) that must all reach the embedded store
 // (store/memstore) living in the engine's scheduler process. The
 // scheduler process runs a [Server] of its store on a unix socket (or on
-// TCP, on 127.0.0.1); each worker process calls [Dial] and uses the
-// [Client] as it would use the store.
+// TCP, with a shared secret: see "Security"); each worker process calls
+// [Dial] and uses the [Client] as it would use the store.
 //
 // # Usage
 //
@@ -28,6 +28,16 @@
 //	err = c.Put(ctx, keys, srcs, res)
 //	err = c.Get(ctx, keys, dsts, res)
 //
+// Over TCP both sides need the same shared secret (see "Security"), here
+// from the environment variable KVCONNECT_REMOTE_SECRET of both processes
+// or given in the options:
+//
+//	srv, err := remote.NewServer(s, remote.ServerOptions{Secret: secret})
+//	l, err := remote.Listen("tcp", "10.0.0.5:7070")
+//	go srv.Serve(l)
+//	...
+//	c, err := remote.Dial(ctx, "tcp", "10.0.0.5:7070", remote.ClientOptions{Secret: secret})
+//
 // # Data path
 //
 // Values never pass through Go-heap buffers on the client: Put writes the
@@ -38,8 +48,10 @@
 // in host memory of each connection, mapped outside the Go heap and
 // registered with the served store (grown on demand up to
 // [ServerOptions.MaxCallBytes], freed once the connection has been idle
-// for a second, and when it ends: at most [ServerOptions.MaxConns] ×
-// MaxCallBytes in all), and calls the store's Put and Get on it: one copy
+// for a second between frames, and when it ends, which a frame that
+// stalls for [ServerOptions.FrameTimeout] makes it do: at most
+// [ServerOptions.MaxConns] × MaxCallBytes in all), and calls the store's
+// Put and Get on it: one copy
 // between socket and staging memory, and the store's own copy. A get reply carries the results first
 // and then the values, so the client writes exactly a value's bytes into
 // its destination, and nothing into one the server found too short (the
@@ -73,15 +85,80 @@
 // batch's slices, regions, a value larger than the server's MaxValue) is
 // checked by the client, without a round trip.
 //
-// The protocol has no authentication: a unix socket made by [Listen] is
-// reachable by its owner only; a TCP listener should be bound to the
-// loopback address.
+// # Security
+//
+// Whom the server trusts: a peer that proves the shared secret, or, on a
+// unix socket made by [Listen] without a secret, any process of the
+// socket's owner (the socket has mode 0600, and Listen never exposes it
+// wider). Every other peer is refused before it can make a call.
+//
+// What is authenticated: with a secret ([ServerOptions.Secret],
+// [ClientOptions.Secret], or the environment variable [SecretEnv] on
+// either side; at least [MinSecretLen] bytes), each connection starts
+// with a mutual challenge-response: both sides draw a fresh 32-byte nonce,
+// the server proves the secret with HMAC-SHA256 over a server label and
+// both nonces, the client checks that proof and answers with its own
+// over a client label. The secret never crosses the wire, a recorded
+// handshake proves nothing on a new connection (the other side's nonce
+// differs), and a client refuses a server that proves a different secret,
+// or none when the client has one. A wrong secret fails Dial with an error
+// that says so, and the server logs a warning and closes the connection;
+// the secret itself is never logged nor put in an error text ([Secret]
+// prints as "[secret]"). A server refuses to Serve a listener of any
+// network but "unix" without a secret, and Dial refuses to dial one.
+//
+// What is not: nothing is encrypted, and the frames after the handshake
+// are not authenticated one by one (their CRC-32C guards against
+// accidents, not against a party on the path). Someone who can read the
+// traffic reads the values; someone who can change it in flight (a
+// machine on the path, not a mere peer) can change them. Keep TCP on a
+// network you trust, or tunnel it (SSH, WireGuard, a TLS proxy); the
+// shared secret keeps out peers that merely reach the port, not the
+// network. Authentication says nothing of what a client may do: any
+// client that holds the secret may read, write and remove every key.
+//
+// Bounds on a peer, before and after it is trusted: a connection must send
+// its hello, and its proof, within [ServerOptions.HelloTimeout] (default
+// 5 s), so silent connections cannot hold the [ServerOptions.MaxConns]
+// places (default 64) for long; a connection refused for MaxConns is
+// answered and closed within HelloTimeout too, and at most MaxConns are
+// being refused at once: beyond that, a connection is closed unanswered,
+// so a flood of connections keeps at most 2 × MaxConns of them open, and
+// each for HelloTimeout at most until it has sent its hello. Once a frame
+// has begun, each MiB of it, read or written, must move within
+// [ServerOptions.FrameTimeout] (default 5 s), or the connection ends and
+// its staging memory is freed: a put that stops after its header and a
+// reply the client never reads hold it that long at most (a trusted peer
+// that trickles a MiB per FrameTimeout keeps its connection). Between
+// frames a connection may stay idle, and holds no staging memory once
+// idle for a second. A frame's body is
+// at most what [ServerOptions.MaxBatch] keys take, its values at most
+// [ServerOptions.MaxCallBytes], each value at most [ServerOptions.MaxValue];
+// a watch holds at most [ServerOptions.MaxWatch] events on the server. The
+// client bounds every reply by the server's declared limits, and a call by
+// [ClientOptions.CallTimeout].
+//
+// # Key events
+//
+// A Client implements [store.Watcher] exactly when the served store does,
+// as the server declares when a connection starts ([Limits].Watcher).
+// Each Watch opens a connection of its own to the server, which keeps a
+// feed of the store for it (of the smaller of n and ServerOptions.MaxWatch
+// events) and sends what the feed holds every 10 ms, with the count of the
+// events it dropped, which the client's feed adds to its own: the reader
+// learns of every drop. A connection that breaks counts one event lost
+// (how many were, nobody can know: the reader must resynchronise) and is
+// made again, after a pause that doubles from 100 ms to 5 s while dials
+// fail. Closing the feed ends its connection within a second; Close of
+// the Client closes every feed. A served store closed under a watch stops
+// adding to it; the client's feed is not told.
 //
 // # Stats and leases
 //
 // Client.Stats returns the served store's counters, fetched from the
 // server. A Client implements [store.Leaser] exactly when the served store
-// does, with the server's declaration, and [store.Vectored] always (the
+// does, with the server's declaration, [store.Watcher] likewise (see "Key
+// events"), and [store.Vectored] always (the
 // server stages the value whole, whether or not its store is Vectored).
 //
 // # Concurrency
@@ -89,8 +166,10 @@
 // A Server and a Client are safe for concurrent use. A Client runs up to
 // [ClientOptions.Conns] calls at once, one connection each; a Server
 // serves up to [ServerOptions.MaxConns] connections, each with goroutines
-// of its own, one call at a time per connection, and refuses more.
+// of its own, one call at a time per connection, and refuses more; each
+// watch takes one connection, and a goroutine of the Client.
 // Server.Close closes every listener and connection and waits for the
-// goroutines; Client.Close waits for the calls running.
+// goroutines; Client.Close waits for the calls running, and ends the
+// watches and waits for their goroutines.
 // Neither closes the served store.
 package remote

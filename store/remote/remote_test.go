@@ -530,6 +530,9 @@ func TestListen(t *testing.T) {
 	if fi.Mode().Type() != fs.ModeSocket || fi.Mode().Perm() != 0o600 {
 		t.Errorf("Listen(unix, %s) made mode %v, want a socket of mode 0600", path, fi.Mode())
 	}
+	if a := l.Addr(); a.Network() != "unix" || a.String() != path {
+		t.Errorf("Listen(unix, %s).Addr() = %s %s, want unix %s", path, a.Network(), a, path)
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -586,6 +589,53 @@ func TestListen(t *testing.T) {
 	}
 	if b, err := os.ReadFile(file); err != nil || string(b) != "user data" {
 		t.Errorf("the file after Listen refused it = %q, %v; want it unchanged", b, err)
+	}
+}
+
+// TestListenConcurrent races two Listens for one path, many times: one
+// gets the socket, and the other is refused with an error naming the
+// path, never both served with one of the sockets unreachable.
+func TestListenConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 50 {
+		path := filepath.Join(dir, fmt.Sprintf("kv%d.sock", i))
+		var ls [2]net.Listener
+		var errs [2]error
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for j := range 2 {
+			wg.Go(func() {
+				<-start
+				ls[j], errs[j] = remote.Listen("unix", path)
+			})
+		}
+		close(start)
+		wg.Wait()
+		won := -1
+		for j := range 2 {
+			if errs[j] == nil {
+				defer ls[j].Close()
+				if won >= 0 {
+					t.Fatalf("round %d: both Listen(unix, %s) succeeded: one's socket was replaced by the other's", i, path)
+				}
+				won = j
+			} else if !strings.Contains(errs[j].Error(), path) || !strings.Contains(errs[j].Error(), "a server listens there") {
+				t.Errorf("round %d: the refused Listen(unix, %s) = %v, want an error naming the path and the live socket there", i, path, errs[j])
+			}
+		}
+		if won < 0 {
+			t.Fatalf("round %d: both Listen(unix, %s) failed: %v", i, path, errors.Join(errs[:]...))
+		}
+		nc, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatalf("round %d: dial the winner's socket: %v", i, err)
+		}
+		got, err := ls[won].Accept()
+		if err != nil {
+			t.Fatalf("round %d: the winner's Accept: %v", i, err)
+		}
+		got.Close()
+		nc.Close()
 	}
 }
 

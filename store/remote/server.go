@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
@@ -20,6 +21,9 @@ const (
 	DefaultMaxBatch     = 1024
 	DefaultMaxCallBytes = 64 << 20
 	DefaultMaxConns     = 64
+	DefaultHelloTimeout = 5 * time.Second
+	DefaultFrameTimeout = 5 * time.Second
+	DefaultMaxWatch     = 1 << 16
 )
 
 // ServerOptions configures a [Server]. The zero value of every field means
@@ -44,8 +48,33 @@ type ServerOptions struct {
 	// is refused: the server answers its hello with an error matching
 	// store.ErrUnavailable, logs a warning, and closes it; the client sees
 	// the error from Dial, or as a per-key store.ErrTransfer of the call
-	// that needed the connection. Default 64.
+	// that needed the connection. A refused connection has HelloTimeout
+	// to send its hello, and at most MaxConns are answered at once: one
+	// beyond that is closed at once, unanswered, with a debug record.
+	// Default 64.
 	MaxConns int
+	// Secret is the shared secret that clients must prove they hold when
+	// they connect, and that the server proves it holds to them (see
+	// "Security" in the package doc). A server that serves a network other
+	// than "unix" refuses to serve without one. If empty, EnsureDefaults
+	// takes the value of the environment variable [SecretEnv]. At least
+	// [MinSecretLen] bytes.
+	Secret Secret
+	// HelloTimeout bounds the start of a connection: the client's hello,
+	// and its proof of the secret, must have arrived within it, or the
+	// server closes the connection. Default 5 s.
+	HelloTimeout time.Duration
+	// FrameTimeout bounds a stall within a frame: once a frame has begun,
+	// every MiB of it must be read or written within FrameTimeout, or the
+	// server closes the connection and frees its staging memory. A
+	// connection may stay idle between frames for as long as the client
+	// likes. Default 5 s.
+	FrameTimeout time.Duration
+	// MaxWatch bounds the events the server holds for one watch of a
+	// client (a client's Watch takes the smaller of its n and MaxWatch):
+	// past it the server drops events, and the client's feed reports them
+	// lost. Default 65536; at most store.MaxWatch.
+	MaxWatch int
 	// Logger receives a debug record of every connection that ends, with
 	// its error when it ended in one (a torn or corrupt frame, a client
 	// gone mid-call), a warning of every Accept error that Serve
@@ -68,6 +97,16 @@ func (o *ServerOptions) EnsureDefaults() {
 	if o.MaxConns == 0 {
 		o.MaxConns = DefaultMaxConns
 	}
+	if o.HelloTimeout == 0 {
+		o.HelloTimeout = DefaultHelloTimeout
+	}
+	if o.FrameTimeout == 0 {
+		o.FrameTimeout = DefaultFrameTimeout
+	}
+	if o.MaxWatch == 0 {
+		o.MaxWatch = DefaultMaxWatch
+	}
+	o.Secret = secretFromEnv(o.Secret)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -85,8 +124,14 @@ func (o *ServerOptions) Validate() error {
 		return fmt.Errorf("remote: server options: MaxCallBytes %d: must be at least MaxValue %d", o.MaxCallBytes, o.MaxValue)
 	case o.MaxConns < 1:
 		return fmt.Errorf("remote: server options: MaxConns %d: must be positive", o.MaxConns)
+	case o.HelloTimeout < 0:
+		return fmt.Errorf("remote: server options: HelloTimeout %v: must be positive", o.HelloTimeout)
+	case o.FrameTimeout < 0:
+		return fmt.Errorf("remote: server options: FrameTimeout %v: must be positive", o.FrameTimeout)
+	case o.MaxWatch < 1 || o.MaxWatch > store.MaxWatch:
+		return fmt.Errorf("remote: server options: MaxWatch %d: must be in [1, %d]", o.MaxWatch, store.MaxWatch)
 	}
-	return nil
+	return checkSecret("server", o.Secret)
 }
 
 // Server serves a [store.Store] to [Client]s over stream connections. It is
@@ -95,11 +140,14 @@ func (o *ServerOptions) Validate() error {
 type Server struct {
 	s      store.Store
 	leases *store.Leases // nil when s is no store.Leaser
-	opts   ServerOptions
-	log    *slog.Logger
-	base   context.Context // canceled by Close: the context of every inner call
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// watcher is s when it is a store.Watcher.
+	watcher store.Watcher
+	staged  atomic.Int64 // bytes of staging memory held, over all connections
+	opts    ServerOptions
+	log     *slog.Logger
+	base    context.Context // canceled by Close: the context of every inner call
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 
 	mu struct {
 		sync.Mutex
@@ -107,13 +155,18 @@ type Server struct {
 		listeners map[net.Listener]struct{}
 		conns     map[net.Conn]struct{} // served and being refused
 		served    int                   // connections served, at most MaxConns
+		refusing  int                   // connections being refused, at most MaxConns
 	}
 }
 
 // NewServer returns a server of s. It fills in opts' defaults and returns
-// an error naming the field and value that are out of range. The server
-// does not close s.
+// an error naming the field and value that are out of range, and one for
+// a nil s (a server of no store would fail every call). The server does
+// not close s.
 func NewServer(s store.Store, opts ServerOptions) (*Server, error) {
+	if s == nil {
+		return nil, errors.New("remote: NewServer: the store is nil")
+	}
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -123,6 +176,7 @@ func NewServer(s store.Store, opts ServerOptions) (*Server, error) {
 		ls := l.Leases()
 		srv.leases = &ls
 	}
+	srv.watcher, _ = s.(store.Watcher)
 	srv.base, srv.cancel = context.WithCancel(context.Background())
 	srv.mu.listeners = make(map[net.Listener]struct{})
 	srv.mu.conns = make(map[net.Conn]struct{})
@@ -133,12 +187,17 @@ func NewServer(s store.Store, opts ServerOptions) (*Server, error) {
 var ErrServerClosed = errors.New("remote: server closed")
 
 // Serve accepts connections on l and serves each until it ends, and
-// returns when l fails or the server is closed ([ErrServerClosed]). An
+// returns when l fails or the server is closed ([ErrServerClosed]). It
+// refuses at once, with an error that says why, a listener of a network
+// other than "unix" when the server has no [ServerOptions.Secret]. An
 // Accept error that is temporary (such as no file descriptor free) is
 // logged and Accept retried, after 5 ms, doubling up to 1 s while the
 // errors last; any other ends Serve. It closes l when it returns. It may
 // be called for several listeners at once.
 func (srv *Server) Serve(l net.Listener) error {
+	if a := l.Addr(); needsSecret(a.Network()) && len(srv.opts.Secret) == 0 {
+		return errors.Join(fmt.Errorf("remote: serve %s %s: refused: a %s listener needs a shared secret (ServerOptions.Secret or %s), as only a unix socket is kept to its owner", a.Network(), a, a.Network(), SecretEnv), l.Close())
+	}
 	srv.mu.Lock()
 	if srv.mu.closed {
 		srv.mu.Unlock()
@@ -182,9 +241,17 @@ func (srv *Server) Serve(l net.Listener) error {
 			_ = nc.Close() // refused: the server is closed
 			continue
 		}
-		srv.mu.conns[nc] = struct{}{}
 		refused := srv.mu.served >= srv.opts.MaxConns
-		if !refused {
+		if refused && srv.mu.refusing >= srv.opts.MaxConns {
+			srv.mu.Unlock()
+			_ = nc.Close() // refused unanswered: MaxConns refusals are under way
+			srv.log.Debug("remote: connection closed unanswered: the server serves MaxConns connections and refuses as many", "remote", nc.RemoteAddr().String(), "max_conns", srv.opts.MaxConns)
+			continue
+		}
+		srv.mu.conns[nc] = struct{}{}
+		if refused {
+			srv.mu.refusing++
+		} else {
 			srv.mu.served++
 		}
 		srv.wg.Add(1)
@@ -195,6 +262,7 @@ func (srv *Server) Serve(l net.Listener) error {
 				srv.refuse(nc)
 				srv.mu.Lock()
 				delete(srv.mu.conns, nc)
+				srv.mu.refusing--
 				srv.mu.Unlock()
 				return
 			}
@@ -208,9 +276,6 @@ func (srv *Server) Serve(l net.Listener) error {
 	}
 }
 
-// refuseWait bounds the exchange with a connection refused for MaxConns.
-const refuseWait = time.Second
-
 // refuse answers the hello of nc, a connection beyond MaxConns, with an
 // error matching store.ErrUnavailable, closes it, and logs a warning,
 // with the error of the exchange if the client could not be told.
@@ -223,21 +288,26 @@ func (srv *Server) refuse(nc net.Conn) {
 }
 
 func (srv *Server) refuseHello(nc net.Conn) error {
-	if err := nc.SetDeadline(time.Now().Add(refuseWait)); err != nil {
+	if err := nc.SetDeadline(time.Now().Add(srv.opts.HelloTimeout)); err != nil {
 		return err
 	}
 	var hdr [headerLen]byte
 	if _, err := io.ReadFull(nc, hdr[:]); err != nil {
 		return err
 	}
-	h, err := parseHeader(hdr[:], 0)
+	h, err := parseHeader(hdr[:], nonceLen)
 	if err != nil {
 		return err
 	}
-	if h.typ != msgHello || h.data != 0 {
+	if h.typ != msgHello || h.data != 0 || h.body != nonceLen {
 		return fmt.Errorf("%w: first frame of type %d, want a hello", errFrame, h.typ)
 	}
-	if err := readTrailer(nc, crc32Of(hdr[:])); err != nil {
+	crc := crc32Of(hdr[:])
+	var nc0 [nonceLen]byte
+	if err := readFull(nc, nc0[:], &crc); err != nil {
+		return err
+	}
+	if err := readTrailer(nc, crc); err != nil {
 		return err
 	}
 	msg := fmt.Sprintf("remote: connection refused: the server serves %d connections, its MaxConns", srv.opts.MaxConns)
@@ -299,17 +369,25 @@ func (srv *Server) Close() error {
 
 // sconn is the state of one served connection.
 type sconn struct {
-	srv  *Server
-	nc   net.Conn
-	hdr  [headerLen]byte
-	body []byte
-	out  enc
-	bufs net.Buffers
-	mem  *rdma.HostMemory // staging memory; nil until a call needs it, and once idle
-	idle *time.Timer      // frees mem when no request comes for stageIdle
-	keys []string
-	regs []rdma.Region
-	res  []store.Result
+	srv *Server
+	nc  net.Conn
+	// rd reads the rest of a frame past its header: nc itself during the
+	// hello, under the hello's deadline; then a stallReader.
+	rd io.Reader
+	// established is set once the hello is done, before the reader is
+	// resumed: the reader then waits for a frame's first byte without a
+	// deadline, and for the rest within FrameTimeout.
+	established bool
+	chunks      net.Buffers // a write's chunk
+	hdr         [headerLen]byte
+	body        []byte
+	out         enc
+	bufs        net.Buffers
+	mem         *rdma.HostMemory // staging memory; nil until a call needs it, and once idle
+	idle        *time.Timer      // frees mem when no request comes for stageIdle
+	keys        []string
+	regs        []rdma.Region
+	res         []store.Result
 
 	// next carries the headers the reader goroutine reads, and the error
 	// that ends it; resume tells it that the main loop has read the rest
@@ -342,7 +420,10 @@ func (srv *Server) maxBody() uint32 {
 // serveConn serves one connection until it ends, and returns why, nil
 // when the client or the server closed it between frames.
 func (srv *Server) serveConn(nc net.Conn) error {
-	c := &sconn{srv: srv, nc: nc, next: make(chan frameOrErr), resume: make(chan struct{}), quit: make(chan struct{})}
+	c := &sconn{srv: srv, nc: nc, rd: nc, next: make(chan frameOrErr), resume: make(chan struct{}), quit: make(chan struct{})}
+	if err := nc.SetDeadline(time.Now().Add(srv.opts.HelloTimeout)); err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	wg.Go(c.read)
 	err := c.loop()
@@ -389,10 +470,64 @@ func (c *sconn) read() {
 }
 
 func (c *sconn) readHeader(hdr []byte) (header, error) {
-	if _, err := io.ReadFull(c.nc, hdr); err != nil {
+	if !c.established {
+		// The hello's: within the deadline serveConn set.
+		if _, err := io.ReadFull(c.nc, hdr); err != nil {
+			return header{}, err
+		}
+		return parseHeader(hdr, nonceLen)
+	}
+	// Between frames the connection may be idle for ever; once a frame
+	// has begun, its header must come within FrameTimeout.
+	if err := c.nc.SetReadDeadline(time.Time{}); err != nil {
 		return header{}, err
 	}
+	if _, err := io.ReadFull(c.nc, hdr[:1]); err != nil {
+		return header{}, err
+	}
+	if _, err := io.ReadFull(c.stall(), hdr[1:]); err != nil {
+		return header{}, c.stalled(midFrame(err))
+	}
 	return parseHeader(hdr, c.srv.maxBody())
+}
+
+// establish ends the hello: the reader, once resumed, and the rest of the
+// frames take the deadlines of an established connection.
+func (c *sconn) establish() {
+	c.established = true
+	c.rd = c.stall()
+}
+
+// stall returns the reader of the rest of a frame once the hello is done.
+func (c *sconn) stall() io.Reader { return stallReader{c.nc, c.srv.opts.FrameTimeout} }
+
+// stalled names FrameTimeout in the error of a read or write that timed
+// out within a frame.
+func (c *sconn) stalled(err error) error {
+	if isTimeout(err) {
+		return fmt.Errorf("remote: the frame stalled for FrameTimeout %v: %w", c.srv.opts.FrameTimeout, err)
+	}
+	return err
+}
+
+// readChunk is the most a stalled read or write may move before its
+// deadline is pushed back: a frame must move a MiB every FrameTimeout.
+const readChunk = 1 << 20
+
+// stallReader reads from nc with a deadline of d from each read.
+type stallReader struct {
+	nc net.Conn
+	d  time.Duration
+}
+
+func (r stallReader) Read(p []byte) (int, error) {
+	if len(p) > readChunk {
+		p = p[:readChunk]
+	}
+	if err := r.nc.SetReadDeadline(time.Now().Add(r.d)); err != nil {
+		return 0, err
+	}
+	return r.nc.Read(p)
 }
 
 func (c *sconn) readCancel(h header, hdr []byte) error {
@@ -400,8 +535,8 @@ func (c *sconn) readCancel(h header, hdr []byte) error {
 		return fmt.Errorf("%w: cancel with a body", errFrame)
 	}
 	crc := crc32Of(hdr)
-	if err := readTrailer(c.nc, crc); err != nil {
-		return err
+	if err := readTrailer(c.stall(), crc); err != nil {
+		return c.stalled(err)
 	}
 	c.cancelCall(h.id, false)
 	return nil
@@ -424,6 +559,9 @@ func (c *sconn) cancelCall(id uint32, all bool) {
 // loop serves requests until the connection fails or a frame is bad.
 func (c *sconn) loop() error {
 	if err := c.hello(); err != nil {
+		if isTimeout(err) {
+			err = fmt.Errorf("remote: no hello within HelloTimeout %v: %w", c.srv.opts.HelloTimeout, err)
+		}
 		return err
 	}
 	for {
@@ -469,17 +607,30 @@ func (c *sconn) nextFrame() (header, error) {
 	}
 }
 
-// hello answers the client's hello, the first frame of a connection.
+// hello answers the client's hello, the first frame of a connection, and
+// checks its proof of the shared secret when the server has one. It runs
+// under the deadline serveConn set: HelloTimeout from the connection's
+// start.
 func (c *sconn) hello() error {
 	h, err := c.nextFrame()
 	if err != nil {
 		return err
 	}
-	if h.typ != msgHello || h.body != 0 || h.data != 0 {
-		return fmt.Errorf("%w: first frame of type %d, want a hello", errFrame, h.typ)
+	if h.typ != msgHello || h.body != nonceLen || h.data != 0 {
+		return fmt.Errorf("%w: first frame of type %d with a body of %d bytes, want a hello", errFrame, h.typ, h.body)
 	}
-	if err := readTrailer(c.nc, c.crcHeader(h)); err != nil {
+	crc := c.crcHeader(h)
+	if err := c.readBody(h, &crc); err != nil {
 		return err
+	}
+	if err := readTrailer(c.rd, crc); err != nil {
+		return err
+	}
+	clientNonce := append([]byte(nil), c.body...)
+	serverNonce := nonce()
+	secret := c.srv.opts.Secret
+	if len(secret) == 0 {
+		c.establish()
 	}
 	c.resumeReader()
 	o := c.srv.opts
@@ -492,8 +643,61 @@ func (c *sconn) hello() error {
 		b = b.u8(0)
 	}
 	b = b.u8(boolByte(ls.Exists)).u8(boolByte(ls.Get)).u64(uint64(ls.TTL)).u64(uint64(ls.RemoveWait))
+	b = b.u8(boolByte(c.srv.watcher != nil))
+	b = append(b, serverNonce...)
+	if len(secret) != 0 {
+		b = append(b.u8(1), proof(secret, labelServer, clientNonce, serverNonce)...)
+	} else {
+		b = b.u8(0)
+	}
 	c.out = b
-	return c.reply(msgHelloReply, h.id, nil)
+	if err := c.reply(msgHelloReply, h.id, nil); err != nil {
+		return err
+	}
+	if len(secret) != 0 {
+		if err := c.auth(secret, clientNonce, serverNonce); err != nil {
+			return err
+		}
+	}
+	// The hello is done: from now on the connection may be idle between
+	// frames, and a frame must not stall. Each read and write sets its own
+	// deadline (readHeader, stallReader, stallWriter), the reader's
+	// included, which may be reading the next header already.
+	return nil
+}
+
+// auth reads the client's proof of the secret and answers it: a wrong
+// proof is answered with an error, and ends the connection.
+func (c *sconn) auth(secret, clientNonce, serverNonce []byte) error {
+	h, err := c.nextFrame()
+	if err != nil {
+		return fmt.Errorf("remote: the client sent no proof of the shared secret: %w", err)
+	}
+	if h.typ != msgAuth || h.body != proofLen || h.data != 0 {
+		return fmt.Errorf("%w: frame of type %d with a body of %d bytes after the hello, want the client's proof of the shared secret", errFrame, h.typ, h.body)
+	}
+	crc := c.crcHeader(h)
+	if err := c.readBody(h, &crc); err != nil {
+		return err
+	}
+	if err := readTrailer(c.rd, crc); err != nil {
+		return err
+	}
+	var refused error
+	if !checkProof(c.body, secret, labelClient, clientNonce, serverNonce) {
+		refused = fmt.Errorf("%w: remote: connection refused: the client's proof of the shared secret is wrong (the secrets differ, or the hello was replayed)", store.ErrUnavailable)
+	} else {
+		c.establish()
+	}
+	c.resumeReader()
+	c.out = callReply(c.out[:0], refused, 0, nil)
+	if err := c.reply(msgReply, h.id, nil); err != nil {
+		return errors.Join(refused, err)
+	}
+	if refused != nil {
+		c.srv.log.Warn("remote: connection refused: wrong proof of the shared secret", "remote", c.nc.RemoteAddr().String())
+	}
+	return refused
 }
 
 func boolByte(b bool) byte {
@@ -519,7 +723,7 @@ func (c *sconn) readBody(h header, crc *uint32) error {
 		c.body = make([]byte, h.body)
 	}
 	c.body = c.body[:h.body]
-	return readFull(c.nc, c.body, crc)
+	return c.stalled(readFull(c.rd, c.body, crc))
 }
 
 // serve serves one request whose header is h.
@@ -531,12 +735,12 @@ func (c *sconn) serve(h header) error {
 	switch h.typ {
 	case msgPut:
 		return c.put(h, crc)
-	case msgGet, msgExists, msgRemove, msgRemovePrefix, msgRemoveAll, msgStats:
+	case msgGet, msgExists, msgRemove, msgRemovePrefix, msgRemoveAll, msgStats, msgWatch:
 		if h.data != 0 {
 			return fmt.Errorf("%w: request of type %d with %d data bytes", errFrame, h.typ, h.data)
 		}
-		if err := readTrailer(c.nc, crc); err != nil {
-			return err
+		if err := readTrailer(c.rd, crc); err != nil {
+			return c.stalled(err)
 		}
 	default:
 		return fmt.Errorf("%w: request of type %d", errFrame, h.typ)
@@ -547,6 +751,8 @@ func (c *sconn) serve(h header) error {
 		return c.get(h)
 	case msgExists:
 		return c.exists(h)
+	case msgWatch:
+		return c.watch(h)
 	case msgStats:
 		st := c.srv.s.Stats()
 		b := enc(c.out[:0])
@@ -629,7 +835,50 @@ func (c *sconn) reply(typ byte, id uint32, data [][]byte) error {
 	}
 	var hdr [headerLen]byte
 	putHeader(hdr[:], header{typ: typ, id: id, body: uint32(len(c.out)), data: total})
-	return writeFrame(c.nc, &c.bufs, hdr[:], c.out, data)
+	if !c.established {
+		return writeFrame(c.nc, &c.bufs, hdr[:], c.out, data) // within the hello's deadline
+	}
+	return c.stalled(writeFrame(stallWriter{c}, &c.bufs, hdr[:], c.out, data))
+}
+
+// stallWriter writes a frame to its connection a MiB at a time, each
+// within FrameTimeout: a client that stops reading a reply ends its
+// connection, and frees its staging memory.
+type stallWriter struct{ c *sconn }
+
+// WriteBuffers writes bufs in vectored writes of readChunk bytes at most.
+func (w stallWriter) writeBuffers(bufs net.Buffers) error {
+	c := w.c
+	for len(bufs) > 0 {
+		part, n := c.chunks[:0], 0
+		for len(bufs) > 0 && n < readChunk {
+			b := bufs[0]
+			if k := readChunk - n; len(b) > k {
+				part = append(part, b[:k])
+				bufs[0] = b[k:]
+				n += k
+				break
+			}
+			part = append(part, b)
+			n += len(b)
+			bufs = bufs[1:]
+		}
+		c.chunks = part[:0]
+		if err := c.nc.SetWriteDeadline(time.Now().Add(c.srv.opts.FrameTimeout)); err != nil {
+			return err
+		}
+		if _, err := part.WriteTo(c.nc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w stallWriter) Write(p []byte) (int, error) {
+	if err := w.writeBuffers(net.Buffers{p}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // keysOf decodes n keys, each followed by a u64 when sized, into c.keys
@@ -702,10 +951,11 @@ func (c *sconn) put(h header, crc uint32) error {
 		c.out = callReply(c.out[:0], err, 0, nil)
 		return errors.Join(err, c.reply(msgReply, h.id, nil))
 	}
-	if err := readFull(c.nc, mem.Bytes()[:total], &crc); err != nil {
-		return err
+	if err := readFull(c.rd, mem.Bytes()[:total], &crc); err != nil {
+		return c.stalled(err)
 	}
-	if err := readTrailer(c.nc, crc); err != nil {
+	if err := readTrailer(c.rd, crc); err != nil {
+		err = c.stalled(err)
 		c.out = callReply(c.out[:0], fmt.Errorf("%w: remote: put of %d keys refused: %v", store.ErrTransfer, len(keys), err), 0, nil)
 		return errors.Join(err, c.reply(msgReply, h.id, nil))
 	}
@@ -808,6 +1058,7 @@ func (c *sconn) staging(n int) (*rdma.HostMemory, error) {
 		return nil, errors.Join(fmt.Errorf("remote: register staging memory: %w", err), mem.Free())
 	}
 	c.mem = mem
+	c.srv.staged.Add(int64(mem.Len()))
 	return mem, nil
 }
 
@@ -819,6 +1070,7 @@ func (c *sconn) freeStage() {
 	if err := c.srv.s.Unregister(c.mem.Region()); err != nil && !errors.Is(err, store.ErrClosed) {
 		c.srv.log.Debug("remote: unregister staging memory", "err", err)
 	}
+	c.srv.staged.Add(-int64(c.mem.Len()))
 	if err := c.mem.Free(); err != nil {
 		c.srv.log.Debug("remote: free staging memory", "err", err)
 	}
@@ -840,6 +1092,9 @@ func writeFrame(w io.Writer, bufs *net.Buffers, hdr, body []byte, data [][]byte)
 	b = append(b, data...)
 	b = append(b, tr[:])
 	*bufs = b[:0]
+	if bw, ok := w.(interface{ writeBuffers(net.Buffers) error }); ok {
+		return bw.writeBuffers(b)
+	}
 	_, err := b.WriteTo(w)
 	return err
 }

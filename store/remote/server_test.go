@@ -322,3 +322,12 @@ func TestStagingReleased(t *testing.T) {
 	default:
 	}
 }
+
+// TestNewServerNil: a server of no store is refused at NewServer, with an
+// error that says so, not left to fail on its first call.
+func TestNewServerNil(t *testing.T) {
+	srv, err := remote.NewServer(nil, remote.ServerOptions{})
+	if err == nil || !strings.Contains(err.Error(), "store is nil") {
+		t.Errorf("NewServer(nil) = %v, %v; want an error saying the store is nil", srv, err)
+	}
+}

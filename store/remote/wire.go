@@ -2,6 +2,9 @@ package remote
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,7 +18,7 @@ import (
 //
 //	offset  size  field
 //	0       4     magic "KVRS"
-//	4       1     version, 1
+//	4       1     version, 2
 //	5       1     type (msgHello ...)
 //	6       2     zero
 //	8       4     call id: a reply carries its request's; a cancel names the call it cancels;
@@ -37,11 +40,22 @@ import (
 //
 // Strings (str) are a uint16 length and the bytes. Bodies:
 //
-//	hello         (empty); answered with a helloReply, or with a reply
-//	              carrying the error of a server that refuses the
-//	              connection (store.ErrUnavailable: it serves MaxConns)
+//	hello         32 bytes: the client's nonce; answered with a helloReply,
+//	              or with a reply carrying the error of a server that
+//	              refuses the connection (store.ErrUnavailable: it serves
+//	              MaxConns)
 //	helloReply    u64 MaxValue, u32 MaxBatch, u64 MaxCallBytes, u8 leaser,
-//	              u8 Leases.Exists, u8 Leases.Get, i64 TTL ns, i64 RemoveWait ns
+//	              u8 Leases.Exists, u8 Leases.Get, i64 TTL ns, i64 RemoveWait ns,
+//	              u8 watcher, 32 bytes: the server's nonce, u8 auth, and when
+//	              auth is 1, 32 bytes: the server's proof
+//	auth          32 bytes: the client's proof; sent after a helloReply
+//	              whose auth is 1, and answered with a reply (code 0, or
+//	              the error of a wrong proof, after which the server closes
+//	              the connection)
+//	watch         u32 n: the events the server's feed holds; answered with
+//	              a reply, then, on success, a stream of events frames of
+//	              the same call id for as long as the connection lasts
+//	events        u64 lost, u32 n, n × (str key, u8 op, str medium)
 //	exists        u32 n, n × str key
 //	put           u32 n, n × (str key, u64 size); data: the values in order
 //	get           u32 n, n × (str key, u64 destination length)
@@ -56,11 +70,17 @@ import (
 //	              data (get): the values of the keys whose code is 0, in order,
 //	              N bytes each
 //
+// The proofs of the shared secret (ServerOptions.Secret, ClientOptions.Secret)
+// are HMAC-SHA256 under the secret of a role label and both nonces (see
+// proof): each side proves it holds the secret over a nonce the other just
+// drew, so the secret never crosses the wire and a recorded exchange
+// proves nothing on a new connection.
+//
 // Error codes are 0 for none and the codes below, one per sentinel error of
 // package store; the message is the server's error text.
 const (
 	frameMagic   = "KVRS"
-	frameVersion = 1
+	frameVersion = 2
 	headerLen    = 28
 	trailerLen   = 4
 	maxMessage   = 1024 // longest error text sent
@@ -80,7 +100,45 @@ const (
 	msgStatsReply
 	msgCancel
 	msgReply
+	msgAuth
+	msgWatch
+	msgEvents
 )
+
+// nonceLen is the length of the hello's nonces, and proofLen that of the
+// proofs of the shared secret.
+const (
+	nonceLen = 32
+	proofLen = sha256.Size
+)
+
+// The role labels of the proofs: a server's proof is never a client's.
+const (
+	labelServer = "kvconnect/store/remote v2 server proof"
+	labelClient = "kvconnect/store/remote v2 client proof"
+)
+
+// proof returns HMAC-SHA256 under secret of label, the client's nonce and
+// the server's.
+func proof(secret []byte, label string, clientNonce, serverNonce []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(label))
+	m.Write(clientNonce)
+	m.Write(serverNonce)
+	return m.Sum(nil)
+}
+
+// checkProof reports whether got is the proof of label under secret.
+func checkProof(got, secret []byte, label string, clientNonce, serverNonce []byte) bool {
+	return hmac.Equal(got, proof(secret, label, clientNonce, serverNonce))
+}
+
+// nonce returns a fresh random nonce.
+func nonce() []byte {
+	b := make([]byte, nonceLen)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return b
+}
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 

@@ -87,7 +87,7 @@ func (r *rig) conn(t *testing.T) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	if _, err := nc.Write(frame(msgHello, 1, nil, nil)); err != nil {
+	if _, err := nc.Write(frame(msgHello, 1, make([]byte, nonceLen), nil)); err != nil {
 		t.Fatal(err)
 	}
 	if h, _ := readFrame(t, nc); h.typ != msgHelloReply {
@@ -299,7 +299,7 @@ func FuzzServer(f *testing.F) {
 			srv.serveConn(server)
 		}()
 		go io.Copy(io.Discard, client) // replies
-		hello := frame(msgHello, 1, nil, nil)
+		hello := frame(msgHello, 1, make([]byte, nonceLen), nil)
 		if _, err := client.Write(append(hello, in...)); err != nil && !errors.Is(err, io.ErrClosedPipe) {
 			t.Fatal(err)
 		}
@@ -308,6 +308,33 @@ func FuzzServer(f *testing.F) {
 		case <-done:
 		case <-time.After(bound):
 			t.Fatalf("the server did not end a connection in %v after its bytes ended", bound)
+		}
+	})
+}
+
+// FuzzEvents feeds parseEvents arbitrary bodies: it never panics, and what
+// it takes is within the server's bounds and encodes back to the body.
+func FuzzEvents(f *testing.F) {
+	f.Add([]byte(enc(nil).u64(3).u32(1).str("k").u8(byte(store.KeyEvicted)).str("CPU")))
+	f.Add([]byte(enc(nil).u64(0).u32(0)))
+	f.Add([]byte(enc(nil).u64(0).u32(2).str("a").u8(1).str("")))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		evs, lost, err := parseEvents(body)
+		if err != nil {
+			return
+		}
+		if len(evs) > eventsPerFrame || lost < 0 {
+			t.Fatalf("parseEvents took %d events, %d lost", len(evs), lost)
+		}
+		b := enc(nil).u64(uint64(lost)).u32(uint32(len(evs)))
+		for _, e := range evs {
+			if !e.Op.Gone() && e.Op != store.KeyStored {
+				t.Fatalf("parseEvents took op %v", e.Op)
+			}
+			b = b.str(e.Key).u8(byte(e.Op)).str(e.Medium)
+		}
+		if string(b) != string(body) {
+			t.Fatalf("parseEvents(%x) = %v, %d: encodes back to %x", body, evs, lost, []byte(b))
 		}
 	})
 }
