@@ -452,7 +452,7 @@ func TestParams(t *testing.T) {
 }
 
 func FuzzDecodeParams(f *testing.F) {
-	f.Add([]byte(`{"v":2,"namespace":"t/abc","offer":4,"slot":0,"block_size":4,"blocks":[1],"hashes":["` + strings.Repeat("ab", 32) + `"],"ranks":[{"segment":"s","regions":[4096],"mailbox":8192,"slots":1,"layers":1,"blocks":2,"kv":1,"block_bytes":8,"order":"layer-major"}]}`))
+	f.Add([]byte(`{"v":3,"namespace":"t/abc","offer":4,"slot":0,"ticket":"00000000000000a1","block_size":4,"blocks":[1],"hashes":["` + strings.Repeat("ab", 32) + `"],"ranks":[{"segment":"s","regions":[4096],"mailbox":8192,"slots":1,"nonce":"` + strings.Repeat("0f", 16) + `","layers":1,"blocks":2,"kv":1,"block_bytes":8,"order":"layer-major"}]}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`{"ranks":[{"layers":65536,"blocks":65536,"kv":2,"block_bytes":1073741824,"regions":[1]}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -463,9 +463,18 @@ func FuzzDecodeParams(f *testing.F) {
 			}
 			return
 		}
-		// A decoded value is valid and encodes again.
-		if _, err := EncodeParams(p); err != nil {
+		// A decoded value is valid and encodes again, to parameters of
+		// the same seal.
+		again, err := EncodeParams(p)
+		if err != nil {
 			t.Fatalf("EncodeParams(decoded) = %v", err)
+		}
+		q, err := DecodeParams(again)
+		if err != nil {
+			t.Fatalf("DecodeParams(EncodeParams(decoded)) = %v", err)
+		}
+		if offerSeal(&p) != offerSeal(&q) {
+			t.Fatalf("the seal of parameters changed in a round trip")
 		}
 	})
 }

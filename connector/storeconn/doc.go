@@ -149,11 +149,11 @@
 // "verify": "none" saves and loads raw blocks, with no trailer and no
 // check. The formats do not mix: a verifying loader refuses a raw value
 // (wrong size), "checksum" and "mac" refuse each other's values (their
-// trailers differ in size), and a raw loader cannot read a value with a trailer (the
-// value is larger than its block), so engines sharing a store and a
-// namespace must agree on the setting; a mismatch costs hits, never wrong
-// bytes, and shows as load failures: Corrupt for a raw value read with
-// verification, a store error (buffer too small) the other way round.
+// trailers differ in size), and a raw loader cannot read a value with a
+// trailer (the value is larger than its block), so engines sharing a store
+// and a namespace must agree on the setting; a mismatch costs hits, never
+// wrong bytes, and shows as load failures: Corrupt for a raw value read
+// with verification, a store error (buffer too small) the other way round.
 //
 // # Device memory
 //
