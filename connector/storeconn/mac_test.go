@@ -30,28 +30,35 @@ func macExtra(key string) map[string]any {
 // byte-exact, in values of the block and a 40-byte trailer.
 func TestMACRoundTrip(t *testing.T) {
 	for _, tt := range []struct {
-		name  string
-		wrap  func(store.Store) store.Store
-		order connector.Order
+		name   string
+		wrap   func(store.Store) store.Store
+		order  connector.Order
+		chunks int // layer_chunks: values per block
 	}{
-		{"staging", func(s store.Store) store.Store { return hidden{s} }, connector.BlockMajor},
-		{"staging-layers", func(s store.Store) store.Store { return hidden{s} }, connector.LayerMajor},
-		{"vector", func(s store.Store) store.Store { return vectored{s} }, connector.BlockMajor},
-		{"vector-layers", func(s store.Store) store.Store { return vectored{s} }, connector.LayerMajor},
+		{"staging", func(s store.Store) store.Store { return hidden{s} }, connector.BlockMajor, 1},
+		{"staging-layers", func(s store.Store) store.Store { return hidden{s} }, connector.LayerMajor, 1},
+		{"vector", func(s store.Store) store.Store { return vectored{s} }, connector.BlockMajor, 1},
+		{"vector-layers", func(s store.Store) store.Store { return vectored{s} }, connector.LayerMajor, 1},
+		{"vector-layer-chunks", func(s store.Store) store.Store { return vectored{s} }, connector.LayerMajor, 2},
+		{"staging-layer-chunks", func(s store.Store) store.Store { return hidden{s} }, connector.BlockMajor, 2},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			base := newMem(t)
 			st := tt.wrap(base)
-			a := newRigLog(t, st, identity(1, 1), macExtra(tenantKey), tt.order, nil)
+			extra := macExtra(tenantKey)
+			extra["layer_chunks"] = tt.chunks
+			a := newRigLog(t, st, identity(1, 1), extra, tt.order, nil)
 			a.fill(0x5a)
 			a.saveAll(request("a", 4*bs+1))
-			size := a.kv[0].BlockSize() + 40
-			for i, v := range values(t, base, identity(1, 1), size) {
-				if len(v) != size {
-					t.Fatalf("value %d is %d bytes, want %d", i, len(v), size)
+			if tt.chunks == 1 {
+				size := a.kv[0].BlockSize() + 40
+				for i, v := range values(t, base, identity(1, 1), size) {
+					if len(v) != size {
+						t.Fatalf("value %d is %d bytes, want %d", i, len(v), size)
+					}
 				}
 			}
-			b := newRigLog(t, st, identity(1, 1), macExtra(tenantKey), tt.order, nil)
+			b := newRigLog(t, st, identity(1, 1), extra, tt.order, nil)
 			loaded, fails := b.load("b")
 			if !loaded || len(fails) > 0 {
 				t.Fatalf("load: loaded %v, failures %+v", loaded, fails)
