@@ -8,7 +8,7 @@
 // instances, after local eviction, and on a cold start. Every key binds the
 // stored bytes to the tenant, the model, its weights version and generation,
 // the KV format and the shard layout, so no engine is ever served stale or
-// foreign KV.
+// foreign KV. Whom these guarantees hold against: SECURITY.md at the root.
 //
 // This root package holds no code; the SDK lives in its sub-packages:
 //

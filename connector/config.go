@@ -61,6 +61,41 @@ type Config struct {
 	EnablePermuteLocal *bool  `json:"enable_permute_local_kv,omitempty"`
 }
 
+// Format implements fmt.Formatter: a Config prints as a struct of its
+// fields does, with every verb, except that the value of a
+// kv_connector_extra_config key that names a secret (a key that ends in
+// "_key", "secret", "password" or "token", such as storeconn's
+// "verify_key") prints as "[secret]". So a config in a log line or an
+// error never carries a secret. JSON keeps it: a config round-trips.
+func (c Config) Format(f fmt.State, verb rune) {
+	type plain Config // the fields without this method
+	p := plain(c)
+	for k := range c.Extra {
+		if secretKey(k) {
+			p.Extra = make(map[string]any, len(c.Extra))
+			for k, v := range c.Extra {
+				if secretKey(k) && v != nil {
+					v = "[secret]"
+				}
+				p.Extra[k] = v
+			}
+			break
+		}
+	}
+	fmt.Fprintf(f, fmt.FormatString(f, verb), p)
+}
+
+// secretKey reports whether kv_connector_extra_config key names a secret,
+// which Config's Format does not print.
+func secretKey(key string) bool {
+	for _, suffix := range []string{"_key", "secret", "password", "token"} {
+		if strings.HasSuffix(key, suffix) {
+			return true
+		}
+	}
+	return false
+}
+
 // ParseConfig decodes a kv_transfer_config JSON object, fills defaults and
 // validates it. Errors name the offending field and value.
 func ParseConfig(data []byte) (Config, error) {

@@ -16,9 +16,11 @@ import (
 // not, alternately in the same run; and the producer worker's digest of
 // the offer's blocks, which it computes before it arms the offer (on a
 // goroutine of its own, not in Start). It reports each per load and the
-// ratios to the unverified load. Loopback moves bytes with memmoves, so
-// these are the ratios where the transfer is fastest; over a network the
-// share of the digests is smaller.
+// ratios to the unverified load; and the seals a consumer computes to
+// check a load's parameters (its mailbox header and its offer's slot),
+// per load and as a share of the unverified load. Loopback moves bytes
+// with memmoves, so these are the ratios where the transfer is fastest;
+// over a network the share of the digests and seals is smaller.
 func BenchmarkVerify(b *testing.B) {
 	const n = 64
 	o := nodeOpts{tp: 1, repl: 1, bs: 16, blocks: n + 2, blockBytes: 16 << 10}
@@ -63,14 +65,24 @@ func BenchmarkVerify(b *testing.B) {
 		}
 		return d
 	}
-	var verified, unverified, digest time.Duration
+	var verified, unverified, digest, seals time.Duration
 	var sums []uint32
+	var sink seal
 	for b.Loop() {
 		verified += load(v.workers[0])
 		unverified += load(u.workers[0])
 		start := time.Now()
 		sums = pw.sums32(sums[:0], pp.Blocks[:n])
 		digest += time.Since(start)
+		// What each load computes to check its parameters (part of
+		// both loads above): the mailbox seal and the offer seal.
+		start = time.Now()
+		sink = mailboxSeal(&pp.Ranks[0])
+		sink = offerSeal(&pp)
+		seals += time.Since(start)
+	}
+	if sink == (seal{}) {
+		b.Fatal("a zero seal")
 	}
 	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
 	b.ReportMetric(per(verified), "verified-ns/load")
@@ -78,4 +90,6 @@ func BenchmarkVerify(b *testing.B) {
 	b.ReportMetric(per(digest), "digest-ns/offer")
 	b.ReportMetric(float64(verified)/float64(unverified), "verified/unverified")
 	b.ReportMetric(float64(digest)/float64(unverified), "digest/unverified")
+	b.ReportMetric(per(seals), "seals-ns/load")
+	b.ReportMetric(float64(seals)/float64(unverified), "seals/unverified")
 }

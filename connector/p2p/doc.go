@@ -51,54 +51,108 @@
 //
 // # The mailbox: how the consumer says it is done
 //
-// Each producer worker registers a mailbox beside its KV memory:
-// mailbox_slots slots of 16 bytes, slot i at Rank.Mailbox+16i, two 8-byte
-// words in the hosts' byte order. Everything goes over the transfer
-// engine: no other channel between the instances is needed.
+// Each producer worker registers a mailbox beside its KV memory: a header
+// of 64 bytes, then mailbox_slots slots of 64 bytes, slot i at
+// Rank.Mailbox+64+64i. Everything goes over the transfer engine: no other
+// channel between the instances is needed.
 //
-//	offset 0: offer word, written only by the producer's worker
-//	          0 (never used), or offer<<2|1 (armed), offer<<2|2 (ended)
-//	offset 8: done word, written only by consumers' workers
-//	          the offer ID of the last consumer that said it is done
+//	header: offset 0   "KVmbox", 0, the parameters' version
+//	        offset 8   the mailbox seal: BLAKE3-256 of the worker's Rank
+//	                   (segment, regions, mailbox, slots, nonce, digest
+//	                   table, layout)
+//	slot:   offset 0   offer word, written only by the producer's worker:
+//	                   0 (never used), or offer<<2|1 (armed), offer<<2|2 (ended)
+//	        offset 8   done word, written only by consumers' workers: the
+//	                   ticket of the last consumer that said it is done
+//	        offset 16  the offer seal: BLAKE3-256 of the offer's parameters,
+//	                   written before the offer is armed
 //
-// An offer is named by its slot and its ID (Params.Slot, Params.Offer), a
-// sequence number unique among the producer's offers that only grows, so
-// a slot's offer words only grow too; the slot is ID mod mailbox_slots,
-// and the scheduler half gives a slot to one offer at a time. Each word
-// has a single writer, so no write overwrites the other side's, and no
-// remote compare-and-swap is needed: a notice and an offer can never be
-// taken for another offer's, whatever the order of the writes.
+// Words are in the hosts' byte order. An offer is named by its slot and
+// its ID (Params.Slot, Params.Offer), a sequence number unique among the
+// producer's offers that only grows, so a slot's offer words only grow
+// too; the slot is ID mod mailbox_slots, and the scheduler half gives a
+// slot to one offer at a time. Each word has a single writer, so no write
+// overwrites the other side's, and no remote compare-and-swap is needed.
+// Each offer has a ticket (Params.Ticket), 64 random bits that only its
+// parameters carry: the producer takes the offer for done only when the
+// done word holds its ticket, so a notice can never be taken for another
+// offer's, whatever the order of the writes.
 //
 // The producer's worker:
-//  1. arms the offer (writes armed(offer) into the offer word) once the
-//     digests of its blocks are in the digest table; it does so when the
-//     scheduler half of its process makes the offer in Finish, and a worker
-//     of another process when it starts the Metadata that carries it;
+//  1. arms the offer once the digests of its blocks are in the digest
+//     table: writes the offer seal into the slot, then armed(offer) into
+//     the offer word; it does so when the scheduler half of its process
+//     makes the offer in Finish, and a worker of another process when it
+//     starts the Metadata that carries it (the Save carries the offer's
+//     parameters);
 //  2. in each Poll, takes the offer for done when the done word holds its
-//     ID, or for expired when keep_timeout passed since it was armed;
+//     ticket, or for expired when keep_timeout passed since it was armed;
 //     either way it writes ended(offer) into the offer word before it
 //     reports the offer (after which the engine may reuse the blocks);
 //  3. in Close, writes ended(offer) for every offer it holds.
 //
 // The consumer's worker:
-//  1. reads the offer word until it is armed(offer) (for up to
-//     open_timeout); ended(offer), or the word of a newer offer, means the
-//     offer is gone;
-//  2. reads the blocks (and their digests), then the offer word again:
+//  1. reads the mailbox header and checks its magic and mailbox seal
+//     against the Rank the parameters describe; if they differ it writes
+//     nothing and reads nothing more (the parameters are refused: see
+//     "Transfer parameters are untrusted");
+//  2. reads the slot until the offer word is armed(offer) (for up to
+//     open_timeout), then checks the slot's offer seal against the
+//     parameters; ended(offer), or the word of a newer offer, means the
+//     offer is gone; another seal means the parameters are refused;
+//  3. reads the blocks (and their digests), then the offer word again:
 //     only if it is still armed(offer) were the blocks the offer's while
 //     they were read;
-//  3. writes the offer ID into the done word, also when step 1 or 2
-//     failed for any reason but the offer being gone (a timeout, a
-//     transport error, Close), unless the producer's segment did not even
-//     open (then nothing can reach it): a notice written before the offer is armed
+//  4. writes the ticket into the done word, also when step 2 or 3 failed
+//     for any reason but the offer being gone or refused (a timeout, a
+//     transport error, Close): a notice written before the offer is armed
 //     is kept, and the producer frees the blocks at its next Poll. It
 //     writes nothing when the offer is gone (the slot may hold a newer
-//     offer, whose notice it would erase), or when its transfers did not
-//     settle.
+//     offer, whose notice it would erase), when the parameters were
+//     refused, or when its transfers did not settle.
 //
 // A consumer that writes its notice just as the producer expires the
 // offer and reuses the slot may erase the newer offer's notice: that
 // offer is then released after keep_timeout, never early.
+//
+// # Transfer parameters are untrusted
+//
+// In vLLM-style deployments the parameters come back to the consumer in
+// the API request's body (kv_transfer_params): a client can forge them.
+// Whatever they say, a consumer loads only blocks the producer offered
+// under the offer they name, verifies them as its own setting says, and
+// writes only into a producer's mailbox, never into memory that holds KV:
+//
+//   - Blocks of another offer: the offer seal binds the offer's number,
+//     slot, ticket, block ids, block hashes, namespace and every rank's
+//     memory. Parameters that name an armed offer with other blocks (say,
+//     the attacker's own offer with another request's block ids), another
+//     digest table or other regions do not match the seal the producer
+//     wrote: the load fails from its first block, nothing of it is
+//     reported loaded.
+//   - Verification switched off: a consumer with "verify": "checksum"
+//     refuses parameters whose ranks publish no digest table (Digests 0),
+//     in SetParams and again in the worker, however the load reached it;
+//     and the mailbox seal covers the digest table's address, so a forged
+//     0 does not match the producer's header either.
+//   - Writes into KV memory: the consumer writes only its done notice, and
+//     only into the slot of a mailbox whose header it read and checked
+//     first; memory that holds KV does not hold a header with the seal of
+//     parameters a client chose (that would be a BLAKE3 preimage).
+//   - An offer released early: the producer ends an offer only on its
+//     ticket; a client that knows its own parameters cannot end another's
+//     offer by its number, and a consumer writes no notice for parameters
+//     the seal refutes.
+//
+// Each refusal is logged at warn level and counted in Stats.Refused (of
+// the scheduler half for SetParams, of the workers for loads); its blocks
+// fail with connector.ReasonCorrupt. What the seals do not stop: a client
+// that holds genuine parameters of another request (they are what proves
+// the offer; treat them as the request's secret, as vLLM treats
+// kv_transfer_params), and a party that reaches the transfer engine
+// itself (rdma/shm's segments, Mooncake's transfer engine, which listens
+// on all interfaces): such a party reads and writes registered memory
+// directly. See SECURITY.md at the repository's root.
 //
 // # A producer that is gone
 //
@@ -122,8 +176,10 @@
 // offer (its address travels in the transfer parameters), and the
 // consumer's workers read them with the blocks. A block that differs fails
 // the load from that block on (Stats.Corrupt counts them, the reason is ReasonCorrupt); it is
-// never reported loaded. KV in device memory is not verified, nor loads
-// from a producer that publishes no digests.
+// never reported loaded. KV in device memory is not verified: a producer
+// with KV in device memory publishes no digests, and its consumers need
+// "verify": "none", since a verifying consumer refuses parameters without
+// digests.
 //
 // # Transfers that do not settle
 //
@@ -172,7 +228,8 @@
 // Env.Engine opens: "loopback", "shm" or "mooncake"), "verify" (a
 // producer publishes the CRC-32 of each block it offers, a consumer
 // checks each block it reads against it: "checksum", the default, or
-// "none"). Any other key is an error naming it.
+// "none": a consumer that verifies refuses parameters without digests).
+// Any other key is an error naming it.
 //
 // # Concurrency
 //

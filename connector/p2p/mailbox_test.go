@@ -48,7 +48,7 @@ func TestArmedAtFinish(t *testing.T) {
 			po := opts(1, 1, 4, connector.BlockMajor)
 			po.extra = map[string]any{"verify": verify}
 			co := opts(1, 1, 4, connector.BlockMajor)
-			co.extra = map[string]any{"open_timeout": "1h"} // the wait for arming never gives up here
+			co.extra = map[string]any{"open_timeout": "1h", "verify": verify} // the wait for arming never gives up here
 			p, c := pair(t, po, co)
 			tokens := prompt(71, 6*4)
 			params := p.prefill("r", tokens) // the producer's last step: it is idle from here

@@ -325,9 +325,23 @@ func (b *board) handshake() ([]Rank, bool) {
 	return out, true
 }
 
-// slotBytes is the size of a mailbox slot: the offer word, then the done
-// word (see the package documentation, "The mailbox").
-const slotBytes = 16
+// The mailbox's layout (see the package documentation, "The mailbox"): a
+// header, then the slots. The header is the magic, then the mailbox seal
+// of the worker's Rank; a slot is the offer word, the done word, then the
+// offer seal of the offer it holds (written before the offer is armed).
+const (
+	headerBytes = 64
+	slotBytes   = 64
+	sealAt      = 16 // a slot's offer seal
+)
+
+// mailboxMagic opens a mailbox header.
+var mailboxMagic = [8]byte{'K', 'V', 'm', 'b', 'o', 'x', 0, paramsVersion}
+
+// slotAddr returns the address of slot i of the mailbox at mailbox.
+func slotAddr(mailbox uint64, i int) uintptr {
+	return uintptr(mailbox) + headerBytes + uintptr(i)*slotBytes
+}
 
 // Offer words. An offer word holds 0 (never used), or an offer ID shifted
 // left by two with the offer's state in the low bits: 1 armed, 2 ended.

@@ -408,9 +408,9 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestParams(t *testing.T) {
-	valid := `{"v":2,"namespace":"t/abc","offer":4,"slot":4,"block_size":4,"blocks":[1,2],
+	valid := `{"v":3,"namespace":"t/abc","offer":4,"slot":4,"ticket":"0123456789abcdef","block_size":4,"blocks":[1,2],
 		"hashes":["` + strings.Repeat("ab", 32) + `","` + strings.Repeat("cd", 32) + `"],
-		"ranks":[{"segment":"s","regions":[4096],"mailbox":8192,"slots":16,"layers":2,"blocks":8,"kv":2,"block_bytes":64,"order":"block-major"}]}`
+		"ranks":[{"segment":"s","regions":[4096],"mailbox":8192,"slots":16,"nonce":"00112233445566778899aabbccddeeff","layers":2,"blocks":8,"kv":2,"block_bytes":64,"order":"block-major"}]}`
 	p, err := DecodeParams([]byte(valid))
 	if err != nil {
 		t.Fatalf("DecodeParams(valid) = %v", err)
@@ -423,7 +423,12 @@ func TestParams(t *testing.T) {
 		t.Errorf("round trip = %+v, %v", q, err)
 	}
 	for _, tc := range []struct{ name, from, to, want string }{
-		{"version", `"v":2`, `"v":1`, "v = 1"},
+		{"version", `"v":3`, `"v":2`, "v = 2"},
+		{"no ticket", `"ticket":"0123456789abcdef",`, ``, `ticket = ""`},
+		{"zero ticket", `"ticket":"0123456789abcdef"`, `"ticket":"0000000000000000"`, `ticket = "0000000000000000"`},
+		{"short ticket", `"ticket":"0123456789abcdef"`, `"ticket":"0123"`, `ticket = "0123"`},
+		{"no nonce", `"nonce":"00112233445566778899aabbccddeeff",`, ``, `nonce = ""`},
+		{"nonce not hex", `"nonce":"00112233445566778899aabbccddeeff"`, `"nonce":"00112233445566778899aabbccddeefg"`, `nonce = "00112233445566778899aabbccddeefg"`},
 		{"offer", `"offer":4`, `"offer":0`, "offer = 0"},
 		{"slot", `"slot":4`, `"slot":16`, "slot = 16"},
 		{"block out of range", `"blocks":[1,2]`, `"blocks":[1,8]`, "blocks[1] = 8"},
@@ -432,7 +437,7 @@ func TestParams(t *testing.T) {
 		{"mailbox", `"mailbox":8192`, `"mailbox":8193`, "mailbox"},
 		{"order", `"block-major"`, `"diagonal"`, "order"},
 		{"region size", `"regions":[4096]`, `"regions":[4096,8192,12288]`, "Regions"},
-		{"unknown field", `"v":2`, `"v":2,"x":0`, "unknown field"},
+		{"unknown field", `"v":3`, `"v":3,"x":0`, "unknown field"},
 		{"trailing", `"}]}`, `"}]}{}`, "trailing"},
 	} {
 		bad := strings.Replace(valid, tc.from, tc.to, 1)
@@ -447,7 +452,7 @@ func TestParams(t *testing.T) {
 }
 
 func FuzzDecodeParams(f *testing.F) {
-	f.Add([]byte(`{"v":2,"namespace":"t/abc","offer":4,"slot":0,"block_size":4,"blocks":[1],"hashes":["` + strings.Repeat("ab", 32) + `"],"ranks":[{"segment":"s","regions":[4096],"mailbox":8192,"slots":1,"layers":1,"blocks":2,"kv":1,"block_bytes":8,"order":"layer-major"}]}`))
+	f.Add([]byte(`{"v":3,"namespace":"t/abc","offer":4,"slot":0,"ticket":"00000000000000a1","block_size":4,"blocks":[1],"hashes":["` + strings.Repeat("ab", 32) + `"],"ranks":[{"segment":"s","regions":[4096],"mailbox":8192,"slots":1,"nonce":"` + strings.Repeat("0f", 16) + `","layers":1,"blocks":2,"kv":1,"block_bytes":8,"order":"layer-major"}]}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`{"ranks":[{"layers":65536,"blocks":65536,"kv":2,"block_bytes":1073741824,"regions":[1]}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -458,9 +463,18 @@ func FuzzDecodeParams(f *testing.F) {
 			}
 			return
 		}
-		// A decoded value is valid and encodes again.
-		if _, err := EncodeParams(p); err != nil {
+		// A decoded value is valid and encodes again, to parameters of
+		// the same seal.
+		again, err := EncodeParams(p)
+		if err != nil {
 			t.Fatalf("EncodeParams(decoded) = %v", err)
+		}
+		q, err := DecodeParams(again)
+		if err != nil {
+			t.Fatalf("DecodeParams(EncodeParams(decoded)) = %v", err)
+		}
+		if offerSeal(&p) != offerSeal(&q) {
+			t.Fatalf("the seal of parameters changed in a round trip")
 		}
 	})
 }

@@ -1,6 +1,9 @@
 package p2p
 
 import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/zeebo/blake3"
 )
 
 // Errors of the package.
@@ -26,9 +30,10 @@ var (
 	ErrNoHandshake = errors.New("p2p: workers not registered")
 )
 
-// paramsVersion is the version of the Params encoding. Version 2: mailbox
-// slots of 16 bytes, an offer word and a done word.
-const paramsVersion = 2
+// paramsVersion is the version of the Params encoding. Version 3: a
+// mailbox header that names its worker, slots of 64 bytes that carry the
+// offer's seal, and a ticket per offer for the done notice.
+const paramsVersion = 3
 
 // Params are the transfer parameters a producer returns when a request
 // ends, for the consumer that continues it: where the request's blocks are
@@ -47,6 +52,11 @@ type Params struct {
 	// done word of the producer's mailbox slot Slot when it is done.
 	Offer uint64 `json:"offer"`
 	Slot  int    `json:"slot"`
+	// Ticket is the offer's secret for its done notice: 16 hex digits of
+	// a random 64-bit number, not 0, that the producer takes for done
+	// only from the slot's done word. Whoever holds the parameters can
+	// end the offer early; nobody else can.
+	Ticket string `json:"ticket"`
 	// BlockSize is the number of tokens per block.
 	BlockSize int `json:"block_size"`
 	// Blocks are the producer's blocks holding the request's first
@@ -64,8 +74,14 @@ type Params struct {
 type Rank struct {
 	Segment string   `json:"segment"`
 	Regions []uint64 `json:"regions"`
-	Mailbox uint64   `json:"mailbox"`
-	Slots   int      `json:"slots"`
+	// Mailbox is the address of the worker's mailbox: a header of 64
+	// bytes that proves it is this worker's (see the package
+	// documentation, "The mailbox"), then Slots slots of 64 bytes.
+	Mailbox uint64 `json:"mailbox"`
+	Slots   int    `json:"slots"`
+	// Nonce is 32 hex digits, random for each Register: it makes the
+	// mailbox header of every worker instance one nobody can predict.
+	Nonce string `json:"nonce"`
 	// Digests is the address of the producer's digest table, 0 for none
 	// (KV in device memory): Blocks little-endian CRC-32s (IEEE), the
 	// one of block b at Digests+4b, valid while an armed offer holds b.
@@ -123,6 +139,9 @@ func (p Params) validate() error {
 	case len(p.Ranks) == 0:
 		return bad("ranks is empty")
 	}
+	if t, err := parseTicket(p.Ticket); err != nil || t == 0 {
+		return bad("ticket = %q, want 16 hex digits, not all 0", p.Ticket)
+	}
 	for i, r := range p.Ranks {
 		if err := r.validate(); err != nil {
 			return fmt.Errorf("%w: ranks[%d]: %w", ErrParams, i, err)
@@ -150,8 +169,8 @@ func (r Rank) validate() error {
 		return fmt.Errorf("mailbox = %#x, want a non-zero 8-aligned address", r.Mailbox)
 	case r.Slots <= 0 || r.Slots > maxSlots:
 		return fmt.Errorf("slots = %d, want 1 to %d", r.Slots, maxSlots)
-	case r.Mailbox+uint64(r.Slots)*slotBytes < r.Mailbox:
-		return fmt.Errorf("mailbox = %#x: %d slots of %d bytes wrap around the address space", r.Mailbox, r.Slots, slotBytes)
+	case r.Mailbox+headerBytes+uint64(r.Slots)*slotBytes < r.Mailbox:
+		return fmt.Errorf("mailbox = %#x: a header and %d slots of %d bytes wrap around the address space", r.Mailbox, r.Slots, slotBytes)
 	case r.Order != connector.BlockMajor.String() && r.Order != connector.LayerMajor.String():
 		return fmt.Errorf("order = %q, want %q or %q", r.Order, connector.BlockMajor, connector.LayerMajor)
 	}
@@ -162,7 +181,13 @@ func (r Rank) validate() error {
 	if r.Digests != 0 && r.Digests+uint64(r.Blocks)*4 < r.Digests {
 		return fmt.Errorf("digests = %#x: %d digests of 4 bytes wrap around the address space", r.Digests, r.Blocks)
 	}
-	return kv.Validate()
+	if err := kv.Validate(); err != nil {
+		return err
+	}
+	if len(r.Nonce) != 32 || !isHex(r.Nonce) {
+		return fmt.Errorf("nonce = %q, want 32 hex digits", r.Nonce)
+	}
+	return nil
 }
 
 // cache returns the producer's KV layout as a KVCache whose regions have
@@ -248,4 +273,108 @@ func decodeRank(data []byte) (Rank, error) {
 		return Rank{}, fmt.Errorf("%w: handshake: %w", ErrParams, err)
 	}
 	return r, nil
+}
+
+// parseTicket decodes a ticket's 16 hex digits.
+func parseTicket(s string) (uint64, error) {
+	var b [8]byte
+	if len(s) != 16 {
+		return 0, fmt.Errorf("%d characters", len(s))
+	}
+	if _, err := hex.Decode(b[:], []byte(s)); err != nil {
+		return 0, err
+	}
+	return binary.BigEndian.Uint64(b[:]), nil
+}
+
+// newTicket returns a random ticket, not 0, and its text.
+func newTicket() (uint64, string) {
+	var b [8]byte
+	for {
+		rand.Read(b[:])
+		if t := binary.BigEndian.Uint64(b[:]); t != 0 {
+			return t, hex.EncodeToString(b[:])
+		}
+	}
+}
+
+// newNonce returns a random mailbox nonce.
+func newNonce() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// A seal is the BLAKE3-256 of a canonical encoding of what it seals:
+// every field, in order, integers as 8 bytes little-endian, strings and
+// lists after their length.
+type seal [32]byte
+
+// sealer builds the canonical encoding of a seal.
+type sealer struct{ b []byte }
+
+func (s *sealer) u64(v uint64) { s.b = binary.LittleEndian.AppendUint64(s.b, v) }
+func (s *sealer) str(v string) { s.u64(uint64(len(v))); s.b = append(s.b, v...) }
+func (s *sealer) sum() seal    { return blake3.Sum256(s.b) }
+
+func (s *sealer) rank(r *Rank) {
+	s.str(r.Segment)
+	s.u64(uint64(len(r.Regions)))
+	for _, a := range r.Regions {
+		s.u64(a)
+	}
+	s.u64(r.Mailbox)
+	s.u64(uint64(r.Slots))
+	s.str(strings.ToLower(r.Nonce))
+	s.u64(r.Digests)
+	s.u64(uint64(r.Layers))
+	s.u64(uint64(r.Blocks))
+	s.u64(uint64(r.KV))
+	s.u64(uint64(r.BlockBytes))
+	s.str(r.Order)
+}
+
+// mailboxSeal is what the mailbox header of the worker r describes
+// carries: it proves to a consumer that the memory at r.Mailbox is that
+// worker's mailbox, before the consumer writes into it.
+func mailboxSeal(r *Rank) seal {
+	s := sealer{b: []byte("kvconnect p2p mailbox v3\x00")}
+	s.rank(r)
+	return s.sum()
+}
+
+// offerSeal is what the slot of offer p carries once it is armed: it
+// proves to a consumer that the producer made the offer with exactly these
+// parameters (these blocks, this digest table, this ticket).
+func offerSeal(p *Params) seal {
+	s := sealer{b: []byte("kvconnect p2p offer v3\x00")}
+	s.u64(uint64(p.Version))
+	s.str(p.Namespace)
+	s.str(p.Engine)
+	s.u64(p.Offer)
+	s.u64(uint64(p.Slot))
+	s.str(strings.ToLower(p.Ticket))
+	s.u64(uint64(p.BlockSize))
+	s.u64(uint64(len(p.Blocks)))
+	for _, b := range p.Blocks {
+		s.u64(uint64(b))
+	}
+	for _, h := range p.Hashes {
+		s.b = append(s.b, h[:]...)
+	}
+	s.u64(uint64(len(p.Ranks)))
+	for i := range p.Ranks {
+		s.rank(&p.Ranks[i])
+	}
+	return s.sum()
 }

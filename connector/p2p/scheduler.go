@@ -160,18 +160,14 @@ func (s *Scheduler) SetParams(id connector.RequestID, data []byte) error {
 	if !s.cfg.Role.CanLoad() {
 		return fmt.Errorf("%w: SetParams(%q): role %s does not load", connector.ErrConfig, id, s.cfg.Role)
 	}
-	p, err := DecodeParams(data)
+	p, err := s.checkParams(data)
 	if err != nil {
-		return fmt.Errorf("p2p: SetParams(%q): %w", id, err)
-	}
-	if want := namespaceOf(s.ns); p.Namespace != want {
-		return fmt.Errorf("p2p: SetParams(%q): %w: producer namespace %q, consumer %q", id, ErrIdentity, p.Namespace, want)
-	}
-	if p.BlockSize != s.bs {
-		return fmt.Errorf("p2p: SetParams(%q): %w: block_size = %d, the consumer's is %d", id, ErrParams, p.BlockSize, s.bs)
-	}
-	if len(p.Ranks) != s.workers {
-		return fmt.Errorf("p2p: SetParams(%q): %w: %d ranks, the consumer has %d", id, ErrParams, len(p.Ranks), s.workers)
+		// Parameters come from outside (a request body): each refusal
+		// is counted and logged.
+		s.stats.Refused++
+		err = fmt.Errorf("p2p: SetParams(%q): %w", id, err)
+		s.log.Warn("p2p: transfer parameters refused", "request", id, "err", err)
+		return err
 	}
 	q := s.reqs[id]
 	if q == nil {
@@ -185,6 +181,31 @@ func (s *Scheduler) SetParams(id connector.RequestID, data []byte) error {
 	q.wire = slices.Clone(data)
 	q.notified = false
 	return nil
+}
+
+// checkParams decodes parameters and checks they fit this consumer.
+func (s *Scheduler) checkParams(data []byte) (Params, error) {
+	p, err := DecodeParams(data)
+	if err != nil {
+		return p, err
+	}
+	if want := namespaceOf(s.ns); p.Namespace != want {
+		return p, fmt.Errorf("%w: producer namespace %q, consumer %q", ErrIdentity, p.Namespace, want)
+	}
+	if p.BlockSize != s.bs {
+		return p, fmt.Errorf("%w: block_size = %d, the consumer's is %d", ErrParams, p.BlockSize, s.bs)
+	}
+	if len(p.Ranks) != s.workers {
+		return p, fmt.Errorf("%w: %d ranks, the consumer has %d", ErrParams, len(p.Ranks), s.workers)
+	}
+	if s.opt.verify {
+		for i, r := range p.Ranks {
+			if r.Digests == 0 {
+				return p, fmt.Errorf("%w: ranks[%d].digests is 0: the producer publishes no digests, and this consumer verifies every block (verify \"checksum\"); a producer with KV in device memory, or verify \"none\", needs consumers with verify \"none\"", ErrParams, i)
+			}
+		}
+	}
+	return p, nil
 }
 
 // TransferParams returns the encoded transfer parameters of a request that
@@ -223,7 +244,8 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 		// engine computes the prompt itself.
 		q.paramsSeen = true
 		if err := s.SetParams(r.ID, r.TransferParams); err != nil {
-			s.log.Warn("p2p: transfer parameters refused", "request", r.ID, "err", err)
+			// SetParams counted the refusal and logged why.
+			s.log.Debug("p2p: the request matches nothing: its transfer parameters were refused", "request", r.ID)
 		}
 	}
 	p := q.params
@@ -611,12 +633,14 @@ func (s *Scheduler) offer(q *request, blocks []connector.BlockID) error {
 		return fmt.Errorf("all %d mailbox slots hold offers (kv_connector_extra_config.mailbox_slots)", len(s.slots))
 	}
 	id := s.nextID
+	_, ticket := newTicket()
 	p := Params{
 		Version:   paramsVersion,
 		Namespace: namespaceOf(s.ns),
 		Engine:    s.cfg.EngineID,
 		Offer:     id,
 		Slot:      slot,
+		Ticket:    ticket,
 		BlockSize: s.bs,
 		Blocks:    slices.Clone(blocks[:n]),
 		Hashes:    slices.Clone(q.hashes),
@@ -628,7 +652,8 @@ func (s *Scheduler) offer(q *request, blocks []connector.BlockID) error {
 	}
 	s.slots[slot] = true
 	q.encoded = enc
-	t := connector.Transfer{ID: id, Req: q.id, Blocks: p.Blocks, Hashes: p.Hashes}
+	// The workers take the offer's ticket and seal from its parameters.
+	t := connector.Transfer{ID: id, Req: q.id, Blocks: p.Blocks, Hashes: p.Hashes, Params: enc}
 	s.meta.Saves = append(s.meta.Saves, t)
 	s.track(q, id, kindOffer, 0, n, slot)
 	// The workers of this process arm it now: the parameters may reach a

@@ -14,7 +14,7 @@ import (
 )
 
 // holding wraps an engine: the first batch submitted with block reads
-// (requests of more than 8 bytes) is held. Its requests count as queued
+// (requests of more than the 64 bytes of a mailbox header) is held. Its requests count as queued
 // but do not run until run is called, which makes them move their bytes
 // through the wrapped engine: a late transfer. With failSubmit its Submit
 // returns an error after queuing them (as rdma/mooncake's can); with
@@ -101,7 +101,7 @@ func (b *heldBatch) holding() bool {
 
 func (b *heldBatch) Submit(reqs []rdma.Request) error {
 	b.h.mu.Lock()
-	take := b.h.held == nil && len(reqs) > 0 && reqs[0].Local.Len > 8
+	take := b.h.held == nil && len(reqs) > 0 && reqs[0].Local.Len > headerBytes
 	if take {
 		b.h.held = b
 	}

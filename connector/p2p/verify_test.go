@@ -102,12 +102,13 @@ func TestWithdrawnWhileDigesting(t *testing.T) {
 }
 
 // TestVerifyOff: a producer with "verify": "none" publishes no digest
-// table, and its consumer loads without checking; a consumer with
+// table, and its consumer with "verify": "none" loads without checking
+// (one that verifies refuses the parameters: TestNoDigestsRefused); a consumer with
 // "verify": "none" allocates no digest cells.
 func TestVerifyOff(t *testing.T) {
 	off := opts(1, 1, 4, connector.BlockMajor)
 	off.extra = map[string]any{"verify": "none"}
-	p, c := pair(t, off, opts(1, 1, 4, connector.BlockMajor))
+	p, c := pair(t, off, off)
 	tokens := prompt(81, 6*4)
 	params := p.prefill("r", tokens)
 	pp, err := DecodeParams(params)

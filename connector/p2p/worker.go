@@ -116,7 +116,32 @@ var (
 // held is an armed offer.
 type held struct {
 	slot     int
+	ticket   uint64 // the done word that ends it
+	seal     seal   // written into its slot before it is armed
 	deadline time.Time
+}
+
+// holding returns the offer of save t, from the parameters it carries
+// (Transfer.Params, as the scheduler half encoded them): its slot, its
+// ticket and its seal.
+func (w *Worker) holding(t *connector.Transfer) (held, error) {
+	if len(t.Params) == 0 {
+		return held{}, fmt.Errorf("%w: offer %d of request %q carries no transfer parameters (Transfer.Params): it was not made by this connector's scheduler half", connector.ErrBadMetadata, t.ID, t.Req)
+	}
+	p, err := DecodeParams(t.Params)
+	if err != nil {
+		return held{}, fmt.Errorf("%w: offer %d of request %q: %w", connector.ErrBadMetadata, t.ID, t.Req, err)
+	}
+	if p.Offer != t.ID || len(p.Blocks) != len(t.Blocks) {
+		return held{}, fmt.Errorf("%w: offer %d of request %q carries the parameters of offer %d (%d blocks, the offer %d)", connector.ErrBadMetadata, t.ID, t.Req, p.Offer, len(p.Blocks), len(t.Blocks))
+	}
+	for i, b := range p.Blocks {
+		if t.Blocks[i] != b {
+			return held{}, fmt.Errorf("%w: offer %d of request %q: blocks[%d] = %d, its parameters say %d", connector.ErrBadMetadata, t.ID, t.Req, i, t.Blocks[i], b)
+		}
+	}
+	ticket, _ := parseTicket(p.Ticket) // valid: DecodeParams checked it
+	return held{slot: int(t.ID % uint64(w.opt.slots)), ticket: ticket, seal: offerSeal(&p)}, nil
 }
 
 // loadResult is a finished load.
@@ -173,14 +198,14 @@ func (w *Worker) Register(kv connector.KVCache) error {
 		}
 		w.regs = append(w.regs, r)
 	}
-	if w.mailbox, err = w.alloc(w.opt.slots * slotBytes); err != nil {
+	if w.mailbox, err = w.alloc(headerBytes + w.opt.slots*slotBytes); err != nil {
 		return fmt.Errorf("p2p: mailbox: %w", err)
 	}
 	if err = w.eng.Register(w.mailbox.Region()); err != nil {
 		return fmt.Errorf("p2p: register mailbox: %w", err)
 	}
 	w.regs = append(w.regs, w.mailbox.Region())
-	if w.scratch, err = w.alloc(maxLoads * 16); err != nil {
+	if w.scratch, err = w.alloc(maxLoads * cellBytes); err != nil {
 		return fmt.Errorf("p2p: scratch: %w", err)
 	}
 	if err = w.eng.Register(w.scratch.Region()); err != nil {
@@ -213,7 +238,7 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	}
 	w.kv = kv
 	w.self = Rank{
-		Segment: w.eng.Segment(), Mailbox: uint64(w.mailbox.Region().Addr), Slots: w.opt.slots,
+		Segment: w.eng.Segment(), Mailbox: uint64(w.mailbox.Region().Addr), Slots: w.opt.slots, Nonce: newNonce(),
 		Layers: kv.Layers, Blocks: kv.Blocks, KV: kv.KV, BlockBytes: kv.BlockBytes, Order: kv.Order.String(),
 	}
 	for _, r := range kv.Regions {
@@ -222,6 +247,12 @@ func (w *Worker) Register(kv connector.KVCache) error {
 	if w.digests != nil {
 		w.self.Digests = uint64(w.digests.Region().Addr)
 	}
+	// The header that tells a consumer this memory is this worker's
+	// mailbox: written before any parameters name it.
+	hdr := w.mailbox.Bytes()[:headerBytes]
+	copy(hdr, mailboxMagic[:])
+	ms := mailboxSeal(&w.self)
+	copy(hdr[8:], ms[:])
 	if n := w.board.slotCount(); n != 0 && n != w.opt.slots {
 		return fmt.Errorf("%w: p2p: Register: the worker has %d mailbox slots, its scheduler half %d: kv_connector_extra_config mailbox_slots must be the same in both halves", connector.ErrConfig, w.opt.slots, n)
 	}
@@ -265,14 +296,24 @@ func (w *Worker) Handshake() ([]byte, error) {
 // slot returns the offer word of mailbox slot i, which only this worker
 // writes.
 func (w *Worker) slot(i int) *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[i*slotBytes]))
+	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[headerBytes+i*slotBytes]))
 }
 
 // doneWord returns the done word of mailbox slot i, which only consumers
 // write.
 func (w *Worker) doneWord(i int) *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[i*slotBytes+8]))
+	return (*atomic.Uint64)(unsafe.Pointer(&w.mailbox.Bytes()[headerBytes+i*slotBytes+8]))
 }
+
+// putSeal writes an offer's seal into slot i, before the offer is armed.
+func (w *Worker) putSeal(i int, sl seal) {
+	copy(w.mailbox.Bytes()[headerBytes+i*slotBytes+sealAt:], sl[:])
+}
+
+// cellBytes is the scratch of one running load: the producer's mailbox
+// header or slot is read into its first 64 bytes, the done notice written
+// from the 8 after.
+const cellBytes = 128
 
 // Start implements connector.Worker: it arms the offers of m's Saves and
 // starts its Loads. With a digest table the offers are armed by a
@@ -307,25 +348,32 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 			return fmt.Errorf("%w: load %d has %d blocks, the KV memory %d", connector.ErrBadMetadata, t.ID, len(t.Blocks), w.kv.Blocks)
 		}
 	}
+	holds := make([]held, len(m.Saves))
 	for i := range m.Saves {
 		if err := w.checkBlocks(&m.Saves[i]); err != nil {
 			return err
 		}
+		if w.handed[m.Saves[i].ID] {
+			continue
+		}
+		h, err := w.holding(&m.Saves[i])
+		if err != nil {
+			return err
+		}
+		holds[i] = h
 	}
 	w.gen = m.Generation
-	saves := m.Saves
-	if len(w.handed) > 0 {
-		saves = nil
-		for _, t := range m.Saves {
-			if w.handed[t.ID] {
-				// Armed when the scheduler half handed it on.
-				delete(w.handed, t.ID)
-				continue
-			}
-			saves = append(saves, t)
+	var saves []connector.Transfer
+	var hs []held
+	for i, t := range m.Saves {
+		if w.handed[t.ID] {
+			// Armed when the scheduler half handed it on.
+			delete(w.handed, t.ID)
+			continue
 		}
+		saves, hs = append(saves, t), append(hs, holds[i])
 	}
-	w.offer(saves)
+	w.offer(saves, hs)
 	for i, t := range m.Loads {
 		blocks := append([]connector.BlockID(nil), t.Blocks...)
 		plan := plans[i]
@@ -334,20 +382,23 @@ func (w *Worker) Start(ctx context.Context, m *connector.Metadata) error {
 	return nil
 }
 
-// offer arms the offers saves, under w.life: at once without a digest
-// table, else on a goroutine once their digests are in the table. Their
-// keep_timeout starts now.
-func (w *Worker) offer(saves []connector.Transfer) {
+// offer arms the offers saves, hs[i] the offer of saves[i], under
+// w.life: at once without a digest table, else on a goroutine once their
+// digests are in the table; either way the seal goes into the slot before
+// the offer is armed. Their keep_timeout starts now.
+func (w *Worker) offer(saves []connector.Transfer, hs []held) {
 	deadline := w.now().Add(w.opt.keepTimeout)
 	var jobs []armJob
-	for _, t := range saves {
-		slot := int(t.ID % uint64(w.opt.slots))
-		w.offers[t.ID] = held{slot: slot, deadline: deadline}
+	for i, t := range saves {
+		h := hs[i]
+		h.deadline = deadline
+		w.offers[t.ID] = h
 		if w.digests == nil {
-			w.slot(slot).Store(armed(t.ID))
+			w.putSeal(h.slot, h.seal)
+			w.slot(h.slot).Store(armed(t.ID))
 			continue
 		}
-		jobs = append(jobs, armJob{id: t.ID, slot: slot, blocks: append([]connector.BlockID(nil), t.Blocks...)})
+		jobs = append(jobs, armJob{id: t.ID, slot: h.slot, seal: h.seal, blocks: append([]connector.BlockID(nil), t.Blocks...)})
 	}
 	if len(jobs) > 0 {
 		// Digesting an offer reads all its bytes: not on the step's path.
@@ -375,8 +426,12 @@ func (w *Worker) handOn(t connector.Transfer) {
 	if _, ok := w.offers[t.ID]; ok {
 		return
 	}
+	h, err := w.holding(&t)
+	if err != nil {
+		return
+	}
 	w.handed[t.ID] = true
-	w.offer([]connector.Transfer{t})
+	w.offer([]connector.Transfer{t}, []held{h})
 }
 
 // plan returns the producer's side of load t, from the transfer
@@ -418,6 +473,7 @@ func (w *Worker) checkBlocks(t *connector.Transfer) error {
 type armJob struct {
 	id     uint64
 	slot   int
+	seal   seal
 	blocks []connector.BlockID
 }
 
@@ -439,6 +495,7 @@ func (w *Worker) arm(jobs []armJob) {
 			for i, b := range j.blocks {
 				binary.LittleEndian.PutUint32(table[int(b)*4:], sums[i])
 			}
+			w.putSeal(j.slot, j.seal)
 			w.slot(j.slot).Store(armed(j.id))
 		}
 		w.mu.Unlock()
@@ -491,7 +548,7 @@ func (w *Worker) Poll() *connector.Output {
 	}
 	now := w.now()
 	for id, h := range w.offers {
-		done := w.doneWord(h.slot).Load() == id
+		done := w.doneWord(h.slot).Load() == h.ticket
 		if !done && !now.After(h.deadline) {
 			continue
 		}
@@ -600,9 +657,37 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 			w.dropSegment(peer.Segment, seg)
 		}
 	}()
-	mailbox := uintptr(peer.Mailbox) + uintptr(p.Slot*slotBytes)
-	cellIn := rdma.Region{Addr: w.scratch.Region().Addr + uintptr(cell*16), Len: 8, Loc: rdma.Host}
-	cellOut := rdma.Region{Addr: cellIn.Addr + 8, Len: 8, Loc: rdma.Host}
+	mailbox := slotAddr(peer.Mailbox, p.Slot)
+	cellAt := w.scratch.Region().Addr + uintptr(cell*cellBytes)
+	cellIn := rdma.Region{Addr: cellAt, Len: 8, Loc: rdma.Host}
+	cellOut := rdma.Region{Addr: cellAt + headerBytes, Len: 8, Loc: rdma.Host}
+	// The parameters come from outside (a request body): nothing is read
+	// for them, and nothing written, before the memory they name proves
+	// to be what they say. A verifying consumer needs the producer's
+	// digests.
+	refuse := func(why string) []connector.Failure {
+		w.log.Warn("p2p: transfer parameters refused", "load", id, "segment", peer.Segment, "offer", p.Offer, "why", why)
+		w.mu.Lock()
+		w.mu.stats.Refused++
+		w.mu.Unlock()
+		return failRange(nil, id, 0, n, connector.ReasonCorrupt)
+	}
+	if w.sums != nil && peer.Digests == 0 {
+		return refuse("the producer publishes no digests (digests is 0), and this consumer verifies every block (verify \"checksum\")"), 0, false
+	}
+	// The mailbox header: the consumer writes its notice into a slot only
+	// of memory that holds the mailbox the parameters describe, never
+	// into KV memory.
+	if ok, err := w.checkMailbox(seg, &peer, cell); err != nil {
+		if unsettled(err) {
+			return nil, 0, true
+		}
+		w.log.Warn("p2p: read the producer's mailbox header", "segment", peer.Segment, "offer", p.Offer, "err", err)
+		segBad = w.ctx.Err() == nil
+		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
+	} else if !ok {
+		return refuse("the memory at the mailbox address is not the mailbox of the worker the parameters describe (forged parameters, or its producer restarted)"), 0, false
+	}
 	// Whatever happens to the blocks, the producer may free them now, also
 	// when the offer was not armed yet: the notice goes to the done word,
 	// which the producer never writes, so arming does not erase it. Once
@@ -610,12 +695,13 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	// offer, whose notice this one must not overwrite. A load whose
 	// transfers may still run tells nothing: the producer gives the offer
 	// up after keep_timeout.
-	gone := false
+	gone, forged := false, false
 	defer func() {
-		if gone || stuck {
+		if gone || forged || stuck {
 			return
 		}
-		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16+8])) = p.Offer
+		ticket, _ := parseTicket(p.Ticket) // valid: DecodeParams checked it
+		*(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*cellBytes+headerBytes])) = ticket
 		r, err := w.transfer([]rdma.Request{{Op: rdma.Write, Local: cellOut, Segment: seg, Remote: mailbox + 8}})
 		if unsettled(err) {
 			return
@@ -629,9 +715,13 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 	// its digests are computed, which may come after this consumer got
 	// the parameters: wait for it, so that the reads are of this offer's
 	// blocks.
-	if err := w.awaitArmed(seg, mailbox, cellIn, cell, p.Offer); err != nil {
+	if err := w.awaitArmed(seg, mailbox, cell, p); err != nil {
 		if unsettled(err) {
 			return nil, 0, true
+		}
+		if errors.Is(err, errForged) {
+			forged = true
+			return refuse(err.Error()), 0, false
 		}
 		w.log.Warn("p2p: offer not armed", "segment", peer.Segment, "offer", p.Offer, "err", err)
 		gone = errors.Is(err, errWithdrawn)
@@ -682,7 +772,7 @@ func (w *Worker) read(id uint64, blocks []connector.BlockID, plan *loadPlan, cel
 		segBad = w.ctx.Err() == nil
 		return failRange(nil, id, 0, n, connector.ReasonIO), 0, false
 	}
-	if v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16])); v != armed(p.Offer) {
+	if v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*cellBytes])); v != armed(p.Offer) {
 		gone = true
 		return failRange(nil, id, 0, n, connector.ReasonNotFound), 0, false
 	}
@@ -713,26 +803,61 @@ var errWithdrawn = errors.New("offer withdrawn")
 // errNotArmed: the offer was not armed within open_timeout.
 var errNotArmed = errors.New("offer not armed")
 
-// awaitArmed reads the offer word of the offer's slot until the producer
-// armed it, for up to open_timeout. The word holds, in turn, the states of
-// the offers that use the slot: armed(offer), then ended(offer). A word of
-// an older offer, or 0, means this one is not armed yet; this offer's
-// ended word, or a newer offer's, means it is gone.
-func (w *Worker) awaitArmed(seg rdma.SegmentID, mailbox uintptr, cellIn rdma.Region, cell int, offer uint64) error {
+// errForged: the offer's slot holds the offer, armed, with another seal:
+// the parameters are not the ones the producer made it with.
+var errForged = errors.New("offer sealed with other parameters")
+
+// checkMailbox reads the header of the mailbox peer names into cell and
+// reports whether it is the header of the worker peer describes: its
+// magic, then its mailbox seal.
+func (w *Worker) checkMailbox(seg rdma.SegmentID, peer *Rank, cell int) (bool, error) {
+	at := w.scratch.Region().Addr + uintptr(cell*cellBytes)
+	r, err := w.transfer([]rdma.Request{{Op: rdma.Read, Local: rdma.Region{Addr: at, Len: headerBytes, Loc: rdma.Host}, Segment: seg, Remote: uintptr(peer.Mailbox)}})
+	if err != nil {
+		return false, err
+	}
+	if r[0].Status != rdma.Completed {
+		return false, fmt.Errorf("reading the header: %v", r[0].Status)
+	}
+	hdr := w.scratch.Bytes()[cell*cellBytes:][:headerBytes]
+	want := mailboxSeal(peer)
+	return [8]byte(hdr[:8]) == mailboxMagic && [32]byte(hdr[8:40]) == want, nil
+}
+
+// awaitArmed reads the slot of offer p until the producer armed it, for
+// up to open_timeout, and then checks the slot's seal against p. The
+// offer word holds, in turn, the states of the offers that use the slot:
+// armed(offer), then ended(offer). A word of an older offer, or 0, means
+// this one is not armed yet; this offer's ended word, or a newer offer's,
+// means it is gone. An armed slot whose seal is not p's is read once more
+// (a read that raced the producer's reuse of the slot may tear), then is
+// errForged.
+func (w *Worker) awaitArmed(seg rdma.SegmentID, slot uintptr, cell int, p *Params) error {
+	at := w.scratch.Region().Addr + uintptr(cell*cellBytes)
+	local := rdma.Region{Addr: at, Len: sealAt + len(seal{}), Loc: rdma.Host}
+	want := offerSeal(p)
+	offer := p.Offer
 	deadline := time.Now().Add(w.opt.openTimeout)
 	wait := 20 * time.Microsecond
+	mismatches := 0
 	for {
-		r, err := w.transfer([]rdma.Request{{Op: rdma.Read, Local: cellIn, Segment: seg, Remote: mailbox}})
+		r, err := w.transfer([]rdma.Request{{Op: rdma.Read, Local: local, Segment: seg, Remote: slot}})
 		if err != nil {
 			return err
 		}
 		if r[0].Status != rdma.Completed {
 			return fmt.Errorf("reading the slot: %v", r[0].Status)
 		}
-		v := *(*uint64)(unsafe.Pointer(&w.scratch.Bytes()[cell*16]))
+		got := w.scratch.Bytes()[cell*cellBytes:][:local.Len]
+		v := binary.NativeEndian.Uint64(got)
 		switch {
-		case v == armed(offer):
+		case v == armed(offer) && [32]byte(got[sealAt:]) == want:
 			return nil
+		case v == armed(offer):
+			if mismatches++; mismatches > 1 {
+				return fmt.Errorf("%w: offer %d", errForged, offer)
+			}
+			continue
 		case v == ended(offer) || v>>2 > offer:
 			return fmt.Errorf("%w: offer %d (slot holds %#x)", errWithdrawn, offer, v)
 		}

@@ -218,7 +218,7 @@ func hold(t *testing.T, cons *instance, params []byte) xprocMsg {
 		return xprocMsg{Err: err.Error()}
 	}
 	local.Len = 16
-	if err := b.Submit([]rdma.Request{{Op: rdma.Read, Local: local, Segment: seg, Remote: uintptr(p.Ranks[0].Mailbox) + uintptr(16*p.Slot)}}); err != nil {
+	if err := b.Submit([]rdma.Request{{Op: rdma.Read, Local: local, Segment: seg, Remote: uintptr(p.Ranks[0].Mailbox) + 64 + uintptr(64*p.Slot)}}); err != nil {
 		return xprocMsg{Err: err.Error()}
 	}
 	if err := b.Wait(ctx); err != nil {

@@ -44,7 +44,7 @@ func stats(base int64) connector.Stats {
 		SaveBytes: base + 9, SaveSkipped: base + 10, SaveFailures: base + 11, SaveRetries: base + 12,
 		StagedBytes: base + 13, LookupNanos: 1_500_000_000, TransferNanos: 250_000_000,
 		StaleDiscarded: base + 14, Corrupt: base + 15, StoreErrors: base + 20, StoreTimeouts: base + 16,
-		FailedSkipped: base + 17,
+		FailedSkipped: base + 17, Refused: base + 18,
 	}
 }
 
@@ -93,6 +93,9 @@ kvconnect_connector_lookup_seconds_total{engine="e1",rank="3",role="worker"} 1.5
 # HELP kvconnect_connector_lookups_total Exists probes of the store started (Stats.Lookups).
 # TYPE kvconnect_connector_lookups_total counter
 kvconnect_connector_lookups_total{engine="e1",rank="3",role="worker"} 1
+# HELP kvconnect_connector_refused_params_total Transfer parameters refused: malformed, of another identity, forged, or unverifiable (Stats.Refused).
+# TYPE kvconnect_connector_refused_params_total counter
+kvconnect_connector_refused_params_total{engine="e1",rank="3",role="worker"} 18
 # HELP kvconnect_connector_save_retries_total Blocks requeued after an out-of-space put (Stats.SaveRetries).
 # TYPE kvconnect_connector_save_retries_total counter
 kvconnect_connector_save_retries_total{engine="e1",rank="3",role="worker"} 12

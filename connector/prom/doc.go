@@ -75,6 +75,8 @@
 //	kvconnect_connector_stale_discarded_total             transfers of an old generation dropped (StaleDiscarded)
 //	kvconnect_connector_failed_skipped_blocks_total       blocks found but not matched: their load failed
 //	                                                      lately (FailedSkipped)
+//	kvconnect_connector_refused_params_total              transfer parameters refused: malformed, of another
+//	                                                      identity, forged, or unverifiable (Refused)
 //	kvconnect_connector_lookup_seconds_total              time in lookups (LookupNanos)
 //	kvconnect_connector_transfer_seconds_total            time in loads and saves (TransferNanos)
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -310,6 +311,9 @@ func newLoadRig(b *testing.B, st store.Store, tenant, verify string, nblocks, bl
 	id := benchIdentity()
 	id.Tenant = tenant
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync", "verify": verify}}
+	if verify == "mac" {
+		cfg.Extra["verify_key"] = strings.Repeat("c3", 32)
+	}
 	env := connector.Env{Identity: id, Store: st}
 	s, err := connector.OpenScheduler(cfg, env)
 	if err != nil {
@@ -392,9 +396,13 @@ func (r *loadRig) load() time.Duration {
 }
 
 // BenchmarkVerify compares loads with verification (verify "checksum":
-// values carry a trailer, every block's CRC is checked) with loads of raw
-// values (verify "none"), over one memstore, alternating the two in every
-// iteration, for blocks of 256 KiB and 2 MiB. The target is >= 0.9x.
+// values carry a trailer, every block's CRC is checked; verify "mac":
+// every block's keyed BLAKE3 is checked) with loads of raw values (verify
+// "none"), over one memstore, alternating the three in every iteration,
+// for blocks of 256 KiB and 2 MiB. The targets: checksum >= 0.9x of none;
+// mac >= 0.15x of none (one keyed BLAKE3 pass, about 1.4 GB/s per core,
+// against memstore's copies at memory speed; a store with a network in
+// between leaves the MAC a smaller share).
 func BenchmarkVerify(b *testing.B) {
 	for _, c := range []struct {
 		name           string
@@ -402,22 +410,26 @@ func BenchmarkVerify(b *testing.B) {
 	}{{"256KiB", 64, 64 << 10}, {"2MiB", 16, 512 << 10}} {
 		b.Run(c.name, func(b *testing.B) {
 			size := 4 * c.bytes
-			st, err := memstore.New(memstore.Config{Capacity: 4 * int64(c.nblocks) * int64(size+64)})
+			st, err := memstore.New(memstore.Config{Capacity: 6 * int64(c.nblocks) * int64(size+64)})
 			if err != nil {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { st.Close() })
 			on := newLoadRig(b, st, "on", "checksum", c.nblocks, c.bytes)
+			mac := newLoadRig(b, st, "mac", "mac", c.nblocks, c.bytes)
 			off := newLoadRig(b, st, "off", "none", c.nblocks, c.bytes)
-			var onT, offT time.Duration
+			var onT, macT, offT time.Duration
 			for b.Loop() {
 				onT += on.load()
+				macT += mac.load()
 				offT += off.load()
 			}
 			bytes := float64(b.N) * float64(c.nblocks) * float64(size)
 			b.ReportMetric(bytes/onT.Seconds()/1e9, "checksum-GB/s")
+			b.ReportMetric(bytes/macT.Seconds()/1e9, "mac-GB/s")
 			b.ReportMetric(bytes/offT.Seconds()/1e9, "none-GB/s")
 			b.ReportMetric(offT.Seconds()/onT.Seconds(), "checksum/none")
+			b.ReportMetric(offT.Seconds()/macT.Seconds(), "mac/none")
 		})
 	}
 }

@@ -22,7 +22,8 @@ type options struct {
 	saveRetries    int           // "save_retries": out-of-space retries of a block
 	retryDelay     int           // "retry_steps": steps between retries
 	pollInterval   time.Duration // "event_poll": how often a worker polls a ready event
-	verify         bool          // "verify": "checksum" (the default) or "none"
+	verify         verifyMode    // "verify": "checksum" (the default), "mac" or "none"
+	secret         secret        // "verify_key", or the environment's VerifyKeyEnv: the MAC key of verify "mac"
 	storeTimeout   time.Duration // "store_timeout": the deadline of every store call
 	failedTTL      time.Duration // "failed_ttl": how long a block whose load failed is not planned again
 	verifyChunk    int           // "verify_chunk": bytes per verified load call over a gathering store; 0: batch_blocks
@@ -54,7 +55,7 @@ func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, 
 // any other key is an error.
 var extraKeys = []string{
 	"batch_blocks", "event_poll", "failed_ttl", "layer_chunks", "lookup", "lookup_queue", "lookup_workers",
-	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify", "verify_chunk",
+	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify", "verify_chunk", "verify_key",
 }
 
 func parseOptions(cfg connector.Config) (options, error) {
@@ -67,11 +68,14 @@ func parseOptions(cfg connector.Config) (options, error) {
 		return o, err
 	}
 	o.syncLookup = mode == "sync"
-	v, err := cfg.ExtraChoice("verify", "checksum", "checksum", "none")
+	v, err := cfg.ExtraChoice("verify", "checksum", "checksum", "mac", "none")
 	if err != nil {
 		return o, err
 	}
-	o.verify = v == "checksum"
+	o.verify = map[string]verifyMode{"none": verifyNone, "checksum": verifyChecksum, "mac": verifyMAC}[v]
+	if o.secret, err = parseVerifyKey(cfg, o.verify); err != nil {
+		return o, err
+	}
 	ints := []struct {
 		key      string
 		dst      *int
@@ -112,4 +116,57 @@ func parseOptions(cfg connector.Config) (options, error) {
 		return o, fmt.Errorf("%w: kv_connector_extra_config.store_timeout = %v, want > 0", connector.ErrConfig, o.storeTimeout)
 	}
 	return o, nil
+}
+
+// verifyMode is what a value's trailer proves (kv_connector_extra_config
+// "verify").
+type verifyMode int
+
+const (
+	verifyNone     verifyMode = iota // "none": raw blocks, no trailer
+	verifyChecksum                   // "checksum": CRC-32 and key digest, against accidents
+	verifyMAC                        // "mac": keyed BLAKE3, against writers without the secret
+)
+
+// trailerBytes is the size of the mode's trailer.
+func (m verifyMode) trailerBytes() int {
+	switch m {
+	case verifyChecksum:
+		return trailerLen
+	case verifyMAC:
+		return macTrailerLen
+	}
+	return 0
+}
+
+// parseVerifyKey returns the secret of verify "mac": kv_connector_extra_config
+// "verify_key", else the environment's VerifyKeyEnv. A "verify_key" with
+// another mode is an error (a config that believes it authenticates
+// values and does not). No error carries the key's text.
+func parseVerifyKey(cfg connector.Config, mode verifyMode) (secret, error) {
+	v, inConfig := cfg.Extra["verify_key"]
+	switch {
+	case inConfig && mode != verifyMAC:
+		return secret{}, fmt.Errorf("%w: kv_connector_extra_config.verify_key is set, but verify is not \"mac\": the key would not be used", connector.ErrConfig)
+	case mode != verifyMAC:
+		return secret{}, nil
+	case inConfig:
+		text, ok := v.(string)
+		if !ok {
+			return secret{}, fmt.Errorf("%w: kv_connector_extra_config.verify_key is a %T, want a string of 64 hex digits (32 bytes)", connector.ErrConfig, v)
+		}
+		s, err := parseSecret(text, "kv_connector_extra_config.verify_key")
+		if err != nil {
+			return secret{}, fmt.Errorf("%w: %w", connector.ErrConfig, err)
+		}
+		return s, nil
+	}
+	s, ok, err := secretFromEnv()
+	switch {
+	case err != nil:
+		return secret{}, fmt.Errorf("%w: %w", connector.ErrConfig, err)
+	case !ok:
+		return secret{}, fmt.Errorf("%w: kv_connector_extra_config.verify = \"mac\" needs the tenant's secret: kv_connector_extra_config.verify_key or the environment variable %s, 64 hex digits (32 bytes)", connector.ErrConfig, VerifyKeyEnv)
+	}
+	return s, nil
 }

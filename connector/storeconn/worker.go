@@ -15,6 +15,7 @@ import (
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
+	"github.com/zeebo/blake3"
 )
 
 // Worker is the worker half of the store connector. It implements
@@ -207,9 +208,7 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 	w.waited, w.savedTo = -1, -1
 	w.vec, _ = env.Store.(store.Vectored)
 	w.pinner, _ = env.Copier.(connector.HostPinner)
-	if opt.verify {
-		w.tl = trailerLen
-	}
+	w.tl = opt.verify.trailerBytes()
 	w.genNow.Store(w.gen)
 	w.q.cond = sync.NewCond(&w.q.Mutex)
 	w.ctx, w.cancel = context.WithCancel(context.Background())
@@ -798,6 +797,33 @@ type scratch struct {
 	staging  *rdma.HostMemory // registered with the store; pinned when pinned is set
 	pinned   bool
 	trailers *rdma.HostMemory // registered with the store: one trailer slot per key (vector)
+	mac      *blake3.Hasher   // verify "mac": keyed with the tenant's secret, made on first use
+}
+
+// seal writes into t the trailer of the worker's verify mode for the block
+// of n bytes in spans, saved under key.
+func (sc *scratch) seal(t []byte, key string, n int, spans []rdma.Region) {
+	if sc.w.opt.verify == verifyMAC {
+		putMAC(t, sc.hasher(), key, n, spans)
+		return
+	}
+	putTrailer(t, key, n, blockCRC(spans))
+}
+
+// check reports whether t is the trailer of the worker's verify mode for
+// the block of n bytes in spans, saved under key.
+func (sc *scratch) check(t []byte, key string, n int, spans []rdma.Region) error {
+	if sc.w.opt.verify == verifyMAC {
+		return checkMAC(t, sc.hasher(), key, n, spans)
+	}
+	return checkTrailer(t, key, n, spans)
+}
+
+func (sc *scratch) hasher() *blake3.Hasher {
+	if sc.mac == nil {
+		sc.mac = sc.w.opt.secret.keyed()
+	}
+	return sc.mac
 }
 
 // free releases the scratch memory. Every copy into or out of it has
@@ -874,7 +900,7 @@ func (w *Worker) stage(sc *scratch, n int) (rdma.Region, error) {
 
 // trailerSlots returns a registered host region of n trailer slots.
 func (w *Worker) trailerSlots(sc *scratch, n int) (rdma.Region, error) {
-	if sc.trailers != nil && sc.trailers.Len() >= n*trailerLen {
+	if sc.trailers != nil && sc.trailers.Len() >= n*w.tl {
 		return sc.trailers.Region(), nil
 	}
 	if sc.trailers != nil {
@@ -882,7 +908,7 @@ func (w *Worker) trailerSlots(sc *scratch, n int) (rdma.Region, error) {
 		_ = sc.trailers.Free()
 		sc.trailers = nil
 	}
-	m, err := rdma.AllocHost(max(n, w.opt.batchBlocks) * trailerLen)
+	m, err := rdma.AllocHost(max(n, w.opt.batchBlocks) * w.tl)
 	if err != nil {
 		return rdma.Region{}, err
 	}
@@ -903,7 +929,7 @@ func (w *Worker) vectorRegions(sc *scratch, gm *groupMem, ch *chunk, blocks []co
 	for k, b := range blocks {
 		sc.flat = gm.kv.LayerSpans(sc.flat, b, ch.lo, ch.hi)
 		if w.tl > 0 {
-			slot, _ := tr.Sub(k*trailerLen, trailerLen)
+			slot, _ := tr.Sub(k*w.tl, w.tl)
 			sc.flat = append(sc.flat, slot)
 		}
 		sc.ends = append(sc.ends, len(sc.flat))
@@ -1086,10 +1112,10 @@ func (w *Worker) verify(sc *scratch, gm *groupMem, bs, k, n, stride int) error {
 		v := sc.regions[k]
 		block, _ := v.Sub(0, bs)
 		sc.spans = append(sc.spans[:0], block)
-		return checkTrailer(v.Bytes()[bs:], sc.keys[k], bs, sc.spans)
+		return sc.check(v.Bytes()[bs:], sc.keys[k], bs, sc.spans)
 	default: // vector: the trailer slot is the key's last region
 		rs := sc.vregs[k]
-		return checkTrailer(rs[len(rs)-1].Bytes(), sc.keys[k], bs, rs[:len(rs)-1])
+		return sc.check(rs[len(rs)-1].Bytes(), sc.keys[k], bs, rs[:len(rs)-1])
 	}
 }
 
@@ -1252,7 +1278,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 				for k, v := range sc.regions {
 					block, _ := v.Sub(0, bs)
 					sc.spans = append(sc.spans[:0], block)
-					putTrailer(v.Bytes()[bs:], sc.keys[k], bs, blockCRC(sc.spans))
+					sc.seal(v.Bytes()[bs:], sc.keys[k], bs, sc.spans)
 				}
 			}
 			err = w.call("put", sc.res, func(ctx context.Context) error { return w.st.Put(ctx, sc.keys, sc.regions, sc.res) })
@@ -1271,7 +1297,7 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 			w.vectorRegions(sc, gm, ch, blocks, tr)
 			if w.tl > 0 {
 				for k, rs := range sc.vregs {
-					putTrailer(rs[len(rs)-1].Bytes(), sc.keys[k], bs, blockCRC(rs[:len(rs)-1]))
+					sc.seal(rs[len(rs)-1].Bytes(), sc.keys[k], bs, rs[:len(rs)-1])
 				}
 			}
 			err = w.call("put", sc.res, func(ctx context.Context) error { return w.vec.PutV(ctx, sc.keys, sc.vregs, sc.res) })

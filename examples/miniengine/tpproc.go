@@ -130,21 +130,42 @@ func (f *frames) write(op byte, parts ...[]byte) error {
 	return err
 }
 
+// maxFrame is the largest frame payload read accepts.
+const maxFrame = 1 << 30
+
+// frameChunk is the first read of a payload: a buffer grows from it as
+// its bytes arrive, at most doubling, so that a header that claims more
+// than the peer sends costs no more memory than the bytes it did send.
+const frameChunk = 64 << 10
+
 // read returns the next frame; its payload is valid until the next read.
+// The buffer it allocates is at most frameChunk, or twice the payload
+// bytes already read, ahead of what arrived: a header claiming a large
+// payload allocates its size only as the bytes come.
 func (f *frames) read() (byte, []byte, error) {
 	if _, err := io.ReadFull(f.r, f.hdr[:]); err != nil {
 		return 0, nil, err
 	}
-	n := binary.LittleEndian.Uint32(f.hdr[1:])
-	if n > 1<<30 {
-		return 0, nil, fmt.Errorf("miniengine: a frame of %d bytes", n)
+	n := int(binary.LittleEndian.Uint32(f.hdr[1:]))
+	if n > maxFrame {
+		return 0, nil, fmt.Errorf("miniengine: a frame of %d bytes, more than %d", n, maxFrame)
 	}
-	if cap(f.buf) < int(n) {
-		f.buf = make([]byte, n)
-	}
-	f.buf = f.buf[:n]
-	if _, err := io.ReadFull(f.r, f.buf); err != nil {
-		return 0, nil, err
+	f.buf = f.buf[:0]
+	for len(f.buf) < n {
+		want := min(n, max(frameChunk, 2*len(f.buf)))
+		if cap(f.buf) < want {
+			grown := make([]byte, len(f.buf), want)
+			copy(grown, f.buf)
+			f.buf = grown
+		}
+		got, err := io.ReadFull(f.r, f.buf[len(f.buf):want])
+		f.buf = f.buf[:len(f.buf)+got]
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, fmt.Errorf("miniengine: a frame of %d bytes ended after %d: %w", n, len(f.buf), err)
+		}
 	}
 	return f.hdr[0], f.buf, nil
 }
@@ -209,8 +230,14 @@ func tpStep(dst []byte, meta *connector.Metadata, its []stepItem) ([]byte, error
 }
 
 // parseStep decodes tpStep's encoding; meta is nil when the step has none.
-func parseStep(b []byte, its []stepItem) (*connector.Metadata, []stepItem, error) {
-	bad := errors.New("miniengine: a malformed step frame")
+// An item's positions must fit its blocks of blockSize tokens (End at most
+// len(Blocks)×blockSize), so the tokens it allocates, End per item, are at
+// most blockSize per byte of the frame: a small frame never allocates
+// much.
+func parseStep(b []byte, its []stepItem, blockSize int) (*connector.Metadata, []stepItem, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("miniengine: a malformed step frame: %s", fmt.Sprintf(format, args...))
+	}
 	next := func() (uint64, bool) {
 		v, n := binary.Uvarint(b)
 		if n <= 0 {
@@ -221,7 +248,7 @@ func parseStep(b []byte, its []stepItem) (*connector.Metadata, []stepItem, error
 	}
 	n, ok := next()
 	if !ok || n > uint64(len(b)) {
-		return nil, nil, bad
+		return nil, nil, bad("metadata of %d bytes, %d left", n, len(b))
 	}
 	var meta *connector.Metadata
 	if n > 0 {
@@ -233,38 +260,47 @@ func parseStep(b []byte, its []stepItem) (*connector.Metadata, []stepItem, error
 	b = b[n:]
 	count, ok := next()
 	if !ok || count > uint64(len(b)) {
-		return nil, nil, bad
+		return nil, nil, bad("%d items, %d bytes left", count, len(b))
 	}
-	for range count {
+	for i := range count {
 		start, ok1 := next()
 		end, ok2 := next()
 		nt, ok3 := next()
-		if !ok1 || !ok2 || !ok3 || start > end || end-start != nt || end > 1<<24 {
-			return nil, nil, bad
+		if !ok1 || !ok2 || !ok3 || start > end || end-start != nt || nt > uint64(len(b)) {
+			return nil, nil, bad("item %d: start %d, end %d, %d tokens", i, start, end, nt)
 		}
-		it := stepItem{Start: int(start), End: int(end), Tokens: make([]hashing.Token, end)}
-		for i := range nt {
-			v, ok := next()
-			if !ok {
-				return nil, nil, bad
+		// The tokens come before the blocks: skip them to learn how
+		// many blocks there are, which bound end, before allocating.
+		toks := b
+		for range nt {
+			if _, ok := next(); !ok {
+				return nil, nil, bad("item %d: %d tokens, the frame ends first", i, nt)
 			}
-			it.Tokens[start+i] = hashing.Token(v)
 		}
 		nb, ok := next()
 		if !ok || nb > uint64(len(b)) {
-			return nil, nil, bad
+			return nil, nil, bad("item %d: %d blocks, %d bytes left", i, nb, len(b))
+		}
+		if end > nb*uint64(blockSize) {
+			return nil, nil, bad("item %d: end = %d, but %d blocks of %d tokens hold %d", i, end, nb, blockSize, nb*uint64(blockSize))
+		}
+		it := stepItem{Start: int(start), End: int(end), Tokens: make([]hashing.Token, end), Blocks: make([]connector.BlockID, 0, nb)}
+		for j := range nt {
+			v, k := binary.Uvarint(toks)
+			toks = toks[k:]
+			it.Tokens[start+j] = hashing.Token(v)
 		}
 		for range nb {
 			v, ok := next()
 			if !ok || v > math.MaxInt32 {
-				return nil, nil, bad
+				return nil, nil, bad("item %d: block %d", i, v)
 			}
 			it.Blocks = append(it.Blocks, connector.BlockID(v))
 		}
 		its = append(its, it)
 	}
 	if len(b) != 0 {
-		return nil, nil, bad
+		return nil, nil, bad("%d bytes after the items", len(b))
 	}
 	return meta, its, nil
 }
@@ -743,7 +779,7 @@ func serveRank(ctx context.Context, cfg tpConfig) (err error) {
 		}
 		steps++
 		var meta *connector.Metadata
-		if meta, its, err = parseStep(b, its[:0]); err != nil {
+		if meta, its, err = parseStep(b, its[:0], o.Block); err != nil {
 			return err
 		}
 		die.arm(steps, meta)
