@@ -451,6 +451,7 @@ type Stats struct {
 	StoreErrors    int64 // store calls that failed (timeouts included): a failed lookup is a miss, a failed load failed blocks
 	StoreTimeouts  int64 // store calls that ran past their deadline (also in StoreErrors)
 	FailedSkipped  int64 // blocks a lookup found but not matched: their load failed lately
+	Resyncs        int64 // AllCleared events announced because the store's feed of key events (store.Watcher) lost events: routers rebuild from nothing
 }
 
 // Health is a connector half's view of the store or transport it depends
@@ -538,6 +539,11 @@ type KVEvent struct {
 	Parent    hashing.BlockHash
 	BlockSize int
 	Tokens    []hashing.Token
+	// Medium names the tier of a store in tiers that the blocks reached
+	// or left, in vLLM's vocabulary ("CPU", "DISK", "STORAGE"; see
+	// [store.KeyEvent]); "" is the store's first tier, whose name the
+	// event publisher's configuration gives.
+	Medium string
 }
 
 // EventSource is an optional interface of a Scheduler: TakeEvents appends the

@@ -82,8 +82,8 @@ type Event struct {
 }
 
 // FromConnector converts a connector.KVEvent, filling what it carries:
-// Kind, Hashes, Group, Parent, Tokens and BlockSize (blockSize when the
-// event's own is 0). LoraName, ExtraKeys, SpecKind and SlidingWindow stay
+// Kind, Hashes, Group, Parent, Tokens, BlockSize (blockSize when the
+// event's own is 0) and Medium ("" keeps [Config.Medium]). LoraName, ExtraKeys, SpecKind and SlidingWindow stay
 // empty for the caller to set from its layout; the Generation has no
 // field on vLLM's wire and is dropped (a rotation makes the old blocks
 // unreachable: publish an AllBlocksCleared). The slices are shared with
@@ -101,7 +101,7 @@ func FromConnector(e connector.KVEvent, blockSize int) Event {
 	if e.BlockSize > 0 {
 		blockSize = e.BlockSize
 	}
-	return Event{Kind: k, Hashes: e.Hashes, Parent: e.Parent, Tokens: e.Tokens, Group: e.Group, BlockSize: blockSize}
+	return Event{Kind: k, Hashes: e.Hashes, Parent: e.Parent, Tokens: e.Tokens, Group: e.Group, BlockSize: blockSize, Medium: e.Medium}
 }
 
 // validate returns an error naming the first field of e that cannot be
