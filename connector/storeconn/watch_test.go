@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
 )
@@ -213,6 +214,110 @@ func TestWatchBufferRejected(t *testing.T) {
 		_, err := connector.OpenScheduler(cfg, connector.Env{Identity: identity(1, 1), Store: newMem(t)})
 		if want := fmt.Sprintf("watch_buffer = %d", v); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("OpenScheduler(watch_buffer %d) error = %v, want one naming %q", v, err, want)
+		}
+	}
+}
+
+// gatedStore holds every put of a batch with a key of block hash until
+// open is closed; it hides the inner store's optional interfaces, so the
+// workers put through Put.
+type gatedStore struct {
+	store.Store
+	hash string
+	open chan struct{}
+}
+
+func (g gatedStore) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
+	if slices.ContainsFunc(keys, func(k string) bool { return strings.Contains(k, g.hash) }) {
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return g.Store.Put(ctx, keys, src, res)
+}
+
+// TestEventsParentFirst: in a hybrid engine whose save of a request's
+// first blocks completes after the save of the blocks that follow them,
+// every group's BlockStored events still come parent first: the later
+// save's event waits for the earlier one's.
+func TestEventsParentFirst(t *testing.T) {
+	req := request("a", 4*bs+1)
+	gate := gatedStore{Store: newMem(t), hash: req.Hashes[1].String(), open: make(chan struct{})}
+	// Enough transfer goroutines for the first saves (one per group) to
+	// wait at the gate while the next ones run.
+	h := newHybridRigOn(t, gate, map[string]any{"transfer_workers": 8})
+	tables := [][]connector.BlockID{blocks(5), blocks(5), blocks(5)}
+	var evs []connector.KVEvent
+	// save computes the request up to computed tokens, plans, and returns
+	// the IDs of the saves planned.
+	save := func(computed int) map[uint64]bool {
+		if err := h.s.Scheduled(req, computed, tables...); err != nil {
+			t.Fatalf("Scheduled(%d tokens): %v", computed, err)
+		}
+		m := h.s.Plan()
+		ids := map[uint64]bool{}
+		for _, x := range m.Saves {
+			ids[x.ID] = true
+		}
+		if len(ids) == 0 {
+			t.Fatalf("Scheduled(%d tokens) planned no save", computed)
+		}
+		w := h.ws[0]
+		if err := w.Start(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Save(context.Background(), connector.Ready); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	// wait steps until every save of ids reported, collecting the events.
+	wait := func(what string, ids map[uint64]bool) {
+		for d := newDeadline(t, what); ; d.tick() {
+			h.poll()
+			for _, id := range h.outs[0].Done {
+				delete(ids, id)
+			}
+			evs = h.s.(connector.EventSource).TakeEvents(evs)
+			if len(ids) == 0 {
+				return
+			}
+		}
+	}
+	first := save(2 * bs)  // blocks 0 and 1: held at the gate
+	second := save(4 * bs) // blocks 2 and 3
+	wait("the saves of blocks 2 and 3", second)
+	close(gate.open)
+	wait("the saves of blocks 0 and 1", first)
+
+	// Every BlockStored comes after the event that stores its parent in
+	// its group, and every block of every group was announced.
+	at := map[routerBlock]int{} // where a block was announced stored
+	for i, e := range evs {
+		if e.Kind != connector.BlockStored {
+			t.Fatalf("event %d: %+v, want only BlockStored events", i, e)
+		}
+		if p := (routerBlock{e.Group, e.Parent}); !e.Parent.IsZero() {
+			if j, ok := at[p]; !ok || j > i {
+				t.Errorf("event %d (group %d, blocks %v) comes before its parent %v is announced", i, e.Group, e.Hashes, e.Parent)
+			}
+		}
+		for _, hh := range e.Hashes {
+			at[routerBlock{e.Group, hh}] = i
+		}
+	}
+	for g := range 3 {
+		for _, hh := range req.Hashes {
+			if _, ok := at[routerBlock{g, hh}]; !ok {
+				t.Errorf("group %d block %v: never announced", g, hh)
+			}
+		}
+	}
+	if t.Failed() {
+		for i, e := range evs {
+			t.Logf("event %d: group %d blocks %v parent %v", i, e.Group, e.Hashes, e.Parent)
 		}
 	}
 }
