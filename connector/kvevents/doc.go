@@ -77,8 +77,7 @@
 // weight fingerprint, opaque extra keys, or the weights generation (a
 // rotation is an AllBlocksCleared); an engine publishes the blocks of such
 // requests without tokens (see [Event].ExtraKeys) so that they are not
-// indexed as a plain prompt's. A group whose block spans several hash
-// blocks is announced with its own block_size.
+// indexed as a plain prompt's.
 //
 // The sockets bind exactly the configured address and nothing else; there
 // is no default endpoint. Bind a loopback or private address: the events
