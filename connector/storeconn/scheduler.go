@@ -1294,7 +1294,9 @@ func (s *Scheduler) Rotate(gen uint64) error {
 	clear(s.saving)
 	clear(s.held) // the old generation's blocks: the AllCleared below covers them
 	if s.w != nil {
-		s.drainWatch() // the old generation's removals, before its AllCleared
+		// The feed's events so far name keys of the old generation: taken
+		// and dropped (the AllCleared below covers their blocks).
+		s.drainWatch()
 		clear(s.w.stored)
 		clear(s.w.flight)
 	}

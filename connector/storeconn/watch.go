@@ -94,19 +94,23 @@ func (s *Scheduler) drainWatch() {
 	clear(evs)
 	w.buf = evs
 	if lost > 0 {
-		s.resync()
+		s.resync(true)
 	}
 }
 
-// resync announces that every block is cleared: the half no longer knows
-// what the store holds. Blocks in flight count as gone when they land.
-func (s *Scheduler) resync() {
+// resync announces that every block is cleared and forgets what it
+// announced: the feed lost events (lost), or the half tracks too many
+// blocks. After lost events, blocks in flight count as gone when they
+// land: what happened to their keys is unknown.
+func (s *Scheduler) resync(lost bool) {
 	w := s.w
 	s.stats.Resyncs++
 	s.events = append(s.events, connector.KVEvent{Kind: connector.AllCleared, Generation: s.meta.Generation})
 	clear(w.stored)
-	for _, f := range w.flight {
-		f.lost = true
+	if lost {
+		for _, f := range w.flight {
+			f.lost = true
+		}
 	}
 }
 
@@ -179,13 +183,13 @@ func (s *Scheduler) removed(b groupHash, medium string) {
 // block that a key event took away while the save was in flight (or
 // whose events were lost) is announced removed right after.
 func (s *Scheduler) announce(ev connector.KVEvent) {
-	s.events = append(s.events, ev)
 	w := s.w
+	if w != nil && len(w.stored)+len(ev.Hashes) > maxTracked {
+		s.resync(false)
+	}
+	s.events = append(s.events, ev)
 	if w == nil {
 		return
-	}
-	if len(w.stored)+len(ev.Hashes) > maxTracked {
-		s.resync()
 	}
 	for i, h := range ev.Hashes {
 		b := groupHash{ev.Group, h}

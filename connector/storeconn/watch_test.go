@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
@@ -319,5 +321,68 @@ func TestEventsParentFirst(t *testing.T) {
 		for i, e := range evs {
 			t.Logf("event %d: group %d blocks %v parent %v", i, e.Group, e.Hashes, e.Parent)
 		}
+	}
+}
+
+// tieredStore is a store whose key events the test announces itself, as
+// a store in tiers would: its feed reports what the test says.
+type tieredStore struct {
+	store.Store
+	feeds *store.Feeds
+}
+
+func (s tieredStore) Watch(n int) (*store.Feed, error) { return s.feeds.Watch(n) }
+
+// TestWatchTiers: a key reaching a lower tier of a store in tiers is a
+// BlockStored of that medium for a block announced before, once; a key
+// leaving a tier is a BlockRemoved of that medium, once per block and
+// medium; keys of blocks never announced and of other namespaces are not
+// announced.
+func TestWatchTiers(t *testing.T) {
+	st := tieredStore{Store: newMem(t), feeds: &store.Feeds{}}
+	id := identity(2, 1)
+	r := newRig(t, st, id, nil)
+	ns, err := id.Namespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := request("a", 2*bs+1)
+	r.saveAll(req)
+	src := r.s.(connector.EventSource)
+	h0, h1 := req.Hashes[0], req.Hashes[1]
+	if got := src.TakeEvents(nil); len(got) != 1 || got[0].Kind != connector.BlockStored || got[0].Medium != "" {
+		t.Fatalf("after the save: events %+v, want one BlockStored of the first tier", got)
+	}
+	other := identity(2, 1)
+	other.Model = "another"
+	ons, err := other.Namespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown := request("u", 2*bs+1)
+	unknown.Hashes[0][0] ^= 1
+	for _, e := range []store.KeyEvent{
+		{Key: ns.GroupKey(0, 0, h0), Op: store.KeyStored, Medium: "DISK"},
+		{Key: ns.GroupKey(0, 1, h0), Op: store.KeyStored, Medium: "DISK"}, // the block's other shard: no second event
+		{Key: ns.GroupKey(0, 0, unknown.Hashes[0]), Op: store.KeyStored, Medium: "DISK"},
+		{Key: ons.GroupKey(0, 0, h1), Op: store.KeyEvicted, Medium: "CPU"},
+		{Key: "not a key of kvconnect", Op: store.KeyEvicted},
+		{Key: ns.GroupKey(0, 1, h0), Op: store.KeyEvicted, Medium: "CPU"},
+		{Key: ns.GroupKey(0, 0, h0), Op: store.KeyEvicted, Medium: "CPU"},
+		{Key: ns.GroupKey(0, 0, h0), Op: store.KeyEvicted, Medium: "DISK"},
+		{Key: ns.GroupKey(0, 0, h1), Op: store.KeyRemoved},
+		{Key: ns.GroupKey(0, 1, h1), Op: store.KeyRemoved},
+	} {
+		st.feeds.Announce(e)
+	}
+	got := src.TakeEvents(nil)
+	want := []connector.KVEvent{
+		{Kind: connector.BlockStored, Group: 0, Hashes: []hashing.BlockHash{h0}, BlockSize: bs, Medium: "DISK"},
+		{Kind: connector.BlockRemoved, Group: 0, Hashes: []hashing.BlockHash{h0}, Medium: "CPU"},
+		{Kind: connector.BlockRemoved, Group: 0, Hashes: []hashing.BlockHash{h0}, Medium: "DISK"},
+		{Kind: connector.BlockRemoved, Group: 0, Hashes: []hashing.BlockHash{h1}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("events of the tiers' key events (-want +got):\n%s", diff)
 	}
 }
