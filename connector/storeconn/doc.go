@@ -145,9 +145,12 @@
 // left and was put again by the save is not announced. So a router that
 // adds BlockStored blocks, removes BlockRemoved ones and empties on
 // AllCleared holds exactly the blocks whose every key the store holds
-// (TestRouterIndexMemstore checks it after heavy eviction). Keys of other
-// namespaces (other models, tenants or generations) are not this half's to
-// announce.
+// (TestRouterIndexMemstore checks it after heavy eviction). That needs
+// the store's feed to hold, when a put returns, every event of its keys
+// that happened before it (memstore announces under the key's lock); a
+// store whose events come later may make the router lack a block the store
+// holds, never hold one it lacks. Keys of other namespaces (other models,
+// tenants or generations) are not this half's to announce.
 //
 // A store in tiers names the tier of each key event (store.KeyEvent.Medium):
 // a key leaving a tier is a BlockRemoved of that medium, and a key reaching
