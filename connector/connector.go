@@ -452,6 +452,7 @@ type Stats struct {
 	StoreTimeouts  int64 // store calls that ran past their deadline (also in StoreErrors)
 	FailedSkipped  int64 // blocks a lookup found but not matched: their load failed lately
 	Refused        int64 // transfer parameters refused (p2p): malformed, of another identity, forged, or unverifiable
+	Resyncs        int64 // AllCleared events announced because the store's feed of key events (store.Watcher) lost events: routers rebuild from nothing
 }
 
 // Health is a connector half's view of the store or transport it depends
@@ -539,6 +540,11 @@ type KVEvent struct {
 	Parent    hashing.BlockHash
 	BlockSize int
 	Tokens    []hashing.Token
+	// Medium names the tier of a store in tiers that the blocks reached
+	// or left, in vLLM's vocabulary ("CPU", "DISK", "STORAGE"; see
+	// [store.KeyEvent]); "" is the store's first tier, whose name the
+	// event publisher's configuration gives.
+	Medium string
 }
 
 // EventSource is an optional interface of a Scheduler: TakeEvents appends the

@@ -59,9 +59,30 @@
 //	}})
 //
 // A connector's events ([connector.KVEvent], from an
-// [connector.EventSource]) convert with [FromConnector]; they lack the
-// parent hash and token ids today, so routers that re-hash tokens cannot
-// use them until the connector fills them.
+// [connector.EventSource]) convert with [FromConnector]: the blocks, the
+// parent, the block size, the group, the medium of a store in tiers, and
+// the tokens when the engine gave the connector Request.Tokens.
+// connector/storeconn also announces the blocks its store evicts or
+// removes (BlockRemoved) when the store reports them (store.Watcher), and
+// an AllBlocksCleared when it lost track.
+//
+// # What a router can recompute
+//
+// A block hash on the wire is the last 8 bytes of kvconnect's BLAKE3 chain
+// hash (hashing/SPEC.md), not vLLM's: a router that compares hashes it
+// computed itself with vLLM's hash function finds no match. Routers that
+// re-hash the event's token_ids with a function of their own (llm-d's
+// indexer) index the blocks under their own keys and map block_hashes to
+// them, which needs the tokens (events without token_ids are ignored
+// there), the block size, and each parent announced before its children
+// (connector/storeconn keeps that order). From an event a router can
+// recompute: the prefix of plain text blocks, the multimodal items of a
+// block (extra_keys, vLLM's [identifier, offset]) and the adapter
+// (lora_name). It cannot recompute: a cache salt (never sent), an adapter's
+// weight fingerprint, opaque extra keys, or the weights generation (a
+// rotation is an AllBlocksCleared); an engine publishes the blocks of such
+// requests without tokens (see [Event].ExtraKeys) so that they are not
+// indexed as a plain prompt's.
 //
 // # Binding or connecting
 //

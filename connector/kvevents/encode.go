@@ -111,7 +111,7 @@ func (w *writer) event(e *Event, medium string) {
 		w.key("extra_keys")
 		w.do(enc.EncodeArrayLen(len(e.Hashes)))
 		for i := range e.Hashes {
-			var keys []string
+			var keys []ExtraKey
 			if e.ExtraKeys != nil {
 				keys = e.ExtraKeys[i]
 			}
@@ -121,7 +121,10 @@ func (w *writer) event(e *Event, medium string) {
 			}
 			w.do(enc.EncodeArrayLen(len(keys)))
 			for _, k := range keys {
-				w.do(enc.EncodeString(k))
+				// vLLM's (identifier, offset) tuple.
+				w.do(enc.EncodeArrayLen(2))
+				w.do(enc.EncodeString(k.Identifier))
+				w.do(enc.EncodeInt(int64(k.Offset)))
 			}
 		}
 		w.key("group_idx")

@@ -62,12 +62,26 @@ type Event struct {
 	Tokens []hashing.Token
 	// BlockSize is the number of tokens of a block; BlockStored needs it.
 	BlockSize int
-	// LoraName is the adapter's name; "" is sent as null.
+	// LoraName is the adapter's name; "" is sent as null. It is the one
+	// place an adapter is named: see ExtraKeys.
 	LoraName string
-	// ExtraKeys has, for each block, the extra keys that entered its hash
-	// (adapter name, cache salt, multimodal identifiers) or nil for none;
-	// a nil ExtraKeys is sent as one null per block, as vLLM sends it.
-	ExtraKeys [][]string
+	// ExtraKeys has, for each block, the multimodal items the block
+	// overlaps, in vLLM's shape (see [ExtraKey]), or nil for none; a nil
+	// ExtraKeys is sent as one null per block, as vLLM sends it.
+	//
+	// Only multimodal items go here. vLLM also puts the LoRA name, the
+	// cache salt (first block) and prompt-embedding digests in a block's
+	// extra_keys, as bare strings and bytes; routers cannot tell those
+	// apart: llm-d's indexer takes every bare string for a multimodal
+	// hash and Dynamo the first non-multimodal one for a cache namespace,
+	// so a block carrying an adapter name or a salt would match no query
+	// there. The adapter goes in LoraName; a cache salt is never sent (it
+	// isolates tenants, and the events name every cached prompt's
+	// tokens). A request whose hash has extras a router cannot know (a
+	// salt, an adapter fingerprint, an opaque key) should be published
+	// without Tokens, so that routers that re-hash tokens ignore its
+	// blocks instead of indexing them under a plain prompt's keys.
+	ExtraKeys [][]ExtraKey
 	// Group is the KV cache group of the blocks (group_idx); 0 with one
 	// group.
 	Group int
@@ -81,9 +95,21 @@ type Event struct {
 	Medium string
 }
 
+// ExtraKey is one multimodal item of a block's extra_keys, as vLLM's
+// _gen_mm_extra_hash_keys makes it: the item's identifier (vLLM's
+// mm_feature.identifier: its content hash, a string) and Offset, the
+// index of its first placeholder token relative to the block's first
+// token (negative when the item began in an earlier block). It is sent as
+// the array [identifier, offset], as vLLM sends the tuple; llm-d's
+// indexer reads the identifier from it and ignores the offset.
+type ExtraKey struct {
+	Identifier string
+	Offset     int
+}
+
 // FromConnector converts a connector.KVEvent, filling what it carries:
-// Kind, Hashes, Group, Parent, Tokens and BlockSize (blockSize when the
-// event's own is 0). LoraName, ExtraKeys, SpecKind and SlidingWindow stay
+// Kind, Hashes, Group, Parent, Tokens, BlockSize (blockSize when the
+// event's own is 0) and Medium ("" keeps [Config.Medium]). LoraName, ExtraKeys, SpecKind and SlidingWindow stay
 // empty for the caller to set from its layout; the Generation has no
 // field on vLLM's wire and is dropped (a rotation makes the old blocks
 // unreachable: publish an AllBlocksCleared). The slices are shared with
@@ -101,7 +127,7 @@ func FromConnector(e connector.KVEvent, blockSize int) Event {
 	if e.BlockSize > 0 {
 		blockSize = e.BlockSize
 	}
-	return Event{Kind: k, Hashes: e.Hashes, Parent: e.Parent, Tokens: e.Tokens, Group: e.Group, BlockSize: blockSize}
+	return Event{Kind: k, Hashes: e.Hashes, Parent: e.Parent, Tokens: e.Tokens, Group: e.Group, BlockSize: blockSize, Medium: e.Medium}
 }
 
 // validate returns an error naming the first field of e that cannot be
@@ -131,6 +157,16 @@ func (e *Event) validate() error {
 	}
 	if e.ExtraKeys != nil && len(e.ExtraKeys) != len(e.Hashes) {
 		return fmt.Errorf("ExtraKeys: %d entries for %d blocks, want one per block or nil", len(e.ExtraKeys), len(e.Hashes))
+	}
+	for i, keys := range e.ExtraKeys {
+		for j, k := range keys {
+			if k.Identifier == "" {
+				return fmt.Errorf("ExtraKeys[%d][%d].Identifier: empty: a multimodal item needs its identifier", i, j)
+			}
+			if k.Offset >= e.BlockSize {
+				return fmt.Errorf("ExtraKeys[%d][%d].Offset = %d: the item starts after the block's %d tokens", i, j, k.Offset, e.BlockSize)
+			}
+		}
 	}
 	if e.SlidingWindow < 0 {
 		return fmt.Errorf("SlidingWindow = %d: negative", e.SlidingWindow)

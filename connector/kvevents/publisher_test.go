@@ -23,7 +23,7 @@ func sampleEvents() ([]Event, [][]kv) {
 	parent := testHash(9, 7)
 	events := []Event{
 		{Kind: BlockStored, Hashes: []hashing.BlockHash{h1, h2}, Parent: parent, Tokens: []hashing.Token{1, 2, 3, 4, 5, 6, 7, 151644},
-			BlockSize: 4, LoraName: "sql-adapter", ExtraKeys: [][]string{{"sql-adapter", "salt"}, nil}, Group: 1,
+			BlockSize: 4, LoraName: "sql-adapter", ExtraKeys: [][]ExtraKey{{{"img-3f2a", -2}, {"img-77c0", 1}}, nil}, Group: 1,
 			SpecKind: "sliding_window", SlidingWindow: 128},
 		{Kind: BlockStored, Hashes: []hashing.BlockHash{h3}, BlockSize: 4, Medium: MediumStorage},
 		{Kind: BlockRemoved, Hashes: []hashing.BlockHash{h1, h3}, Group: 1, Medium: MediumGPU},
@@ -33,7 +33,7 @@ func sampleEvents() ([]Event, [][]kv) {
 		{{"type", "BlockStored"}, {"block_hashes", []any{uint64(1<<63 + 5), int64(42)}}, {"parent_block_hash", int64(7)},
 			{"token_ids", []any{int64(1), int64(2), int64(3), int64(4), int64(5), int64(6), int64(7), int64(151644)}},
 			{"block_size", int64(4)}, {"lora_id", nil}, {"medium", "CPU"}, {"lora_name", "sql-adapter"},
-			{"extra_keys", []any{[]any{"sql-adapter", "salt"}, nil}}, {"group_idx", int64(1)},
+			{"extra_keys", []any{[]any{[]any{"img-3f2a", int64(-2)}, []any{"img-77c0", int64(1)}}, nil}}, {"group_idx", int64(1)},
 			{"kv_cache_spec_kind", "sliding_window"}, {"kv_cache_spec_sliding_window", int64(128)}},
 		{{"type", "BlockStored"}, {"block_hashes", []any{uint64(1<<64 - 1)}}, {"parent_block_hash", nil},
 			{"token_ids", []any{}}, {"block_size", int64(4)}, {"lora_id", nil}, {"medium", "STORAGE"}, {"lora_name", nil},
@@ -318,7 +318,9 @@ func TestEventErrors(t *testing.T) {
 		{Event{Kind: BlockRemoved, Hashes: h, Group: -1}, "events[1].Group = -1"},
 		{Event{Kind: BlockStored, Hashes: h}, "events[1].BlockSize = 0"},
 		{Event{Kind: BlockStored, Hashes: h, BlockSize: 2, Tokens: []hashing.Token{1}}, "events[1].Tokens: 1 token ids for 1 blocks of 2 tokens, want 2 or none"},
-		{Event{Kind: BlockStored, Hashes: h, BlockSize: 2, ExtraKeys: [][]string{nil, nil}}, "events[1].ExtraKeys: 2 entries for 1 blocks"},
+		{Event{Kind: BlockStored, Hashes: h, BlockSize: 2, ExtraKeys: [][]ExtraKey{nil, nil}}, "events[1].ExtraKeys: 2 entries for 1 blocks"},
+		{Event{Kind: BlockStored, Hashes: h, BlockSize: 2, ExtraKeys: [][]ExtraKey{{{"", 0}}}}, "events[1].ExtraKeys[0][0].Identifier: empty"},
+		{Event{Kind: BlockStored, Hashes: h, BlockSize: 2, ExtraKeys: [][]ExtraKey{{{"img", 2}}}}, "events[1].ExtraKeys[0][0].Offset = 2"},
 		{Event{Kind: BlockStored, Hashes: h, BlockSize: 2, SlidingWindow: -1}, "events[1].SlidingWindow = -1"},
 	}
 	p := openTest(t, Config{})

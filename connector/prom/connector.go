@@ -20,6 +20,7 @@ type connMetrics struct {
 	blocks, bytes, staged, retries            *prometheus.Desc
 	stale, failedSkipped, corrupt, storeFails *prometheus.Desc
 	refused                                   *prometheus.Desc
+	resyncs                                   *prometheus.Desc
 	lookupSeconds, transferSeconds            *prometheus.Desc
 
 	healthy, consecutive, failedCalls, lastFailure *prometheus.Desc
@@ -43,6 +44,7 @@ func newConnMetrics(labels prometheus.Labels, stats, health bool) *connMetrics {
 		retries:         d("save_retries_total", "Blocks requeued after an out-of-space put (Stats.SaveRetries)."),
 		stale:           d("stale_discarded_total", "Transfers of an old weights generation dropped (Stats.StaleDiscarded)."),
 		failedSkipped:   d("failed_skipped_blocks_total", "Blocks a lookup found but did not match because their load failed lately (Stats.FailedSkipped)."),
+		resyncs:         d("event_resyncs_total", "AllCleared events announced because the store's feed of key events lost events (Stats.Resyncs)."),
 		corrupt:         d("corrupt_blocks_total", "Loaded blocks whose bytes failed verification; also counted in blocks_total{operation=\"load\",status=\"failed\"} (Stats.Corrupt)."),
 		refused:         d("refused_params_total", "Transfer parameters refused: malformed, of another identity, forged, or unverifiable (Stats.Refused)."),
 		storeFails:      d("store_failures_total", "Store calls that failed, by reason: timeout (ran past their deadline, Stats.StoreTimeouts) or error (every other failure, Stats.StoreErrors minus StoreTimeouts).", "reason"),
@@ -60,7 +62,7 @@ func (m *connMetrics) describe(ch chan<- *prometheus.Desc) {
 	if m.stats {
 		for _, d := range []*prometheus.Desc{
 			m.lookups, m.lookupKeys, m.hitBlocks, m.hitTokens, m.blocks, m.bytes, m.staged, m.retries,
-			m.stale, m.failedSkipped, m.corrupt, m.refused, m.storeFails, m.lookupSeconds, m.transferSeconds,
+			m.stale, m.failedSkipped, m.corrupt, m.refused, m.storeFails, m.lookupSeconds, m.transferSeconds, m.resyncs,
 		} {
 			ch <- d
 		}
@@ -91,6 +93,7 @@ func (m *connMetrics) collectStats(ch chan<- prometheus.Metric, st connector.Sta
 	counter(m.retries, st.SaveRetries)
 	counter(m.stale, st.StaleDiscarded)
 	counter(m.failedSkipped, st.FailedSkipped)
+	counter(m.resyncs, st.Resyncs)
 	counter(m.corrupt, st.Corrupt)
 	counter(m.refused, st.Refused)
 	counter(m.storeFails, st.StoreTimeouts, "timeout")

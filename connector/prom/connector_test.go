@@ -44,7 +44,7 @@ func stats(base int64) connector.Stats {
 		SaveBytes: base + 9, SaveSkipped: base + 10, SaveFailures: base + 11, SaveRetries: base + 12,
 		StagedBytes: base + 13, LookupNanos: 1_500_000_000, TransferNanos: 250_000_000,
 		StaleDiscarded: base + 14, Corrupt: base + 15, StoreErrors: base + 20, StoreTimeouts: base + 16,
-		FailedSkipped: base + 17, Refused: base + 18,
+		FailedSkipped: base + 17, Refused: base + 18, Resyncs: base + 19,
 	}
 }
 
@@ -66,6 +66,9 @@ kvconnect_connector_consecutive_failures{engine="e1",rank="3",role="worker"} 2
 # HELP kvconnect_connector_corrupt_blocks_total Loaded blocks whose bytes failed verification; also counted in blocks_total{operation="load",status="failed"} (Stats.Corrupt).
 # TYPE kvconnect_connector_corrupt_blocks_total counter
 kvconnect_connector_corrupt_blocks_total{engine="e1",rank="3",role="worker"} 15
+# HELP kvconnect_connector_event_resyncs_total AllCleared events announced because the store's feed of key events lost events (Stats.Resyncs).
+# TYPE kvconnect_connector_event_resyncs_total counter
+kvconnect_connector_event_resyncs_total{engine="e1",rank="3",role="worker"} 18
 # HELP kvconnect_connector_failed_calls_total Calls to the store or transport that failed (Health.Failures).
 # TYPE kvconnect_connector_failed_calls_total counter
 kvconnect_connector_failed_calls_total{engine="e1",rank="3",role="worker"} 9

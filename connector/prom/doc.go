@@ -25,7 +25,8 @@
 //		reg.MustRegister(prom.NewWorker(w, rank, prom.Options{}))
 //	}
 //	tokens := prom.NewPromptTokens(prom.Options{})
-//	reg.MustRegister(tokens)
+//	prefix := prom.NewExternalPrefixCache(prom.Options{})
+//	if err := prom.Register(reg, tokens, prefix); err != nil { ... }
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
 // and in the scheduling loop, on the goroutine that drives the scheduler
@@ -35,6 +36,7 @@
 //	tokens.Add(prom.LocalCacheHit, localHit)      // as requests are admitted
 //	tokens.Add(prom.ExternalTransfer, external)
 //	tokens.Add(prom.LocalCompute, computed)
+//	prefix.Record(r.Prompt, m.Tokens)             // once Match answered, as a request is admitted
 //
 // Counters kept by kvconnect (connector.Stats, connector.Health,
 // store.Stats) are read at scrape time, or for the scheduler half at the
@@ -77,6 +79,8 @@
 //	                                                      lately (FailedSkipped)
 //	kvconnect_connector_refused_params_total              transfer parameters refused: malformed, of another
 //	                                                      identity, forged, or unverifiable (Refused)
+//	kvconnect_connector_event_resyncs_total               AllCleared events announced because the store's
+//	                                                      feed of key events lost events (Resyncs)
 //	kvconnect_connector_lookup_seconds_total              time in lookups (LookupNanos)
 //	kvconnect_connector_transfer_seconds_total            time in loads and saves (TransferNanos)
 //
@@ -107,8 +111,9 @@
 // Mooncake connector exports them (vllm:mooncake_store_operation_*):
 //
 //	kvconnect_store_operation_duration_seconds{operation,status}  histogram of call times, buckets
-//	                                                      1 ms to 4 s (0.001, 0.005, 0.01, 0.025, 0.05,
-//	                                                      0.1, 0.25, 0.5, 1, 2.5, 4); its _count counts calls
+//	                                                      exactly vLLM's (0.001, 0.005, 0.01, 0.05, 0.1,
+//	                                                      0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 4 s);
+//	                                                      its _count counts calls
 //	kvconnect_store_operation_keys_total{operation,status}        keys named, by each key's status
 //	kvconnect_store_operation_bytes_total{operation}              value bytes of the keys that succeeded:
 //	                                                      put (offered, present keys included), get (read)
@@ -131,6 +136,30 @@
 //
 //	kvconnect_prompt_tokens_total{source}                 local_compute, local_cache_hit,
 //	                                                      external_kv_transfer
+//
+// The connector's external prefix cache, in tokens, from
+// [NewExternalPrefixCache], as vLLM's vllm:external_prefix_cache_queries
+// and vllm:external_prefix_cache_hits (the engine records each request):
+//
+//	kvconnect_external_prefix_cache_queries_tokens_total  prompt tokens of the requests looked up
+//	kvconnect_external_prefix_cache_hits_tokens_total     of those, the tokens the connector matched
+//
+// # Dashboard
+//
+// dashboard.json in this directory is a Grafana dashboard of these
+// metrics (import it, pick the Prometheus data source): store call rates
+// and latency quantiles, external prefix-cache hit rate, prompt tokens by
+// source, blocks moved, failures and health. TestDashboardNamesExist
+// checks that every metric its queries name is exported.
+//
+// # Registration
+//
+// [Register] registers collectors all or none and, when the registry
+// refuses one (two collectors of the same metrics and labels: two stores
+// or engines without a label of Options that tells them apart, a rank
+// registered twice), returns an error naming the metric and its labels,
+// where client_golang says only "duplicate metrics collector registration
+// attempted".
 //
 // # Ranks
 //

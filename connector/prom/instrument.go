@@ -91,9 +91,12 @@ func statusOf(err error) status {
 }
 
 // operationBuckets are the bounds of the latency histogram, in seconds:
-// those of vLLM's mooncake_store_operation_time_seconds, 1 ms to 4 s.
+// exactly those of vLLM's vllm:mooncake_store_operation_time_seconds
+// (vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/metrics.py),
+// 1 ms to 4 s, so that a panel's histogram_quantile reads the same over
+// both.
 func operationBuckets() []float64 {
-	return []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 4}
+	return []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 4}
 }
 
 // histCell and countCell are one (operation, status) series, made when
@@ -297,10 +300,16 @@ var (
 // Register, Unregister, Stats and Close are passed through, not counted.
 //
 // Recording a call allocates nothing and adds no lock: each series is
-// made here. It panics if opts.Labels names a label the package sets
-// (see [Options]). Two instrumented stores registered together need a
-// label of opts that tells them apart.
+// made here. It panics if s is nil (there is nothing to instrument: the
+// wrapper would fail at its first call instead, far from the mistake)
+// or if opts.Labels names a label the package sets (see [Options]), as
+// every constructor of the package does on a programming error. Two
+// instrumented stores registered together need a label of opts that
+// tells them apart (see [Register]).
 func InstrumentStore(s store.Store, opts Options) Instrumented {
+	if s == nil {
+		panic("prom: InstrumentStore(nil, ...): the store s is nil; pass the open store the connector is to call")
+	}
 	i := &instrumented{s: s, m: newStoreMetrics(opts)}
 	v, vectored := s.(store.Vectored)
 	l, leaser := s.(store.Leaser)

@@ -141,7 +141,7 @@ func histogramCounts(t *testing.T, c prometheus.Collector, name string) map[stri
 			for _, b := range h.GetBucket() {
 				bounds = append(bounds, b.GetUpperBound())
 			}
-			if diff := cmp.Diff([]float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 4}, bounds); diff != "" {
+			if diff := cmp.Diff(vllmMooncakeBuckets, bounds); diff != "" {
 				t.Errorf("%s%v buckets (-want +got):\n%s", name, l, diff)
 			}
 			counts[l["operation"]+"/"+l["status"]] = h.GetSampleCount()
@@ -327,3 +327,9 @@ func TestInstrumentedPedantic(t *testing.T) {
 		t.Fatal("Gather() returned no metric families")
 	}
 }
+
+// vllmMooncakeBuckets are the buckets of vLLM's
+// vllm:mooncake_store_operation_time_seconds, as
+// vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/metrics.py
+// declares them.
+var vllmMooncakeBuckets = []float64{1e-3, 5e-3, 1e-2, 5e-2, 1e-1, 2e-1, 3e-1, 4e-1, 5e-1, 7.5e-1, 1.0, 1.5, 2.0, 3.0, 4.0}

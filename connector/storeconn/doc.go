@@ -169,6 +169,48 @@
 // the wait itself fails, the device's state is unknown and the buffer is
 // retired: kept, never reused or unmapped.
 //
+// # KV events
+//
+// The scheduler half is a [connector.EventSource]. A save that every worker
+// stored is announced in a BlockStored event (the blocks, their parent, the
+// block size and, when the Request has them, the tokens). Within and across
+// the batches TakeEvents returns, a block's BlockStored comes after the
+// event that stores its parent in its group: an event whose parent's save
+// is still in flight waits for that save to end (stored or failed).
+//
+// When the store implements [store.Watcher] (memstore does) and the half
+// saves, it watches the store with a feed of watch_buffer events and turns
+// the keys of its own namespace that leave the store into BlockRemoved
+// events with the key's KV cache group: once per block, when the first of
+// its shard or chunk keys leaves, for blocks it announced stored and has
+// not announced removed. A key that leaves while the save that put it is
+// in flight is announced after that save's BlockStored, and a key that
+// left and was put again by the save is not announced. So a router that
+// adds BlockStored blocks, removes BlockRemoved ones and empties on
+// AllCleared holds exactly the blocks whose every key the store holds
+// (TestRouterIndexMemstore checks it after heavy eviction). That needs
+// the store's feed to hold, when a put returns, every event of its keys
+// that happened before it (memstore announces under the key's lock); a
+// store whose events come later may make the router lack a block the store
+// holds, never hold one it lacks. Keys of other namespaces (other models,
+// tenants or generations) are not this half's to announce.
+//
+// A store in tiers names the tier of each key event (store.KeyEvent.Medium):
+// a key leaving a tier is a BlockRemoved of that medium, and a key reaching
+// a lower tier is a BlockStored of that medium, announced only for a block
+// announced stored before (its parent and tokens repeated); the half's own
+// saves carry Medium "", the publisher's medium, which names the store's
+// first tier. The key events of a tier other than the first are not
+// tracked while a save is in flight.
+//
+// When the feed overflows (the engine did not step for watch_buffer
+// events) the half announces AllCleared, counts it in Stats.Resyncs and
+// starts again from nothing: blocks announced before are no longer
+// removable, so the router may lack blocks the store holds, never hold
+// blocks it lacks. It does the same if it tracks more than 4,194,304
+// blocks. A store that is not a Watcher (Mooncake) gets no BlockRemoved:
+// see its package doc.
+//
 // # Configuration
 //
 // kv_connector_extra_config keys: "lookup" ("async", the default, or "sync"
@@ -185,8 +227,9 @@
 // "failed_ttl" ("15s", how long a
 // block whose load failed is not planned again), "layer_chunks" (1: the
 // values a block is stored as, for layer-wise transfers; see Layer-wise
-// transfers). Any other key is an error
-// naming it, with the nearest known key.
+// transfers), "watch_buffer" (65536, at most store.MaxWatch: the key
+// events of a watched store held between two steps; see KV events). Any
+// other key is an error naming it, with the nearest known key.
 //
 // # When the store fails
 //

@@ -7,10 +7,15 @@ import (
 
 	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
+	"github.com/kvconnect/kvconnect/store"
 )
 
 // Name is the name the connector registers under, for kv_connector.
 const Name = "StoreConnector"
+
+// DefaultWatchBuffer is the default of watch_buffer: the key events of a
+// store.Watcher that the scheduler half holds between two steps.
+const DefaultWatchBuffer = 1 << 16
 
 // options are the connector's settings, read from kv_connector_extra_config.
 type options struct {
@@ -28,6 +33,7 @@ type options struct {
 	failedTTL      time.Duration // "failed_ttl": how long a block whose load failed is not planned again
 	verifyChunk    int           // "verify_chunk": bytes per verified load call over a gathering store; 0: batch_blocks
 	layerChunks    int           // "layer_chunks": values per block, each a range of its layers, for layer-wise transfers
+	watchBuffer    int           // "watch_buffer": key events of a store.Watcher held between two steps
 }
 
 // open checks what both halves need: the options, a store, and a valid
@@ -55,7 +61,7 @@ func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, 
 // any other key is an error.
 var extraKeys = []string{
 	"batch_blocks", "event_poll", "failed_ttl", "layer_chunks", "lookup", "lookup_queue", "lookup_workers",
-	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify", "verify_chunk", "verify_key",
+	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify", "verify_chunk", "verify_key", "watch_buffer",
 }
 
 func parseOptions(cfg connector.Config) (options, error) {
@@ -89,6 +95,7 @@ func parseOptions(cfg connector.Config) (options, error) {
 		{"retry_steps", &o.retryDelay, 1, 1},
 		{"verify_chunk", &o.verifyChunk, 1 << 20, 0},
 		{"layer_chunks", &o.layerChunks, 1, 1},
+		{"watch_buffer", &o.watchBuffer, DefaultWatchBuffer, 1},
 	}
 	for _, f := range ints {
 		v, err := cfg.ExtraInt(f.key, f.def)
@@ -99,6 +106,9 @@ func parseOptions(cfg connector.Config) (options, error) {
 			return o, fmt.Errorf("%w: kv_connector_extra_config.%s = %d, want >= %d", connector.ErrConfig, f.key, v, f.min)
 		}
 		*f.dst = v
+	}
+	if o.watchBuffer > store.MaxWatch {
+		return o, fmt.Errorf("%w: kv_connector_extra_config.watch_buffer = %d, want <= %d", connector.ErrConfig, o.watchBuffer, store.MaxWatch)
 	}
 	if o.pollInterval, err = cfg.ExtraDuration("event_poll", 50*time.Microsecond); err != nil {
 		return o, err

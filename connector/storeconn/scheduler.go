@@ -47,6 +47,8 @@ type Scheduler struct {
 	meta        *connector.Metadata  // the one filling: this step's plan
 	progress    connector.Progress
 	events      []connector.KVEvent
+	held        map[groupHash][]connector.KVEvent // BlockStored events waiting for the save of their parent, by parent
+	w           *watch                            // the store's key events; nil when it is no store.Watcher or the half saves nothing
 	released    []connector.RequestID
 	stats       connector.Stats
 	syncScratch probeScratch        // for lookups run inside Match
@@ -218,6 +220,11 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 	}
 	s.meta = s.plans.Filling()
 	s.meta.Generation = env.Identity.Generation
+	if cfg.Role.CanSave() {
+		if s.w, err = openWatch(env.Store, opt.watchBuffer); err != nil {
+			return nil, fmt.Errorf("storeconn: watch the store: %w", err)
+		}
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if !opt.syncLookup {
 		s.jobs = make(chan *lookup, opt.lookupQueue)
@@ -774,6 +781,9 @@ func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries in
 		x.failed = make([]bool, len(t.Blocks))
 		for _, h := range t.Hashes {
 			s.saving[groupHash{t.Group, h}]++
+			if s.w != nil {
+				s.w.fly(groupHash{t.Group, h})
+			}
 		}
 	}
 	s.transfers.Add(t.ID, len(t.Blocks), x)
@@ -1033,6 +1043,10 @@ func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error
 	s.progress.Loaded = s.progress.Loaded[:0]
 	s.progress.Failed = s.progress.Failed[:0]
 	s.progress.Released = s.progress.Released[:0]
+	// The store's key events up to now come before the saves that
+	// Outputs report: a key taken away after a save's put and before
+	// its Output is seen while the save is in flight.
+	s.drainWatch()
 	// A bad Output is an error that changes nothing.
 	if err := s.transfers.Apply("storeconn: Update", outs, s.failBlock, func(_ uint64, x *transfer) { s.finishTransfer(x) }); err != nil {
 		return nil, err
@@ -1145,6 +1159,9 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 				}
 				continue
 			}
+			if s.w != nil && x.gen == s.meta.Generation {
+				s.w.land(groupHash{x.group, h})
+			}
 			if run >= 0 {
 				s.stored(x, run, i)
 				run = -1
@@ -1155,6 +1172,11 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 		}
 		if rt != nil {
 			s.retries = append(s.retries, *rt)
+		}
+		if len(s.held) > 0 && x.gen == s.meta.Generation {
+			for _, h := range x.hashes {
+				s.release(groupHash{x.group, h})
+			}
 		}
 	}
 	q.inflight--
@@ -1174,7 +1196,10 @@ func parentAt(prev hashing.BlockHash, hashes []hashing.BlockHash, i int) hashing
 }
 
 // stored announces blocks [i, j) of save x, which every worker stored, in
-// a BlockStored event, unless x's generation was rotated out.
+// a BlockStored event, unless x's generation was rotated out. While a
+// save of the parent block is in flight the event waits for it (see
+// release), so that routers, which index a block under its parent, see
+// the parent first.
 func (s *Scheduler) stored(x *transfer, i, j int) {
 	if x.gen != s.meta.Generation {
 		return
@@ -1184,7 +1209,32 @@ func (s *Scheduler) stored(x *transfer, i, j int) {
 		// x's own copy, which nothing else reads or writes.
 		ev.Tokens = x.tokens[i*s.bs : j*s.bs : j*s.bs]
 	}
-	s.events = append(s.events, ev)
+	if p := (groupHash{x.group, ev.Parent}); !ev.Parent.IsZero() && s.saving[p] > 0 {
+		if s.held == nil {
+			s.held = make(map[groupHash][]connector.KVEvent)
+		}
+		s.held[p] = append(s.held[p], ev)
+		return
+	}
+	s.announce(ev)
+}
+
+// release announces the events held for the save of block b once no save
+// of b is in flight (it landed, stored or failed: a child whose parent
+// failed is announced all the same, after it), and in turn those held for
+// their blocks.
+func (s *Scheduler) release(b groupHash) {
+	evs, ok := s.held[b]
+	if !ok || s.saving[b] > 0 {
+		return
+	}
+	delete(s.held, b)
+	for _, ev := range evs {
+		s.announce(ev)
+		for _, h := range ev.Hashes {
+			s.release(groupHash{ev.Group, h})
+		}
+	}
 }
 
 // maybeRelease forgets a finished request once nothing touches its blocks.
@@ -1242,6 +1292,14 @@ func (s *Scheduler) Rotate(gen uint64) error {
 	s.id, s.ns = id, ns
 	s.meta.Generation = gen
 	clear(s.saving)
+	clear(s.held) // the old generation's blocks: the AllCleared below covers them
+	if s.w != nil {
+		// The feed's events so far name keys of the old generation: taken
+		// and dropped (the AllCleared below covers their blocks).
+		s.drainWatch()
+		clear(s.w.stored)
+		clear(s.w.flight)
+	}
 	for _, rt := range s.retries {
 		rt.req.retries--
 		s.stats.StaleDiscarded += int64(len(rt.blocks))
@@ -1271,6 +1329,9 @@ func (s *Scheduler) Rotate(gen uint64) error {
 
 // TakeEvents implements connector.EventSource.
 func (s *Scheduler) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
+	if !s.closed {
+		s.drainWatch()
+	}
 	dst = append(dst, s.events...)
 	clear(s.events)
 	s.events = s.events[:0]
@@ -1296,6 +1357,9 @@ func (s *Scheduler) Close() error {
 	}
 	s.closed = true
 	s.cancel()
+	if s.w != nil {
+		s.w.feed.Close()
+	}
 	if s.timer != nil {
 		s.timer.Stop()
 	}

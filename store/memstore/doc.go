@@ -73,6 +73,19 @@
 // says so through [store.Leaser]: [Store.Leases] returns the zero
 // store.Leases.
 //
+// # Watching
+//
+// memstore implements [store.Watcher]: [Store.Watch] opens a bounded feed
+// of the keys that reach the store (store.KeyStored, a new key's put), that
+// its evictions drop (store.KeyEvicted) and that Remove, RemovePrefix or
+// RemoveAll delete (store.KeyRemoved). Each is announced under the lock of
+// the key's shard, so one key's events come in the order they happened.
+// With no feed open an announcement costs one atomic load; with feeds open,
+// a lock per feed. A full feed drops and counts and never holds a put up:
+// its reader learns how many it lost from [store.Feed.Take]. KV-aware
+// routers depend on it: connector/storeconn turns it into BlockRemoved
+// events.
+//
 // # Concurrency
 //
 // A Store is safe for concurrent use. The key index is split into

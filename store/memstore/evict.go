@@ -132,6 +132,7 @@ func (s *Store) evictRound(units int64) bool {
 			freed += unitsFor(int64(e.size))
 			keys++
 			nodes = append(nodes, e.node)
+			s.feeds.Announce(store.KeyEvent{Key: e.key, Op: store.KeyEvicted})
 			delete(sh.m, e.key)
 			sh.unlink(e)
 			sh.keys--

@@ -21,6 +21,7 @@ var (
 	_ store.Store    = (*Store)(nil)
 	_ store.Vectored = (*Store)(nil)
 	_ store.Leaser   = (*Store)(nil)
+	_ store.Watcher  = (*Store)(nil)
 )
 
 // Store is the embedded in-process store. Create one with [New]; it is safe
@@ -38,6 +39,7 @@ type Store struct {
 	regs       registry
 	counters   counters
 	groups     groupPool
+	feeds      store.Feeds // store.Watcher: KeyEvicted and KeyRemoved
 
 	// copyHook, set by tests only, is called by Get after it pinned an
 	// entry and before it copies the entry's bytes out.
@@ -427,6 +429,7 @@ func (s *Store) put(key string, src []rdma.Region, stamp uint64) (n int, dup boo
 	e := sh.newEntry()
 	*e = entry{key: key, off: off, size: size, node: node, stamp: stamp}
 	sh.m[key] = slot{e: e, size: size}
+	s.feeds.Announce(store.KeyEvent{Key: key, Op: store.KeyStored})
 	sh.pushFront(e)
 	sh.keys++
 	sh.bytes += int64(size)
@@ -555,7 +558,7 @@ func (s *Store) Remove(ctx context.Context, key string) error {
 	if !ok {
 		return store.ErrNotFound
 	}
-	s.drop(sh, sl.e)
+	s.drop(sh, sl.e, store.KeyRemoved)
 	return nil
 }
 
@@ -598,7 +601,7 @@ func (s *Store) removeMatching(ctx context.Context, match func(string) bool) (in
 		sh.mu.Lock()
 		for key, sl := range sh.m {
 			if match == nil || match(key) {
-				s.drop(sh, sl.e)
+				s.drop(sh, sl.e, store.KeyRemoved)
 				n++
 			}
 		}
@@ -667,6 +670,23 @@ func (s *Store) Stats() store.Stats {
 // copy ends, with no effect on the removal. It implements [store.Leaser].
 func (s *Store) Leases() store.Leases { return store.Leases{} }
 
+// Watch implements [store.Watcher]: the feed reports every key that a put
+// adds (store.KeyStored; a duplicate put adds nothing), every key that an
+// eviction drops (store.KeyEvicted) and every key that Remove,
+// RemovePrefix or RemoveAll deletes (store.KeyRemoved), each key's events
+// in the order they happened, with an empty Medium. memstore has one tier
+// and no time to live: it announces no store.KeyExpired. A reader that
+// tracks keys while a put of them is in flight learns from the order of
+// KeyStored and KeyEvicted whether the key is there after the put. Close closes every feed; the values it
+// drops then are not announced, and a later Watch returns store.ErrClosed.
+func (s *Store) Watch(n int) (*store.Feed, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("memstore: watch: %w", err)
+	}
+	defer s.exit()
+	return s.feeds.Watch(n)
+}
+
 // Close waits for the calls in flight, then drops every value and unmaps
 // the store's memory. Later calls return store.ErrClosed. Close is
 // idempotent: later calls return nil.
@@ -677,6 +697,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.life.closed = true
+	s.feeds.Close()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -693,8 +714,10 @@ func (s *Store) Close() error {
 }
 
 // drop takes e out of the index and frees its memory, or leaves that to
-// the last Get copying out of it. The caller holds sh.mu.
-func (s *Store) drop(sh *shard, e *entry) {
+// the last Get copying out of it, and announces the key's op to the
+// store's feeds. The caller holds sh.mu.
+func (s *Store) drop(sh *shard, e *entry, op store.KeyOp) {
+	s.feeds.Announce(store.KeyEvent{Key: e.key, Op: op})
 	delete(sh.m, e.key)
 	sh.unlink(e)
 	sh.keys--

@@ -95,6 +95,18 @@
 // against a real cluster a batch costs round trips to the master and a
 // transfer, which the binding does not change.
 //
+// # Key events
+//
+// Store does not implement [store.Watcher]. The master evicts keys of its
+// own accord, and the C API tells a client nothing of them: the binding
+// cannot see evictions, nor removals or expiries made by other clients. It
+// could see its own removals through Remove (one key, known), but
+// RemovePrefix and RemoveAll remove by regex and return only a count, so a
+// feed of them would be incomplete; a partial feed would let routers trust
+// an index that eviction made stale. A connector over Mooncake therefore
+// publishes no BlockRemoved; routers must age its blocks out by their own
+// means.
+//
 // # Blocks whose layers are not contiguous
 //
 // A value is one contiguous region: the C API has no scatter/gather per
