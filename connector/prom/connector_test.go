@@ -68,7 +68,7 @@ kvconnect_connector_consecutive_failures{engine="e1",rank="3",role="worker"} 2
 kvconnect_connector_corrupt_blocks_total{engine="e1",rank="3",role="worker"} 15
 # HELP kvconnect_connector_event_resyncs_total AllCleared events announced because the store's feed of key events lost events (Stats.Resyncs).
 # TYPE kvconnect_connector_event_resyncs_total counter
-kvconnect_connector_event_resyncs_total{engine="e1",rank="3",role="worker"} 18
+kvconnect_connector_event_resyncs_total{engine="e1",rank="3",role="worker"} 19
 # HELP kvconnect_connector_failed_calls_total Calls to the store or transport that failed (Health.Failures).
 # TYPE kvconnect_connector_failed_calls_total counter
 kvconnect_connector_failed_calls_total{engine="e1",rank="3",role="worker"} 9
