@@ -196,6 +196,26 @@ func (fs *Feeds) Close() {
 	}
 }
 
+// Lost counts n events as dropped on every open feed, as if each had been
+// full: their readers learn of it from [Feed.Take] and resynchronise. A
+// store that relays the events of others (a store in tiers) calls it when
+// a feed it reads lost events.
+func (fs *Feeds) Lost(n int64) {
+	if n <= 0 || fs.count.Load() == 0 {
+		return
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for _, f := range fs.mu.list {
+		f.mu.Lock()
+		if !f.mu.closed {
+			f.mu.lost += n
+			f.dropped.Add(n)
+		}
+		f.mu.Unlock()
+	}
+}
+
 func (fs *Feeds) drop(f *Feed) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()

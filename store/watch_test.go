@@ -120,3 +120,23 @@ func TestKeyOpString(t *testing.T) {
 		t.Error("Gone: stored counts as gone, or expired does not")
 	}
 }
+
+func TestFeedsLost(t *testing.T) {
+	var fs store.Feeds
+	f, err := fs.Watch(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs.Announce(store.KeyEvent{Key: "a", Op: store.KeyStored})
+	fs.Lost(3)
+	evs, lost := f.Take(nil)
+	if len(evs) != 1 || lost != 3 {
+		t.Errorf("Take after an event and Lost(3) = %v, %d lost; want 1 event, 3 lost", evs, lost)
+	}
+	if got := f.Dropped(); got != 3 {
+		t.Errorf("Dropped() = %d, want 3", got)
+	}
+	if _, lost := f.Take(nil); lost != 0 {
+		t.Errorf("second Take: %d lost, want 0", lost)
+	}
+}
