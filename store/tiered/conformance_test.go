@@ -1,6 +1,7 @@
 package tiered_test
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/kvconnect/kvconnect/store"
@@ -22,7 +23,7 @@ type shape struct {
 	faulty    int // 0: none; 1: faults in the RAM tier; 2: in the disk tier
 }
 
-func newRAMDisk(t testing.TB, sh shape) *tiered.Store {
+func newRAMDisk(t testing.TB, sh shape) (*tiered.Store, storetest.Faulty) {
 	t.Helper()
 	mem, err := memstore.New(memstore.Config{Capacity: sh.ram, Shards: 4})
 	if err != nil {
@@ -35,15 +36,18 @@ func newRAMDisk(t testing.TB, sh shape) *tiered.Store {
 		t.Fatal(err)
 	}
 	var top, low store.Store = mem, disk
+	var faulty storetest.Faulty
 	faults := storetest.FaultOptions{
 		Seed: 3, Ops: storetest.OpExists | storetest.OpGet | storetest.OpPut,
 		CallRate: 0.02, KeyRate: 0.1, VanishRate: 0.05,
 	}
 	switch sh.faulty {
 	case 1:
-		top = storetest.NewFaulty(mem, faults)
+		faulty = storetest.NewFaulty(mem, faults)
+		top = faulty
 	case 2:
-		low = storetest.NewFaulty(disk, faults)
+		faulty = storetest.NewFaulty(disk, faults)
+		low = faulty
 	}
 	cfg := sh.cfg
 	cfg.Tiers = []tiered.Tier{
@@ -56,7 +60,7 @@ func newRAMDisk(t testing.TB, sh shape) *tiered.Store {
 		disk.Close()
 		t.Fatal(err)
 	}
-	return s
+	return s, faulty
 }
 
 // TestConformance runs the store conformance harness over a RAM tier over
@@ -81,7 +85,26 @@ func TestConformance(t *testing.T) {
 		{"FaultyDisk", shape{ram: 8 << 20, disk: 64 << 20, faulty: 2}, storetest.Options{Capacity: 1 << 20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			storetest.Run(t, func(t testing.TB) store.Store { return newRAMDisk(t, tc.shape) }, tc.opts)
+			var mu sync.Mutex
+			var faults storetest.FaultCounts
+			storetest.Run(t, func(t testing.TB) store.Store {
+				s, f := newRAMDisk(t, tc.shape)
+				if f != nil {
+					t.Cleanup(func() {
+						mu.Lock()
+						defer mu.Unlock()
+						c := f.Faults()
+						faults.Calls += c.Calls
+						faults.Keys += c.Keys
+						faults.Vanished += c.Vanished
+					})
+				}
+				return s
+			}, tc.opts)
+			if tc.shape.faulty != 0 && (faults.Calls == 0 || faults.Keys == 0) {
+				t.Errorf("faults injected: %+v; want whole calls and keys failed", faults)
+			}
+			t.Logf("faults injected: %+v", faults)
 		})
 	}
 }

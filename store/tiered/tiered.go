@@ -49,6 +49,10 @@ type Store struct {
 	}
 
 	wb struct {
+		mu      sync.Mutex
+		queued  uint64        // keys queued, ever
+		handled uint64        // keys the goroutine has done with
+		changed chan struct{} // closed, and replaced, when handled grows
 		ch      chan string
 		cancel  context.CancelFunc
 		done    chan struct{}
@@ -125,6 +129,7 @@ func New(cfg Config) (*Store, error) {
 		s.wb.cancel = cancel
 		s.wb.done = make(chan struct{})
 		s.wb.staging = mem
+		s.wb.changed = make(chan struct{})
 		go s.writeBack(ctx)
 	}
 	return s, nil
@@ -234,6 +239,10 @@ func (s *Store) unlock(set *stripeSet) {
 // the caller's own error (a bad key or region, a short destination) or
 // the context's. Any other error (absent, a failed transfer, a full tier)
 // lets a lower tier try.
+func isCtx(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
 func final(err error) bool {
 	return errors.Is(err, store.ErrInvalidKey) || errors.Is(err, store.ErrInvalidRegion) ||
 		errors.Is(err, store.ErrBufferTooSmall) || errors.Is(err, context.Canceled) ||
@@ -422,16 +431,25 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 		look[i] = store.Result{Err: store.ErrNotFound}
 	}
 	at := s.lookup(ctx, keys, idx, look)
-	var todo []int
+	// A key named again in the batch is put from its first occurrence
+	// only, so that no tier stores a later one (which one tier would, if
+	// the first failed there, and another not).
+	var todo, repeats []int
+	firstOf := make(map[string]int)
 	var dups int64
 	for j, i := range idx {
 		switch {
 		case at[j] >= 0:
 			res[i] = store.Result{N: total(src(i))}
 			dups++
-		case errors.Is(look[i].Err, context.Canceled) || errors.Is(look[i].Err, context.DeadlineExceeded):
+		case isCtx(look[i].Err):
 			res[i] = look[i]
 		default:
+			if _, ok := firstOf[keys[i]]; ok {
+				repeats = append(repeats, i)
+				continue
+			}
+			firstOf[keys[i]] = i
 			todo = append(todo, i)
 		}
 	}
@@ -460,7 +478,14 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 			srcs[j] = src(i)
 		}
 		r := make([]store.Result, len(send))
-		if err := t.put(ctx, ks, srcs, r); err != nil {
+		tctx := ctx
+		if ti > 0 {
+			// Once the top tier has a key, the put goes through every
+			// tier: one canceled half way would leave keys that only the
+			// top tier holds.
+			tctx = context.WithoutCancel(ctx)
+		}
+		if err := t.put(tctx, ks, srcs, r); err != nil {
 			for j := range r {
 				r[j] = store.Result{Err: err}
 			}
@@ -469,16 +494,14 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 		for j, i := range send {
 			switch {
 			case r[j].Err == nil:
-				if !stored[i] {
-					s.announce(t, keys[i], store.KeyStored)
-				}
+				s.announce(t, keys[i], store.KeyStored)
 				if ti > 0 {
 					t.c.demotions.Add(1)
 				}
 				stored[i] = true
 				next = append(next, i)
 			case final(r[j].Err):
-				if errs[i] == nil {
+				if errs[i] == nil || isCtx(r[j].Err) {
 					errs[i] = r[j].Err
 				}
 			default:
@@ -493,14 +516,21 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 	}
 
 	var puts, rejected, bytesIn int64
-	first := make(map[string]bool, len(todo))
-	for _, i := range tried {
-		switch {
-		case stored[i] && first[keys[i]]:
+	for _, i := range repeats {
+		f := firstOf[keys[i]]
+		if stored[f] {
 			res[i] = store.Result{N: total(src(i))}
 			dups++
+		} else {
+			res[i] = store.Result{Err: errs[f]}
+			if errors.Is(errs[f], store.ErrNoSpace) {
+				rejected++
+			}
+		}
+	}
+	for _, i := range tried {
+		switch {
 		case stored[i]:
-			first[keys[i]] = true
 			res[i] = store.Result{N: total(src(i))}
 			puts++
 			bytesIn += int64(res[i].N)
@@ -944,8 +974,11 @@ func (s *Store) Close() error {
 // queueWriteBack queues key for the write-back goroutine, or counts it
 // dropped when the queue is full.
 func (s *Store) queueWriteBack(key string) {
+	s.wb.mu.Lock()
+	defer s.wb.mu.Unlock()
 	select {
 	case s.wb.ch <- key:
+		s.wb.queued++
 	default:
 		for _, t := range s.tiers[1:] {
 			t.c.dropped.Add(1)
@@ -959,47 +992,83 @@ func (s *Store) writeBack(ctx context.Context) {
 	defer close(s.wb.done)
 	stage := s.wb.staging.Region()
 	for key := range s.wb.ch {
-		if ctx.Err() != nil {
-			continue
+		s.copyDown(ctx, stage, key)
+		s.wb.mu.Lock()
+		s.wb.handled++
+		close(s.wb.changed)
+		s.wb.changed = make(chan struct{})
+		s.wb.mu.Unlock()
+	}
+}
+
+// Flush waits until the write-back goroutine has done with every key
+// queued before the call (copied it down, or found it gone), or ctx is
+// done. Without Config.WriteBack it returns at once.
+func (s *Store) Flush(ctx context.Context) error {
+	if s.wb.ch == nil {
+		return nil
+	}
+	s.wb.mu.Lock()
+	target := s.wb.queued
+	s.wb.mu.Unlock()
+	for {
+		s.wb.mu.Lock()
+		done, changed := s.wb.handled >= target, s.wb.changed
+		s.wb.mu.Unlock()
+		if done {
+			return nil
 		}
-		set := s.lockKeys([]string{key}, []int{0})
-		r := []store.Result{{}}
-		err := s.tiers[0].s.Get(ctx, []string{key}, []rdma.Region{stage}, r)
-		if err == nil {
-			err = r[0].Err
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		if err != nil {
-			// Gone from the top tier already, or too large for staging.
-			if !errors.Is(err, store.ErrNotFound) {
-				for _, t := range s.tiers[1:] {
-					t.c.dropped.Add(1)
-				}
+	}
+}
+
+// copyDown copies key from the top tier into the lower ones through
+// stage, under the key's stripe.
+func (s *Store) copyDown(ctx context.Context, stage rdma.Region, key string) {
+	if ctx.Err() != nil {
+		return
+	}
+	set := s.lockKeys([]string{key}, []int{0})
+	r := []store.Result{{}}
+	err := s.tiers[0].s.Get(ctx, []string{key}, []rdma.Region{stage}, r)
+	if err == nil {
+		err = r[0].Err
+	}
+	if err != nil {
+		// Gone from the top tier already, or too large for staging.
+		if !errors.Is(err, store.ErrNotFound) {
+			for _, t := range s.tiers[1:] {
+				t.c.dropped.Add(1)
 			}
-			s.unlock(set)
-			continue
-		}
-		val := stage
-		val.Len = r[0].N
-		uses := s.sketch.estimate(key)
-		for _, t := range s.tiers[1:] {
-			if t.filter && uses < s.cfg.MinUses {
-				t.c.filtered.Add(1)
-				continue
-			}
-			pr := []store.Result{{}}
-			err := t.s.Put(ctx, []string{key}, []rdma.Region{val}, pr)
-			if err == nil {
-				err = pr[0].Err
-			}
-			if err != nil {
-				t.c.errors.Add(1)
-				s.log.Debug("tiered: write-back failed", "key", key, "tier", t.medium, "err", err)
-				continue
-			}
-			t.c.demotions.Add(1)
-			s.announce(t, key, store.KeyStored)
 		}
 		s.unlock(set)
-		s.pump()
+		return
 	}
+	val := stage
+	val.Len = r[0].N
+	uses := s.sketch.estimate(key)
+	for _, t := range s.tiers[1:] {
+		if t.filter && uses < s.cfg.MinUses {
+			t.c.filtered.Add(1)
+			continue
+		}
+		pr := []store.Result{{}}
+		err := t.s.Put(ctx, []string{key}, []rdma.Region{val}, pr)
+		if err == nil {
+			err = pr[0].Err
+		}
+		if err != nil {
+			t.c.errors.Add(1)
+			s.log.Debug("tiered: write-back failed", "key", key, "tier", t.medium, "err", err)
+			continue
+		}
+		t.c.demotions.Add(1)
+		s.announce(t, key, store.KeyStored)
+	}
+	s.unlock(set)
+	s.pump()
 }
