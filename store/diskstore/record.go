@@ -93,13 +93,14 @@ func putHeader(b []byte, kind byte, key string, size int, off int64, crc uint32)
 
 // parseHeader decodes the header of the record at off of a segment file
 // of fileSize bytes from b, which holds the header and the key (b may be
-// longer), and returns it with the key. Errors name the field at fault.
-func parseHeader(b []byte, off, fileSize int64) (header, string, error) {
+// longer), and returns it with the key, which aliases b. Errors name the
+// field at fault.
+func parseHeader(b []byte, off, fileSize int64) (header, []byte, error) {
 	if len(b) < headerSize {
-		return header{}, "", fmt.Errorf("header cut short: %d of %d bytes", len(b), headerSize)
+		return header{}, nil, fmt.Errorf("header cut short: %d of %d bytes", len(b), headerSize)
 	}
 	if [4]byte(b[0:4]) != magic {
-		return header{}, "", fmt.Errorf("magic %q, want %q", b[0:4], magic[:])
+		return header{}, nil, fmt.Errorf("magic %q, want %q", b[0:4], magic[:])
 	}
 	h := header{
 		kind:     b[4],
@@ -110,37 +111,38 @@ func parseHeader(b []byte, off, fileSize int64) (header, string, error) {
 	size := binary.LittleEndian.Uint64(b[8:16])
 	switch {
 	case h.kind < kindValue || h.kind > kindClear:
-		return h, "", fmt.Errorf("kind %d: unknown", h.kind)
+		return h, nil, fmt.Errorf("kind %d: unknown", h.kind)
 	case h.kind == kindClear && h.klen != 0:
-		return h, "", fmt.Errorf("key length %d: a clear record has none", h.klen)
+		return h, nil, fmt.Errorf("key length %d: a clear record has none", h.klen)
 	case h.kind != kindClear && (h.klen < 1 || h.klen > store.MaxKeyLen):
-		return h, "", fmt.Errorf("key length %d: outside [1, %d]", h.klen, store.MaxKeyLen)
+		return h, nil, fmt.Errorf("key length %d: outside [1, %d]", h.klen, store.MaxKeyLen)
 	case h.kind != kindValue && size != 0:
-		return h, "", fmt.Errorf("value length %d: a record of kind %d has none", size, h.kind)
+		return h, nil, fmt.Errorf("value length %d: a record of kind %d has none", size, h.kind)
 	case size > uint64(fileSize):
-		return h, "", fmt.Errorf("value length %d: larger than the file's %d bytes", size, fileSize)
+		return h, nil, fmt.Errorf("value length %d: larger than the file's %d bytes", size, fileSize)
 	}
 	h.size = int64(size)
 	if want := valueOffset(off, h.klen, int(size)); h.valueOff != want {
-		return h, "", fmt.Errorf("value offset %d, want %d", h.valueOff, want)
+		return h, nil, fmt.Errorf("value offset %d, want %d", h.valueOff, want)
 	}
 	if end := off + h.valueOff + h.size; end > fileSize {
-		return h, "", fmt.Errorf("value of %d bytes ends at %d, past the file's end at %d (torn write)", h.size, end, fileSize)
+		return h, nil, fmt.Errorf("value of %d bytes ends at %d, past the file's end at %d (torn write)", h.size, end, fileSize)
 	}
 	if len(b) < headerSize+h.klen {
-		return h, "", fmt.Errorf("key cut short: %d of %d bytes", len(b)-headerSize, h.klen)
+		return h, nil, fmt.Errorf("key cut short: %d of %d bytes", len(b)-headerSize, h.klen)
 	}
 	key := b[headerSize : headerSize+h.klen]
 	sum := crc32.Update(0, castagnoli, b[:28])
 	sum = crc32.Update(sum, castagnoli, key)
 	if got := binary.LittleEndian.Uint32(b[28:32]); got != sum {
-		return h, "", fmt.Errorf("header checksum %#08x, want %#08x", got, sum)
+		return h, nil, fmt.Errorf("header checksum %#08x, want %#08x", got, sum)
 	}
-	k := string(key)
 	if h.kind != kindClear {
-		if err := store.ValidateKey(k); err != nil {
-			return h, "", err
+		for i, c := range key {
+			if c < 0x21 || c > 0x7e {
+				return h, nil, fmt.Errorf("%w: key %.64q has byte %#x at %d", store.ErrInvalidKey, key, c, i)
+			}
 		}
 	}
-	return h, k, nil
+	return h, key, nil
 }

@@ -86,15 +86,14 @@ func (s *Store) scan(seg *segment) error {
 		}
 		switch h.kind {
 		case kindValue:
-			h1, h2 := s.hash(key)
+			h1, h2 := s.hashBytes(key)
 			if _, ok := s.mu.index[h1]; !ok {
 				s.mu.index[h1] = loc{seg: seg.id, off: uint32(off), size: uint32(h.size), h2: h2, klen: uint16(h.klen)}
-				seg.hashes = append(seg.hashes, h1)
 				s.mu.keys++
 				s.mu.bytes += h.size
 			}
 		case kindTombstone:
-			h1, h2 := s.hash(key)
+			h1, h2 := s.hashBytes(key)
 			if l, ok := s.mu.index[h1]; ok && l.h2 == h2 {
 				delete(s.mu.index, h1)
 				s.mu.keys--
