@@ -93,13 +93,13 @@ func (l loc) pos() pos { return pos{l.seg, l.off} }
 // segment is one segment file. Its fields other than the files, id and
 // path are guarded by Store.mu.
 type segment struct {
-	id     uint32
-	path   string
-	f      *os.File // read and write
-	df     *os.File // O_DIRECT reads; nil without direct I/O
-	end    int64    // bytes appended or reserved
-	pins   int      // calls reading or writing the files now
-	dead   bool     // evicted: the files close with the last unpin
+	id   uint32
+	path string
+	f    *os.File // read and write
+	df   *os.File // O_DIRECT reads; nil without direct I/O
+	end  int64    // bytes appended or reserved
+	pins int      // calls reading or writing the files now
+	dead bool     // evicted: the files close with the last unpin
 }
 
 const maxHeader = headerSize + store.MaxKeyLen + pageSize + recAlign
