@@ -36,6 +36,9 @@ type Store struct {
 	feeds  store.Feeds
 	pumpMu sync.Mutex
 	leases store.Leases
+	// filtered is whether some tier has an admission filter: only then
+	// are uses counted.
+	filtered bool
 
 	// stripes serialise, per key, everything that writes or removes it in
 	// any tier (puts, promotions, write-backs, removals), so that every
@@ -89,6 +92,7 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{cfg: cfg, log: cfg.Logger, sketch: newSketch(cfg.SketchWidth), seed: maphash.MakeSeed()}
 	for _, t := range cfg.Tiers {
 		x := &tier{s: t.Store, medium: t.Medium, filter: t.Filter}
+		s.filtered = s.filtered || t.Filter
 		x.vec, _ = t.Store.(store.Vectored)
 		if w, ok := t.Store.(store.Watcher); ok {
 			f, err := w.Watch(feedSize)
@@ -417,7 +421,9 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 			continue
 		}
 		idx = append(idx, i)
-		uses[i] = s.sketch.add(k)
+		if s.filtered {
+			uses[i] = s.sketch.add(k)
+		}
 	}
 	if len(idx) == 0 {
 		return nil
@@ -562,20 +568,45 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 // may have written into dst[i] before a lower tier's value is copied over
 // it.
 func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
-	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i : i+1] }, res)
+	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i : i+1] }, dst, res)
 }
 
 // GetV reads the value of keys[i] across the regions dst[i], as
 // [Store.Get] reads it into one. It implements [store.Vectored].
 func (s *Store) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
-	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i] }, res)
+	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i] }, nil, res)
 }
 
-func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(i int) []rdma.Region, res []store.Result) error {
+// getBatch is Get and GetV: dst(i) is the regions of keys[i]; one, when
+// not nil, holds them as one region per key (a Get).
+func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(i int) []rdma.Region, one []rdma.Region, res []store.Result) error {
 	if err := s.start(ctx, "get", len(keys), ndst, len(res)); err != nil {
 		return err
 	}
 	defer s.exit()
+	// The common case first: the top tier has every key of a Get. It is
+	// asked for the batch as it came, and what it does not serve goes the
+	// general way below, from its results.
+	var pre []store.Result
+	if one != nil && !s.filtered {
+		if err := s.tiers[0].s.Get(ctx, keys, one, res); err == nil {
+			var bytesOut int64
+			for _, r := range res {
+				if r.Err != nil {
+					pre = slices.Clone(res)
+					break
+				}
+				bytesOut += int64(r.N)
+			}
+			if pre == nil {
+				n := int64(len(keys))
+				s.tiers[0].c.hits.Add(n)
+				s.counters.hits.Add(n)
+				s.counters.bytesOut.Add(bytesOut)
+				return nil
+			}
+		}
+	}
 	var left []int
 	uses := make([]int, len(keys))
 	for i, k := range keys {
@@ -588,7 +619,9 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 			continue
 		}
 		left = append(left, i)
-		uses[i] = s.sketch.add(k)
+		if s.filtered {
+			uses[i] = s.sketch.add(k)
+		}
 	}
 	at := make([]int, len(keys))
 	for _, i := range left {
@@ -598,15 +631,21 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 		if len(left) == 0 {
 			break
 		}
-		ks := pick(keys, left)
-		ds := make([][]rdma.Region, len(left))
-		for j, i := range left {
-			ds[j] = dst(i)
-		}
 		r := make([]store.Result, len(left))
-		if err := t.get(ctx, ks, ds, r); err != nil {
-			for j := range r {
-				r[j] = store.Result{Err: err}
+		if ti == 0 && pre != nil {
+			for j, i := range left {
+				r[j] = pre[i]
+			}
+		} else {
+			ks := pick(keys, left)
+			ds := make([][]rdma.Region, len(left))
+			for j, i := range left {
+				ds[j] = dst(i)
+			}
+			if err := t.get(ctx, ks, ds, r); err != nil {
+				for j := range r {
+					r[j] = store.Result{Err: err}
+				}
 			}
 		}
 		var next []int
