@@ -200,9 +200,16 @@ func (t TieredOptions) describe(storeBytes int64) string {
 	ram := "as much as the workload needs"
 	switch {
 	case t.RAMBytes > 0:
-		ram = fmt.Sprintf("%d MiB", t.RAMBytes>>20)
+		ram = sizeString(t.RAMBytes)
 	case storeBytes > 0:
-		ram = fmt.Sprintf("%d MiB", storeBytes>>20)
+		ram = sizeString(storeBytes)
 	}
-	return fmt.Sprintf("tiered: memstore of %s over diskstore of %d MiB", ram, t.DiskBytes>>20)
+	return fmt.Sprintf("tiered: memstore of %s over diskstore of %s", ram, sizeString(t.DiskBytes))
+}
+
+func sizeString(n int64) string {
+	if n < 1<<20 {
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d MiB", n>>20)
 }
