@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,9 @@ import (
 // same disk directory is served from the disk and generates the same
 // tokens as the run without a connector.
 func TestTieredRestart(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("store/diskstore runs on Linux")
+	}
 	o := small(t)
 	o.Store = "tiered"
 	o.Tiered.RAMBytes = 64 << 10

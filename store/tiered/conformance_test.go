@@ -25,14 +25,11 @@ type shape struct {
 
 func newRAMDisk(t testing.TB, sh shape) (*tiered.Store, storetest.Faulty) {
 	t.Helper()
+	seg := max(64<<10, sh.disk/16)
+	disk := openDisk(t, diskstore.Config{Dir: t.TempDir(), Capacity: sh.disk, SegmentSize: seg})
 	mem, err := memstore.New(memstore.Config{Capacity: sh.ram, Shards: 4})
 	if err != nil {
-		t.Fatal(err)
-	}
-	seg := max(64<<10, sh.disk/16)
-	disk, err := diskstore.Open(diskstore.Config{Dir: t.TempDir(), Capacity: sh.disk, SegmentSize: seg})
-	if err != nil {
-		mem.Close()
+		disk.Close()
 		t.Fatal(err)
 	}
 	var top, low store.Store = mem, disk

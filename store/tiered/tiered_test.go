@@ -39,12 +39,10 @@ func fill(r rdma.Region, i int) rdma.Region {
 // and the two tiers.
 func ramDisk(t testing.TB, ram int64, cfg tiered.Config, filter bool) (*tiered.Store, *memstore.Store, *diskstore.Store) {
 	t.Helper()
+	disk := openDisk(t, diskstore.Config{Dir: t.TempDir(), Capacity: 64 << 20, SegmentSize: 1 << 20})
 	mem, err := memstore.New(memstore.Config{Capacity: ram, Shards: 1})
 	if err != nil {
-		t.Fatal(err)
-	}
-	disk, err := diskstore.Open(diskstore.Config{Dir: t.TempDir(), Capacity: 64 << 20, SegmentSize: 1 << 20})
-	if err != nil {
+		disk.Close()
 		t.Fatal(err)
 	}
 	cfg.Tiers = []tiered.Tier{{Store: mem, Medium: tiered.MediumCPU}, {Store: disk, Medium: tiered.MediumDisk, Filter: filter}}
@@ -237,4 +235,18 @@ func TestConfig(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want an error naming %s", tc.cfg, err, tc.field)
 		}
 	}
+}
+
+// openDisk opens a diskstore, or skips the test where diskstore does not
+// run.
+func openDisk(t testing.TB, cfg diskstore.Config) *diskstore.Store {
+	t.Helper()
+	s, err := diskstore.Open(cfg)
+	if errors.Is(err, errors.ErrUnsupported) {
+		t.Skipf("diskstore: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
