@@ -451,6 +451,7 @@ type Stats struct {
 	StoreErrors    int64 // store calls that failed (timeouts included): a failed lookup is a miss, a failed load failed blocks
 	StoreTimeouts  int64 // store calls that ran past their deadline (also in StoreErrors)
 	FailedSkipped  int64 // blocks a lookup found but not matched: their load failed lately
+	SlowSkipped    int64 // blocks a lookup found but not matched: loads ran slower than the engine's prefill (storeconn's prefill_tokens_per_s)
 }
 
 // Health is a connector half's view of the store or transport it depends
