@@ -86,6 +86,8 @@ type Options struct {
 	Par            int           // goroutines per step
 	FaultRate      float64       // store faults per key, for the faults scenario
 	StoreLatency   time.Duration // added to every store call of the ON runs, as a remote store's round trip
+	StoreBandwidth int64         // bytes per second of the ON runs' store transfers (storetest's Faulty Bandwidth); 0: unlimited
+	PrefillRate    int           // kv_connector_extra_config "prefill_tokens_per_s": loads slower than this do not count; 0: off
 	Verify         string        // kv_connector_extra_config "verify": "checksum" or "none"
 
 	Store          string        // "memstore" (embedded), "tiered" (memstore over diskstore) or "mooncake"
@@ -216,6 +218,8 @@ func main() {
 	fs.IntVar(&o.WeightUpdateAt, "weight-update-at", o.WeightUpdateAt, "rotate to new weights after this many requests end (0: never)")
 	fs.StringVar(&o.Verify, "verify", o.Verify, "check every loaded block against the trailer saved with it (checksum) or not (none)")
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
+	fs.Int64Var(&o.StoreBandwidth, "store-bandwidth", o.StoreBandwidth, "move the ON runs' store values at this many bytes per second, as a slow disk or link (0: unlimited)")
+	fs.IntVar(&o.PrefillRate, "prefill-rate", o.PrefillRate, "the engine's prefill speed in tokens per second, for the connector's prefill_tokens_per_s: a match counts no block while loads run slower (0: off)")
 	fs.DurationVar(&o.StoreLatency, "store-latency", o.StoreLatency, "add this latency to every store call of the ON runs, as a remote store's round trip (lookups then run beside the engine, as with Mooncake)")
 	fs.BoolVar(&o.Layerwise, "layerwise", o.Layerwise, "compute each step layer by layer, loading and saving every layer's KV as its own store value (layer_chunks = layers): a request whose prefix is in the store runs in the step that loads it, layer l as soon as its KV is in (the transformer model)")
 	fs.IntVar(&o.TP, "tp", o.TP, "tensor-parallel ranks: the transformer's heads split over this many ranks, each with its own KV memory and connector worker, storing its own shard's keys")
@@ -330,6 +334,9 @@ func (o *Options) Validate() error {
 	if o.Keep && o.Tenant == "" {
 		return fmt.Errorf("-keep needs -tenant NAME: another process finds the kept keys under that tenant")
 	}
+	if o.StoreBandwidth < 0 || o.PrefillRate < 0 {
+		return fmt.Errorf("-store-bandwidth = %d, -prefill-rate = %d, want >= 0", o.StoreBandwidth, o.PrefillRate)
+	}
 	if o.StoreLatency < 0 {
 		return fmt.Errorf("-store-latency = %v, want >= 0", o.StoreLatency)
 	}
@@ -440,7 +447,7 @@ func (o Options) connectorConfig() connector.Config {
 	return connector.Config{
 		Connector: storeconn.Name,
 		Role:      connector.RoleBoth,
-		Extra:     o.extra(map[string]any{"lookup": lookup, "verify": o.Verify}),
+		Extra:     o.extra(map[string]any{"lookup": lookup, "verify": o.Verify, "prefill_tokens_per_s": o.PrefillRate}),
 	}
 }
 
@@ -463,7 +470,7 @@ func (o Options) newStore() (store.Store, func() error, error) {
 		if o.wrapStore != nil {
 			st = o.wrapStore(st)
 		}
-		if o.FaultRate > 0 || o.StoreLatency > 0 {
+		if o.FaultRate > 0 || o.StoreLatency > 0 || o.StoreBandwidth > 0 {
 			st = storetest.NewFaulty(st, o.faults())
 		}
 		purge := func() error {
@@ -500,7 +507,7 @@ func (o Options) newStore() (store.Store, func() error, error) {
 	if o.wrapStore != nil {
 		st = o.wrapStore(st)
 	}
-	if o.FaultRate > 0 || o.StoreLatency > 0 {
+	if o.FaultRate > 0 || o.StoreLatency > 0 || o.StoreBandwidth > 0 {
 		st = storetest.NewFaulty(st, o.faults())
 	}
 	return st, closeStore, nil
@@ -508,7 +515,7 @@ func (o Options) newStore() (store.Store, func() error, error) {
 
 // faults are the store faults of -fault-rate.
 func (o Options) faults() storetest.FaultOptions {
-	return storetest.FaultOptions{Seed: o.Workload.Seed, KeyRate: o.FaultRate, Ops: storetest.OpGet | storetest.OpPut | storetest.OpExists, Scribble: true, Latency: o.StoreLatency}
+	return storetest.FaultOptions{Seed: o.Workload.Seed, KeyRate: o.FaultRate, Ops: storetest.OpGet | storetest.OpPut | storetest.OpExists, Scribble: true, Latency: o.StoreLatency, Bandwidth: o.StoreBandwidth}
 }
 
 // forRun gives an ON run over a shared Mooncake cluster a tenant of its
