@@ -737,15 +737,33 @@ func (s *Store) move(ctx context.Context, keys []string, idx []int, at, uses []i
 		if len(send) == 0 {
 			continue
 		}
-		// Still there? Ask each key's own tier.
+		// Still there? Ask each key's own tier, one call per tier.
+		there := make([]bool, len(send))
+		for src := range s.tiers {
+			var ks []string
+			var js []int
+			for j, i := range send {
+				if at[i] == src {
+					ks, js = append(ks, keys[i]), append(js, j)
+				}
+			}
+			if len(ks) == 0 {
+				continue
+			}
+			r := make([]store.Result, len(ks))
+			if err := s.tiers[src].s.Exists(ctx, ks, r); err != nil {
+				continue
+			}
+			for k, j := range js {
+				there[j] = r[k].Err == nil
+			}
+		}
 		var keep []int
 		var keepUp []bool
 		for j, i := range send {
-			r := []store.Result{{}}
-			if err := s.tiers[at[i]].s.Exists(ctx, []string{keys[i]}, r); err != nil || r[0].Err != nil {
-				continue
+			if there[j] {
+				keep, keepUp = append(keep, i), append(keepUp, up[j])
 			}
-			keep, keepUp = append(keep, i), append(keepUp, up[j])
 		}
 		if len(keep) == 0 {
 			continue
