@@ -19,7 +19,10 @@
 // headers that do not parse (a stretch it skips is counted in
 // [Store.IO]), and every Get checks the header and the value's checksum
 // before it reports success; a record that fails is dropped, counted and
-// reported as store.ErrNotFound naming the file and offset.
+// reported as store.ErrNotFound naming the file and offset. The checksum
+// costs a pass over the value at CRC-32C speed; Config.TrustValues skips
+// it for a caller that verifies what it loads (storeconn's "verify":
+// "checksum", the default, does).
 //
 // Writes are batched: a Put of many keys is one vectored write (pwritev)
 // per segment, from the caller's memory through the page cache. Reads go

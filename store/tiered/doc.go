@@ -13,6 +13,10 @@
 // not wear the disk; a key that a Get finds above such a tier, once it
 // reaches MinUses uses, is copied down into it.
 //
+// A put first asks the tiers, top down, whether they hold its keys (one
+// Exists per tier that did not find them all): a key some tier holds is
+// a duplicate. Over a remote tier that is a round trip per put batch.
+//
 // Every tier that holds a key holds the same value: puts, promotions,
 // write-backs and removals of a key are serialised per key (256 stripes),
 // and a put of a key that some tier holds is a duplicate. A tier that
