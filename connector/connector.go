@@ -453,6 +453,7 @@ type Stats struct {
 	FailedSkipped  int64 // blocks a lookup found but not matched: their load failed lately
 	Refused        int64 // transfer parameters refused (p2p): malformed, of another identity, forged, or unverifiable
 	Resyncs        int64 // AllCleared events announced because the store's feed of key events (store.Watcher) lost events: routers rebuild from nothing
+	SlowSkipped    int64 // blocks a lookup found but not matched: loads ran slower than the engine's prefill (storeconn's prefill_tokens_per_s)
 }
 
 // Health is a connector half's view of the store or transport it depends

@@ -39,7 +39,7 @@ func (o Options) labels(own prometheus.Labels) prometheus.Labels {
 // constant or variable.
 func reserved(name string) bool {
 	switch name {
-	case "role", "rank", "operation", "status", "result", "direction", "source", "reason", "le":
+	case "role", "rank", "operation", "status", "result", "direction", "source", "reason", "medium", "le":
 		return true
 	}
 	return false

@@ -228,8 +228,26 @@
 // block whose load failed is not planned again), "layer_chunks" (1: the
 // values a block is stored as, for layer-wise transfers; see Layer-wise
 // transfers), "watch_buffer" (65536, at most store.MaxWatch: the key
-// events of a watched store held between two steps; see KV events). Any
-// other key is an error naming it, with the nearest known key.
+// events of a watched store held between two steps; see KV events),
+// "prefill_tokens_per_s" (0; see Loads slower than
+// prefill). Any other key is an error naming it, with the nearest known
+// key.
+//
+// # Loads slower than prefill
+//
+// A store can be slower to load a prefix than the engine is to compute it
+// (a disk tier under load, a remote store over a thin link). With
+// "prefill_tokens_per_s" set to the engine's prefill speed, the scheduler
+// half measures the tokens per second of its loads, from the step that
+// plans each load to the one that reports it done (a moving average over
+// the loads of late, of the whole store: a store in tiers does not say
+// which tier served a load), and while that rate is below the engine's, a
+// match counts no block: the engine recomputes, which is faster. One match
+// in 16 is let through all the same, so that the rate is measured again
+// and the blocks count once loads are fast again. Stats.SlowSkipped counts
+// the blocks left out of matches for that reason. It is off by default
+// (0): the rate of prefill is the engine's to know, and a store that is
+// fast enough gains nothing from the measure.
 //
 // # When the store fails
 //

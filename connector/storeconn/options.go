@@ -34,6 +34,7 @@ type options struct {
 	verifyChunk    int           // "verify_chunk": bytes per verified load call over a gathering store; 0: batch_blocks
 	layerChunks    int           // "layer_chunks": values per block, each a range of its layers, for layer-wise transfers
 	watchBuffer    int           // "watch_buffer": key events of a store.Watcher held between two steps
+	prefillRate    int           // "prefill_tokens_per_s": the engine's prefill speed; 0: every block found counts
 }
 
 // open checks what both halves need: the options, a store, and a valid
@@ -61,7 +62,7 @@ func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, 
 // any other key is an error.
 var extraKeys = []string{
 	"batch_blocks", "event_poll", "failed_ttl", "layer_chunks", "lookup", "lookup_queue", "lookup_workers",
-	"retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify", "verify_chunk", "verify_key", "watch_buffer",
+	"prefill_tokens_per_s", "retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify", "verify_chunk", "verify_key", "watch_buffer",
 }
 
 func parseOptions(cfg connector.Config) (options, error) {
@@ -96,6 +97,7 @@ func parseOptions(cfg connector.Config) (options, error) {
 		{"verify_chunk", &o.verifyChunk, 1 << 20, 0},
 		{"layer_chunks", &o.layerChunks, 1, 1},
 		{"watch_buffer", &o.watchBuffer, DefaultWatchBuffer, 1},
+		{"prefill_tokens_per_s", &o.prefillRate, 0, 0},
 	}
 	for _, f := range ints {
 		v, err := cfg.ExtraInt(f.key, f.def)

@@ -69,6 +69,12 @@ type Scheduler struct {
 		done []*lookup
 	}
 	closed bool
+
+	// With prefill_tokens_per_s: the tokens per second of the loads of
+	// late (a moving average from plan to end; 0 before the first), and
+	// the matches held back since the last that was let through.
+	loadRate float64
+	slowHeld int
 }
 
 var (
@@ -146,6 +152,7 @@ type transfer struct {
 	noSpace []bool // per block: a worker reported no space (saves)
 	failed  []bool // per block: failed for another reason (saves)
 	tries   int
+	planned time.Time // a load, with prefill_tokens_per_s: when Allocated planned it
 	// For a save, for its BlockStored events: the hash of the block
 	// before first (zero for the request's first block), and the tokens
 	// of its blocks when the engine gave them (Request.Tokens).
@@ -496,8 +503,46 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	if end <= from {
 		return connector.Match{}, nil
 	}
+	if s.slowLoads() {
+		s.stats.SlowSkipped += int64(end - from)
+		return connector.Match{}, nil
+	}
 	q.matchEnd = end
 	return connector.Match{Tokens: (end - from) * s.bs}, nil
+}
+
+// probeEvery is how often a match is let through while loads are slower
+// than prefill, so that the rate of loads is measured again.
+const probeEvery = 16
+
+// slowLoads reports whether loads have run slower than the engine
+// prefills (prefill_tokens_per_s): a match then counts no block, as
+// recomputing them is faster, except one match in probeEvery.
+func (s *Scheduler) slowLoads() bool {
+	if s.opt.prefillRate == 0 || s.loadRate == 0 || s.loadRate >= float64(s.opt.prefillRate) {
+		s.slowHeld = 0
+		return false
+	}
+	s.slowHeld++
+	if s.slowHeld >= probeEvery {
+		s.slowHeld = 0
+		return false
+	}
+	return true
+}
+
+// measureLoad adds the load x, which ended whole, to the rate of loads.
+func (s *Scheduler) measureLoad(x *transfer) {
+	d := time.Since(x.planned).Seconds()
+	if d <= 0 {
+		return
+	}
+	rate := float64(len(x.blocks)*s.bs) / d
+	if s.loadRate == 0 {
+		s.loadRate = rate
+		return
+	}
+	s.loadRate += 0.25 * (rate - s.loadRate)
 }
 
 // newRequest starts tracking request id.
@@ -775,6 +820,9 @@ func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries in
 		hashes: t.Hashes,
 		failAt: -1,
 		tries:  tries,
+	}
+	if load && s.opt.prefillRate > 0 {
+		x.planned = time.Now()
 	}
 	if !load {
 		x.noSpace = make([]bool, len(t.Blocks))
@@ -1086,6 +1134,9 @@ func (s *Scheduler) finishTransfer(x *transfer) {
 	q := x.req
 	if x.load {
 		q.loads--
+		if x.failAt < 0 && !x.planned.IsZero() {
+			s.measureLoad(x)
+		}
 		if x.gen != s.meta.Generation {
 			// Loaded under weights that have since been rotated out: none
 			// of it may be used, whatever the workers read.

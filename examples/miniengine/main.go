@@ -68,6 +68,7 @@ import (
 	"github.com/kvconnect/kvconnect/store/memstore"
 	"github.com/kvconnect/kvconnect/store/mooncake"
 	"github.com/kvconnect/kvconnect/store/storetest"
+	"github.com/kvconnect/kvconnect/store/tiered"
 )
 
 // Options are everything a run takes; flags fill them.
@@ -85,10 +86,13 @@ type Options struct {
 	Par            int           // goroutines per step
 	FaultRate      float64       // store faults per key, for the faults scenario
 	StoreLatency   time.Duration // added to every store call of the ON runs, as a remote store's round trip
+	StoreBandwidth int64         // bytes per second of the ON runs' store transfers (storetest's Faulty Bandwidth); 0: unlimited
+	PrefillRate    int           // kv_connector_extra_config "prefill_tokens_per_s": loads slower than this do not count; 0: off
 	Verify         string        // kv_connector_extra_config "verify": "checksum" or "none"
 
-	Store          string // "memstore" (embedded) or "mooncake"
-	MooncakeConfig string // Mooncake client config file; "" reads MOONCAKE_CONFIG_PATH, then MOONCAKE_MASTER
+	Store          string        // "memstore" (embedded), "tiered" (memstore over diskstore) or "mooncake"
+	Tiered         TieredOptions // -store tiered
+	MooncakeConfig string        // Mooncake client config file; "" reads MOONCAKE_CONFIG_PATH, then MOONCAKE_MASTER
 
 	Tenant string // the ON runs' tenant; "" gives each run a fresh one
 	Keep   bool   // keep the ON runs' keys, and the Mooncake client up until interrupted
@@ -141,6 +145,7 @@ func defaultOptions() Options {
 		Par:        runtime.NumCPU(),
 		Instances:  1,
 		Store:      "memstore",
+		Tiered:     TieredOptions{DiskBytes: 1 << 30},
 		PDTransfer: defaultPDTransfer(),
 		Repeat:     1,
 		TP:         1,
@@ -158,6 +163,10 @@ func defaultPDTransfer() string {
 }
 
 func main() {
+	if os.Getenv(restartDirEnv) != "" {
+		// The second process of -restart.
+		os.Exit(restartChild(context.Background(), os.Stdout, os.Stderr))
+	}
 	if os.Getenv(tpRoleEnv) != "" {
 		// A rank of -tp-procs: it ends when its input does.
 		signal.Ignore(os.Interrupt, syscall.SIGPIPE)
@@ -197,7 +206,8 @@ func main() {
 	fs.Int64Var(&o.StoreBytes, "store-bytes", o.StoreBytes, "embedded store capacity in bytes (0: everything fits)")
 	fs.IntVar(&o.Batch, "batch", o.Batch, "max batched tokens per step")
 	fs.IntVar(&o.Par, "par", o.Par, "goroutines computing a step")
-	fs.StringVar(&o.Store, "store", o.Store, "the store of the ON runs: memstore (embedded) or mooncake")
+	fs.StringVar(&o.Store, "store", o.Store, "the store of the ON runs: memstore (embedded), tiered (a memstore over a diskstore, see -ram-bytes, -disk-bytes, -disk-dir, -restart) or mooncake")
+	o.Tiered.flags(fs)
 	fs.StringVar(&o.MooncakeConfig, "mooncake-config", o.MooncakeConfig, "Mooncake client config file (default: $MOONCAKE_CONFIG_PATH, else $MOONCAKE_MASTER); the library comes from $MOONCAKE_STORE_LIBRARY")
 	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant of the ON runs' keys (default: a fresh tenant per run, removed after it); fix it to share keys across runs and processes (then ON runs after the first start warm)")
 	fs.BoolVar(&o.Keep, "keep", o.Keep, "keep the ON runs' keys; with -store mooncake, also keep the client up (its segment holds the values) until interrupted")
@@ -208,6 +218,8 @@ func main() {
 	fs.IntVar(&o.WeightUpdateAt, "weight-update-at", o.WeightUpdateAt, "rotate to new weights after this many requests end (0: never)")
 	fs.StringVar(&o.Verify, "verify", o.Verify, "check every loaded block against the trailer saved with it (checksum) or not (none)")
 	fs.Float64Var(&o.FaultRate, "fault-rate", o.FaultRate, "fail this share of store keys at random (ON runs)")
+	fs.Int64Var(&o.StoreBandwidth, "store-bandwidth", o.StoreBandwidth, "move the ON runs' store values at this many bytes per second, as a slow disk or link (0: unlimited)")
+	fs.IntVar(&o.PrefillRate, "prefill-rate", o.PrefillRate, "the engine's prefill speed in tokens per second, for the connector's prefill_tokens_per_s: a match counts no block while loads run slower (0: off)")
 	fs.DurationVar(&o.StoreLatency, "store-latency", o.StoreLatency, "add this latency to every store call of the ON runs, as a remote store's round trip (lookups then run beside the engine, as with Mooncake)")
 	fs.BoolVar(&o.Layerwise, "layerwise", o.Layerwise, "compute each step layer by layer, loading and saving every layer's KV as its own store value (layer_chunks = layers): a request whose prefix is in the store runs in the step that loads it, layer l as soon as its KV is in (the transformer model)")
 	fs.IntVar(&o.TP, "tp", o.TP, "tensor-parallel ranks: the transformer's heads split over this many ranks, each with its own KV memory and connector worker, storing its own shard's keys")
@@ -310,14 +322,20 @@ func (o *Options) Validate() error {
 	default:
 		return fmt.Errorf("-pd-transfer = %q, want shm, mooncake or loopback", o.PDTransfer)
 	}
-	if o.Store != "memstore" && o.Store != "mooncake" {
-		return fmt.Errorf("-store = %q, want memstore or mooncake", o.Store)
+	if o.Store != "memstore" && o.Store != "mooncake" && o.Store != "tiered" {
+		return fmt.Errorf("-store = %q, want memstore, tiered or mooncake", o.Store)
+	}
+	if err := o.Tiered.validate(o.Store); err != nil {
+		return err
 	}
 	if o.Keep && o.Store != "mooncake" {
 		return fmt.Errorf("-keep needs -store mooncake: the embedded store lives and dies with this process")
 	}
 	if o.Keep && o.Tenant == "" {
 		return fmt.Errorf("-keep needs -tenant NAME: another process finds the kept keys under that tenant")
+	}
+	if o.StoreBandwidth < 0 || o.PrefillRate < 0 {
+		return fmt.Errorf("-store-bandwidth = %d, -prefill-rate = %d, want >= 0", o.StoreBandwidth, o.PrefillRate)
 	}
 	if o.StoreLatency < 0 {
 		return fmt.Errorf("-store-latency = %v, want >= 0", o.StoreLatency)
@@ -429,7 +447,7 @@ func (o Options) connectorConfig() connector.Config {
 	return connector.Config{
 		Connector: storeconn.Name,
 		Role:      connector.RoleBoth,
-		Extra:     o.extra(map[string]any{"lookup": lookup, "verify": o.Verify}),
+		Extra:     o.extra(map[string]any{"lookup": lookup, "verify": o.Verify, "prefill_tokens_per_s": o.PrefillRate}),
 	}
 }
 
@@ -452,7 +470,7 @@ func (o Options) newStore() (store.Store, func() error, error) {
 		if o.wrapStore != nil {
 			st = o.wrapStore(st)
 		}
-		if o.FaultRate > 0 || o.StoreLatency > 0 {
+		if o.FaultRate > 0 || o.StoreLatency > 0 || o.StoreBandwidth > 0 {
 			st = storetest.NewFaulty(st, o.faults())
 		}
 		purge := func() error {
@@ -471,23 +489,33 @@ func (o Options) newStore() (store.Store, func() error, error) {
 		blockBytes := int64(o.Block * o.Model.Dim * 4 * 2 * o.Model.Layers)
 		capacity = int64(o.Workload.Sessions*o.Workload.Turns)*int64(o.Workload.maxContext()/o.Block+1)*blockBytes + 64<<20
 	}
-	m, err := memstore.New(memstore.Config{Capacity: capacity})
-	if err != nil {
-		return nil, nil, err
+	var st store.Store
+	var closeStore func() error
+	if o.Store == "tiered" {
+		t, closeTiered, err := o.newTiered(capacity)
+		if err != nil {
+			return nil, nil, err
+		}
+		st, closeStore = t, closeTiered
+	} else {
+		m, err := memstore.New(memstore.Config{Capacity: capacity})
+		if err != nil {
+			return nil, nil, err
+		}
+		st, closeStore = m, m.Close
 	}
-	var st store.Store = m
 	if o.wrapStore != nil {
 		st = o.wrapStore(st)
 	}
-	if o.FaultRate > 0 || o.StoreLatency > 0 {
+	if o.FaultRate > 0 || o.StoreLatency > 0 || o.StoreBandwidth > 0 {
 		st = storetest.NewFaulty(st, o.faults())
 	}
-	return st, m.Close, nil
+	return st, closeStore, nil
 }
 
 // faults are the store faults of -fault-rate.
 func (o Options) faults() storetest.FaultOptions {
-	return storetest.FaultOptions{Seed: o.Workload.Seed, KeyRate: o.FaultRate, Ops: storetest.OpGet | storetest.OpPut | storetest.OpExists, Scribble: true, Latency: o.StoreLatency}
+	return storetest.FaultOptions{Seed: o.Workload.Seed, KeyRate: o.FaultRate, Ops: storetest.OpGet | storetest.OpPut | storetest.OpExists, Scribble: true, Latency: o.StoreLatency, Bandwidth: o.StoreBandwidth}
 }
 
 // forRun gives an ON run over a shared Mooncake cluster a tenant of its
@@ -803,6 +831,19 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 		}
 		cold = &r
 	}
+	var restarted *Run
+	var restartTiers []tiered.TierStats
+	if o.Tiered.Restart {
+		r, ts, err := restart(ctx, o)
+		if err != nil {
+			return fmt.Errorf("restart: %w", err)
+		}
+		if k, ok := sameOutputs(all[0][0].stats, r.stats); !ok {
+			identical = false
+			diff = append(diff, fmt.Sprintf("restart: session %d turn %d differs", k.Session, k.Turn))
+		}
+		restarted, restartTiers = &r, ts
+	}
 	if o.JSON {
 		defer o.keepUp(ctx, errw)
 		enc := json.NewEncoder(out)
@@ -825,6 +866,13 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 		}
 		fmt.Fprintf(out, "\ncold start: a new instance, empty KV pool, store warm: TTFT %.1f ms, external hit rate %.0f%%, %d blocks loaded; outputs %s\n",
 			cold.TTFTms, 100*cold.ExtHitRate, cold.BlocksLoaded, verdict)
+	}
+	if restarted != nil {
+		verdict := "identical to the run without a connector"
+		if k, ok := sameOutputs(all[0][0].stats, restarted.stats); !ok {
+			verdict = fmt.Sprintf("DIFFERENT from the run without a connector (session %d turn %d)", k.Session, k.Turn)
+		}
+		printRestart(out, *restarted, restartTiers, verdict)
 	}
 	if pd != nil {
 		printPD(out, runs[0], *pd, pdProcs)
@@ -1002,6 +1050,9 @@ func printTable(out io.Writer, o Options, runs []Run) {
 	storeName := "embedded memstore"
 	if o.Store == "mooncake" {
 		storeName = "Mooncake Store"
+	}
+	if o.Store == "tiered" {
+		storeName = o.Tiered.describe(o.StoreBytes)
 	}
 	if o.Kind == "hybrid" {
 		fmt.Fprintf(out, "model: hybrid, %d layers (sliding-window attention over %d tokens, full attention, gated linear recurrence, in turn), dim %d, %d heads, float32; KV blocks of %d tokens; store: %s",

@@ -14,6 +14,9 @@ import (
 // TestMain runs this binary as an instance of -pd across processes when
 // the coordinator (a test) starts it so, as main does.
 func TestMain(m *testing.M) {
+	if os.Getenv(restartDirEnv) != "" {
+		os.Exit(restartChild(context.Background(), os.Stdout, os.Stderr))
+	}
 	if os.Getenv(pdRoleEnv) != "" {
 		os.Exit(pdInstance(context.Background(), os.Stderr))
 	}

@@ -1,0 +1,21 @@
+package diskstore
+
+import "os"
+
+// SetWrite replaces the store's vectored write of segment files, to inject
+// errors; nil restores the real one.
+func SetWrite(s *Store, f func(f *os.File, bufs [][]byte, off int64) (int, error)) {
+	if f == nil {
+		f = writeFile
+	}
+	s.writev = f
+}
+
+// PutHeader writes a record's header and key, for tests that forge
+// records.
+func PutHeader(b []byte, kind byte, key string, size int, off int64, crc uint32) {
+	putHeader(b, kind, key, size, off, crc)
+}
+
+// ValueOffset is valueOffset, for tests that forge records.
+func ValueOffset(off int64, klen, size int) int64 { return valueOffset(off, klen, size) }
