@@ -3,9 +3,13 @@ package storeconn_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
+	"github.com/kvconnect/kvconnect/store/remote"
 )
 
 // routerIndex is what a KV-aware router knows of one engine's store,
@@ -75,7 +80,7 @@ type routerRun struct {
 // while others are being saved, and compares a router index built only
 // from the scheduler half's events with the blocks whose every shard key
 // the store holds at the end.
-func runRouterIndex(t *testing.T, open storeFactory, extra map[string]any) routerRun {
+func runRouterIndex(t *testing.T, open storeFactory, extra map[string]any, settle time.Duration) routerRun {
 	t.Helper()
 	// A round saves 4 requests of 7 blocks of 2 keys of 256 bytes and a
 	// trailer: about 17 KiB, more than the store holds, so that keys are
@@ -142,33 +147,48 @@ func runRouterIndex(t *testing.T, open storeFactory, extra map[string]any) route
 	// The store's content: the blocks whose every shard key it holds.
 	slices.SortFunc(all, func(a, b hashing.BlockHash) int { return strings.Compare(a.String(), b.String()) })
 	all = slices.Compact(all)
-	shards := ns.GroupShards(0)
-	keys := make([]string, 0, len(all)*shards)
-	for _, h := range all {
-		for sh := range shards {
-			keys = append(keys, ns.GroupKey(0, sh, h))
+	compare := func() (stale, missing []routerBlock) {
+		shards := ns.GroupShards(0)
+		keys := make([]string, 0, len(all)*shards)
+		for _, h := range all {
+			for sh := range shards {
+				keys = append(keys, ns.GroupKey(0, sh, h))
+			}
 		}
-	}
-	res := make([]store.Result, len(keys))
-	if err := st.Exists(context.Background(), keys, res); err != nil {
-		t.Fatal(err)
-	}
-	for i, h := range all {
-		whole := true
-		for _, r := range res[i*shards : (i+1)*shards] {
-			whole = whole && r.Err == nil
+		res := make([]store.Result, len(keys))
+		if err := st.Exists(context.Background(), keys, res); err != nil {
+			t.Fatal(err)
 		}
-		b := routerBlock{0, h}
-		switch {
-		case ix[b] && !whole:
-			run.stale = append(run.stale, b)
-		case whole && !ix[b]:
-			run.missing = append(run.missing, b)
+		left := maps.Clone(ix)
+		for i, h := range all {
+			whole := true
+			for _, r := range res[i*shards : (i+1)*shards] {
+				whole = whole && r.Err == nil
+			}
+			b := routerBlock{0, h}
+			switch {
+			case left[b] && !whole:
+				stale = append(stale, b)
+			case whole && !left[b]:
+				missing = append(missing, b)
+			}
+			delete(left, b)
 		}
-		delete(ix, b)
+		for b := range left {
+			stale = append(stale, b) // a block no request had
+		}
+		return stale, missing
 	}
-	for b := range ix {
-		run.stale = append(run.stale, b) // a block no request had
+	run.stale, run.missing = compare()
+	if settle > 0 {
+		// The store's events cross a connection after its calls have
+		// returned: once nothing else happens, they must bring the index
+		// to the store's content.
+		for end := time.Now().Add(settle); len(run.stale)+len(run.missing) > 0 && time.Now().Before(end); {
+			time.Sleep(10 * time.Millisecond)
+			take()
+			run.stale, run.missing = compare()
+		}
 	}
 	run.evictions = st.Stats().Evictions
 	run.resyncs = r.s.(connector.StatsReporter).Stats().Resyncs
@@ -178,9 +198,13 @@ func runRouterIndex(t *testing.T, open storeFactory, extra map[string]any) route
 // checkRouterIndex is the router-index check over the stores open makes:
 // after a run with heavy eviction the index built from the events is
 // exactly the store's content, 0 stale and 0 missing.
-func checkRouterIndex(t *testing.T, open storeFactory) {
+//
+// settle is how long the index may take to reach the store's content
+// once the run is over, for a store whose events arrive after its calls
+// return (store/remote); 0 for one that announces them within the call.
+func checkRouterIndex(t *testing.T, open storeFactory, settle time.Duration) {
 	t.Helper()
-	run := runRouterIndex(t, open, nil)
+	run := runRouterIndex(t, open, nil, settle)
 	if run.evictions < 100 || run.removed == 0 {
 		t.Fatalf("the run evicted %d keys and the events removed %d blocks: the check needs heavy eviction", run.evictions, run.removed)
 	}
@@ -193,13 +217,50 @@ func checkRouterIndex(t *testing.T, open storeFactory) {
 
 // TestRouterIndexMemstore: over memstore, a router index built from the
 // events equals the store's content after heavy eviction.
-func TestRouterIndexMemstore(t *testing.T) { checkRouterIndex(t, memFactory) }
+func TestRouterIndexMemstore(t *testing.T) { checkRouterIndex(t, memFactory, 0) }
+
+// TestRouterIndexRemote: the same over store/remote, whose client relays
+// the served memstore's key events over a connection of its own.
+func TestRouterIndexRemote(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("unix sockets: not on windows")
+	}
+	checkRouterIndex(t, func(t *testing.T, capacity int64) store.Store {
+		path := filepath.Join(t.TempDir(), "s.sock")
+		ln, err := remote.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := remote.NewServer(memFactory(t, capacity), remote.ServerOptions{})
+		if err != nil {
+			ln.Close()
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		c, err := remote.Dial(context.Background(), "unix", path, remote.ClientOptions{})
+		if err != nil {
+			srv.Close()
+			<-served
+			t.Fatal(err)
+		}
+		if _, ok := store.Store(c).(store.Watcher); !ok {
+			t.Fatal("a client of a served memstore is no store.Watcher")
+		}
+		t.Cleanup(func() {
+			c.Close()
+			srv.Close()
+			<-served
+		})
+		return c
+	}, time.Minute)
+}
 
 // TestRouterIndexLostEvents: when the scheduler half's feed of key events
 // overflows it announces AllCleared and counts it; the index may then
 // lack blocks the store holds, never hold one the store lacks.
 func TestRouterIndexLostEvents(t *testing.T) {
-	run := runRouterIndex(t, memFactory, map[string]any{"watch_buffer": 2})
+	run := runRouterIndex(t, memFactory, map[string]any{"watch_buffer": 2}, 0)
 	if run.resyncs == 0 {
 		t.Fatalf("Stats.Resyncs = 0 with a feed of 2 events and %d evictions: losses went unannounced", run.evictions)
 	}
