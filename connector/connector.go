@@ -545,3 +545,27 @@ type KVEvent struct {
 type EventSource interface {
 	TakeEvents(dst []KVEvent) []KVEvent
 }
+
+// Unsaved names blocks of one request that a Scheduler planned to save and
+// that no Update has yet reported stored or failed for good: saves in
+// flight in the workers, and out-of-space retries waiting for their step.
+type Unsaved struct {
+	Req    RequestID
+	Group  int                 // the KV cache group of the blocks; 0 with one group
+	First  int                 // the index of the first block in the request
+	Hashes []hashing.BlockHash // the blocks, consecutive from First
+}
+
+// UnsavedReporter is an optional interface of a Scheduler: Unsaved
+// appends to dst every block whose save the half planned and no Update
+// has reported, ordered by request, group and first block, and returns
+// it. An engine that stops (scheduler.Scheduler.Drain) calls it once its
+// deadline has passed, to learn which saves its Close will lose: a
+// [Worker]'s Close cancels what it has not started, and a save that no
+// Output reported is not known to be in the store. The slices are the
+// caller's. Fallback: the engine knows only which requests' blocks the
+// connector still keeps (Finish returned keep and no Progress released
+// them).
+type UnsavedReporter interface {
+	Unsaved(dst []Unsaved) []Unsaved
+}

@@ -1,10 +1,12 @@
 package storeconn
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,12 +72,13 @@ type Scheduler struct {
 }
 
 var (
-	_ connector.HealthReporter = (*Scheduler)(nil)
-	_ connector.Scheduler      = (*Scheduler)(nil)
-	_ connector.Rotator        = (*Scheduler)(nil)
-	_ connector.EventSource    = (*Scheduler)(nil)
-	_ connector.Waker          = (*Scheduler)(nil)
-	_ connector.StatsReporter  = (*Scheduler)(nil)
+	_ connector.HealthReporter  = (*Scheduler)(nil)
+	_ connector.Scheduler       = (*Scheduler)(nil)
+	_ connector.Rotator         = (*Scheduler)(nil)
+	_ connector.EventSource     = (*Scheduler)(nil)
+	_ connector.Waker           = (*Scheduler)(nil)
+	_ connector.StatsReporter   = (*Scheduler)(nil)
+	_ connector.UnsavedReporter = (*Scheduler)(nil)
 )
 
 // groupHash names one block of one KV cache group.
@@ -1304,6 +1307,30 @@ func (s *Scheduler) Close() error {
 		return fmt.Errorf("storeconn: Close: lookups still inside store calls %v after cancellation: the store ignores its deadlines; they end when it answers", s.opt.storeTimeout)
 	}
 	return nil
+}
+
+// Unsaved implements connector.UnsavedReporter: the saves planned and not
+// reported by every worker, the out-of-space retries waiting for their
+// step, and the saves held back while their request's load runs.
+func (s *Scheduler) Unsaved(dst []connector.Unsaved) []connector.Unsaved {
+	n := len(dst)
+	for _, x := range s.transfers.All() {
+		if !x.load {
+			dst = append(dst, connector.Unsaved{Req: x.req.id, Group: x.group, First: x.first, Hashes: slices.Clone(x.hashes)})
+		}
+	}
+	for _, rt := range s.retries {
+		dst = append(dst, connector.Unsaved{Req: rt.req.id, Group: rt.group, First: rt.first, Hashes: slices.Clone(rt.hashes)})
+	}
+	for _, q := range s.reqs {
+		for _, rt := range q.deferred {
+			dst = append(dst, connector.Unsaved{Req: q.id, Group: rt.group, First: rt.first, Hashes: slices.Clone(rt.hashes)})
+		}
+	}
+	slices.SortFunc(dst[n:], func(a, b connector.Unsaved) int {
+		return cmp.Or(strings.Compare(string(a.Req), string(b.Req)), cmp.Compare(a.Group, b.Group), cmp.Compare(a.First, b.First))
+	})
+	return dst
 }
 
 // allFull reports whether every group is full attention.
