@@ -38,6 +38,9 @@ var (
 	// blocks it never kept, say). Found in [Ended.Err] for the request it
 	// ended, or returned by Done after the step was otherwise completed.
 	ErrConnector = errors.New("scheduler: connector")
+	// ErrRankLost: the Outputs of a worker rank did not come for
+	// Config.RankSteps steps while it owed transfers; see [RankLostError].
+	ErrRankLost = errors.New("scheduler: worker rank lost")
 	// ErrGeneration: Invalidate was asked for a generation that is not newer
 	// than the current one.
 	ErrGeneration = errors.New("scheduler: generation not newer")

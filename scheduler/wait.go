@@ -14,9 +14,16 @@ import (
 // ended a request). What it then waits for comes from outside: a lookup
 // of the connector, a transfer of a worker, a new request. An engine that
 // finds it idle may block ([Scheduler.Wait]) instead of stepping. With no
-// request at all it is true; between Step and Done it is false.
+// request at all it is true; between Step and Done it is false, and so it
+// is while a worker rank that owes transfers sent no Output to the last
+// Done (see Config.RankSteps).
 func (s *Scheduler) Idle() bool {
 	if s.inFlight {
+		return false
+	}
+	if s.ranks.missing(s.step) {
+		// A rank that owes transfers sent nothing to the last Done: step
+		// on, toward Config.RankSteps.
 		return false
 	}
 	// The plan's Items are the last step's until the next Step.
