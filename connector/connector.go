@@ -497,6 +497,10 @@ type StatsReporter interface {
 // the channels of the Scheduler and of every Worker together, and on its
 // own arrivals. A half that is not a Waker cannot be waited on: the
 // fallback is to step, polling, as without Waker.
+//
+// Close of the half closes the channel, so that a wait on it returns
+// (scheduler.Scheduler.Wait then returns an error wrapping [ErrClosed]);
+// an implementation that does not leaves such a wait to its context.
 type Waker interface {
 	Wake() <-chan struct{}
 }

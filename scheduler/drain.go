@@ -93,10 +93,10 @@ func (s *Scheduler) Drained() bool {
 // scheduler ignored); Drain may be called again.
 func (s *Scheduler) Drain(ctx context.Context, step StepFunc, wake ...<-chan struct{}) error {
 	if ctx == nil {
-		return fmt.Errorf("%w: Drain: nil context", ErrConfig)
+		return fmt.Errorf("%w: Drain: nil context", ErrArgument)
 	}
 	if step == nil {
-		return fmt.Errorf("%w: Drain: nil StepFunc", ErrConfig)
+		return fmt.Errorf("%w: Drain: nil StepFunc", ErrArgument)
 	}
 	for {
 		if err := ctx.Err(); err != nil {

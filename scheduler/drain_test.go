@@ -317,8 +317,8 @@ func TestDrainMisuse(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := s.Drain(tc.ctx, tc.step)
-			if !errors.Is(err, ErrConfig) || err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Drain = %v, want ErrConfig naming %q", err, tc.want)
+			if !errors.Is(err, ErrArgument) || err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Drain = %v, want ErrArgument naming %q", err, tc.want)
 			}
 		})
 	}

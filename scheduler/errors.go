@@ -7,6 +7,9 @@ import "errors"
 var (
 	// ErrConfig: a Config field is missing or out of range.
 	ErrConfig = errors.New("scheduler: invalid config")
+	// ErrArgument: an argument of a call is out of its range (a nil
+	// context, a nil function).
+	ErrArgument = errors.New("scheduler: invalid argument")
 	// ErrUnknownRequest: a call names a request the scheduler does not know.
 	ErrUnknownRequest = errors.New("scheduler: unknown request")
 	// ErrDuplicateRequest: Add of a request ID that is still known (a

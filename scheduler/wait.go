@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -53,7 +54,16 @@ func (s *Scheduler) Wake() <-chan struct{} {
 // not a Waker cannot be waited on: do not call Wait then) and whatever
 // brings the engine new requests. After Wait returns the engine steps:
 // the step polls the workers and asks the connector again.
+//
+// A closed channel (a Waker's, once its half is closed) ends the wait
+// with an error wrapping [connector.ErrClosed]: stepping on would find the
+// connector closed. A nil ctx is an error wrapping [ErrArgument], and so
+// is an idle scheduler with nothing to wait on (no connector that is a
+// Waker and no wake channel other than nil): only ctx could end that wait.
 func (s *Scheduler) Wait(ctx context.Context, wake ...<-chan struct{}) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: Wait: nil context", ErrArgument)
+	}
 	if !s.Idle() {
 		return nil
 	}
@@ -71,8 +81,17 @@ func (s *Scheduler) Wait(ctx context.Context, wake ...<-chan struct{}) error {
 			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)})
 		}
 	}
-	if i, _, _ := reflect.Select(cases); i == 0 {
+	if len(cases) == 1 {
+		return fmt.Errorf("%w: Wait: nothing to wait on (no connector Waker, %d wake channels, none of them non-nil) and nothing to compute: it would block until ctx ends", ErrArgument, len(wake))
+	}
+	i, _, ok := reflect.Select(cases)
+	switch {
+	case i == 0:
 		return ctx.Err()
+	case !ok && conn != nil && i == 1:
+		return fmt.Errorf("scheduler: Wait: the connector's Wake channel is closed: %w", connector.ErrClosed)
+	case !ok:
+		return fmt.Errorf("scheduler: Wait: a wake channel is closed: %w", connector.ErrClosed)
 	}
 	return nil
 }

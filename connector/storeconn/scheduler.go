@@ -36,7 +36,11 @@ type Scheduler struct {
 	// connector.Waker: wake holds a value once the engine should call
 	// again; timer sends one when a pending lookup may have reached its
 	// deadline (see waitLookup), armed while it runs.
-	wake  chan struct{}
+	wake   chan struct{}
+	wakeMu struct {
+		sync.Mutex
+		closed bool // wake is closed (Close): signal sends nothing
+	}
 	timer *time.Timer
 	armed atomic.Bool
 
@@ -354,6 +358,11 @@ func (s *Scheduler) fire() {
 
 // signal tells a waiting engine to call again (connector.Waker).
 func (s *Scheduler) signal() {
+	s.wakeMu.Lock()
+	defer s.wakeMu.Unlock()
+	if s.wakeMu.closed {
+		return
+	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -362,7 +371,7 @@ func (s *Scheduler) signal() {
 
 // Wake implements connector.Waker: a value arrives once a lookup answered
 // or may have passed its deadline, and after an Update that leaves
-// out-of-space retries waiting for a later step.
+// out-of-space retries waiting for a later step. Close closes the channel.
 func (s *Scheduler) Wake() <-chan struct{} { return s.wake }
 
 // stuck reports whether the pool has owed a lookup for longer than the
@@ -1298,6 +1307,10 @@ func (s *Scheduler) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.wakeMu.Lock()
+	s.wakeMu.closed = true
+	close(s.wake) // an engine waiting on it returns
+	s.wakeMu.Unlock()
 	s.cancel()
 	if s.timer != nil {
 		s.timer.Stop()

@@ -77,13 +77,17 @@ type Worker struct {
 	}
 	waited, savedTo int              // the step's last layer waited on and saved, -1 for none
 	polled          connector.Output // handed out by the last Poll
-	wake            chan struct{}    // connector.Waker: a value once a report awaits Poll
-	closeOnce       sync.Once
-	drained         chan struct{} // closed once every transfer has ended and the regions are unregistered
-	unregErr        error         // from unregistering the regions; read after drained
-	stats           workerStats
-	corrupt         limiter // warn-level log lines about values that failed verification
-	h               health  // store calls that failed
+	wake            chan struct{}    // connector.Waker: a value once a report awaits Poll; closed by Close
+	wakeMu          struct {
+		sync.Mutex
+		closed bool // wake is closed: signal sends nothing
+	}
+	closeOnce sync.Once
+	drained   chan struct{} // closed once every transfer has ended and the regions are unregistered
+	unregErr  error         // from unregistering the regions; read after drained
+	stats     workerStats
+	corrupt   limiter // warn-level log lines about values that failed verification
+	h         health  // store calls that failed
 }
 
 // groupMem is one KV cache group's memory in a worker.
@@ -720,6 +724,11 @@ func (w *Worker) report(id uint64, blocks []connector.BlockID, failFrom int, rea
 
 // signal tells a waiting engine that Poll has news (connector.Waker).
 func (w *Worker) signal() {
+	w.wakeMu.Lock()
+	defer w.wakeMu.Unlock()
+	if w.wakeMu.closed {
+		return
+	}
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -727,7 +736,7 @@ func (w *Worker) signal() {
 }
 
 // Wake implements connector.Waker: a value arrives once a transfer ended,
-// which the next Poll reports.
+// which the next Poll reports. Close closes the channel.
 func (w *Worker) Wake() <-chan struct{} { return w.wake }
 
 func (w *Worker) loop() {
@@ -1357,6 +1366,10 @@ func (w *Worker) Health() connector.Health { return w.h.get() }
 // after a Close that returned nil.
 func (w *Worker) Close() error {
 	w.closeOnce.Do(func() {
+		w.wakeMu.Lock()
+		w.wakeMu.closed = true
+		close(w.wake) // an engine waiting on it returns
+		w.wakeMu.Unlock()
 		w.life.Lock()
 		w.life.closed = true
 		registered := w.life.registered
