@@ -573,3 +573,13 @@ type Unsaved struct {
 type UnsavedReporter interface {
 	Unsaved(dst []Unsaved) []Unsaved
 }
+
+// Namespacer is an optional interface of a Scheduler: Namespace returns
+// the namespace of the identity the half was opened with (Env.Identity),
+// at its current generation. An engine's scheduler compares it with its
+// own (scheduler.New), so that it never drives a connector opened for
+// another identity, whose keys would not be its blocks'. Fallback: nothing
+// is compared.
+type Namespacer interface {
+	Namespace() hashing.Namespace
+}

@@ -165,7 +165,8 @@ type group struct {
 
 // New returns a scheduler for cfg driving conn, which may be nil: then the
 // scheduler works with its local prefix cache only. The scheduler does not
-// close conn.
+// close conn. A conn that is a [connector.Namespacer] must have been
+// opened with cfg.Identity: another namespace is an error naming both.
 func New(cfg Config, conn connector.Scheduler) (*Scheduler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -173,6 +174,11 @@ func New(cfg Config, conn connector.Scheduler) (*Scheduler, error) {
 	ns, err := cfg.Identity.Namespace()
 	if err != nil {
 		return nil, fmt.Errorf("%w: Identity: %w", ErrConfig, err)
+	}
+	if n, ok := conn.(connector.Namespacer); ok {
+		if cn := n.Namespace(); cn.String() != ns.String() {
+			return nil, fmt.Errorf("%w: the connector was opened for namespace %s, Config.Identity is namespace %s: open it with the same Identity (Env.Identity)", ErrConfig, cn, ns)
+		}
 	}
 	s := &Scheduler{
 		cfg:  cfg,

@@ -83,6 +83,7 @@ var (
 	_ connector.Waker           = (*Scheduler)(nil)
 	_ connector.StatsReporter   = (*Scheduler)(nil)
 	_ connector.UnsavedReporter = (*Scheduler)(nil)
+	_ connector.Namespacer      = (*Scheduler)(nil)
 )
 
 // groupHash names one block of one KV cache group.
@@ -400,6 +401,13 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
+		// A request's first Match: its hashes are looked up from here on
+		// (later calls answer from that lookup).
+		for i, h := range r.Hashes[computed/s.bs:] {
+			if h.IsZero() {
+				return connector.Match{}, fmt.Errorf("storeconn: Match(%q): Request.Hashes[%d] is the zero BlockHash: hash every full block (hashing.Chain)", r.ID, computed/s.bs+i)
+			}
+		}
 		q = s.newRequest(r.ID)
 	} else if q.finished {
 		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): request finished and not yet released", r.ID)
@@ -827,6 +835,20 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 		if err := s.checkTable("Scheduled", r, g, t, 0, 0, false); err != nil {
 			return err
 		}
+		if spec := s.groups[g]; spec.Kind == hashing.SlidingWindow && computed > 0 {
+			// The blocks of the window the next token attends to hold
+			// computed KV: none of them may be missing.
+			first := computed - spec.Window + 1
+			for i := max(first, 0) / s.bs; i <= (computed-1)/s.bs && i < len(t); i++ {
+				if t[i] == connector.NoBlock {
+					return fmt.Errorf("%w: Scheduled(%q): blocks[%d][%d] = NoBlock, inside the %d-token sliding window of group %d before position %d (blocks %d to %d)",
+						connector.ErrInvalidBlock, r.ID, g, i, spec.Window, g, computed, max(first, 0)/s.bs, (computed-1)/s.bs)
+				}
+			}
+		}
+	}
+	if r.Tokens != nil && computed > len(r.Tokens) {
+		return fmt.Errorf("storeconn: Scheduled(%q): computed = %d is more than the %d tokens of Request.Tokens", r.ID, computed, len(r.Tokens))
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
@@ -839,6 +861,9 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 	if !s.cfg.Role.CanSave() {
 		return nil
 	}
+	// computed may pass Prompt (an engine that does not count its decodes
+	// in Prompt) and blocks the Hashes do not cover yet (hashed after the
+	// step): those are saved by a later Scheduled that has their hashes.
 	full := min(computed/s.bs, len(r.Hashes))
 	for g, t := range tables {
 		if full > len(t) {
@@ -852,6 +877,13 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 		if start := max(q.saveNext[g], q.noSave[g]); start < full {
 			if err := s.checkTable("Scheduled", r, g, t, start, full, true); err != nil {
 				return err
+			}
+			for i := start; i < full; i++ {
+				if r.Hashes[i].IsZero() {
+					// Saved under the zero hash, the block would answer
+					// any request whose hash was never set.
+					return fmt.Errorf("storeconn: Scheduled(%q): Request.Hashes[%d] is the zero BlockHash: hash every full block (hashing.Chain)", r.ID, i)
+				}
 			}
 		}
 	}
@@ -870,6 +902,7 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 			if t[i] == connector.NoBlock {
 				continue
 			}
+
 			if s.knownPresent(q, g, i) || s.saving[groupHash{g, h}] > 0 {
 				s.stats.SaveSkipped++
 				continue
@@ -1321,6 +1354,10 @@ func (s *Scheduler) Close() error {
 	}
 	return nil
 }
+
+// Namespace implements connector.Namespacer: the namespace of Env.Identity
+// at the current generation.
+func (s *Scheduler) Namespace() hashing.Namespace { return s.ns }
 
 // Unsaved implements connector.UnsavedReporter: the saves planned and not
 // reported by every worker, the out-of-space retries waiting for their

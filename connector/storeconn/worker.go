@@ -627,6 +627,9 @@ func (w *Worker) SaveLayer(ctx context.Context, l int, ready connector.Event) er
 	if w.isClosed() {
 		return connector.ErrClosed
 	}
+	if w.started && w.savedTo == savedAll {
+		return fmt.Errorf("storeconn: %w: SaveLayer(%d) after Save in step %d: Save started the saves of every layer", connector.ErrLayer, l, w.lastStep)
+	}
 	if err := w.checkLayer("SaveLayer", l, w.savedTo); err != nil {
 		return err
 	}
@@ -697,8 +700,12 @@ func (w *Worker) Save(ctx context.Context, ready connector.Event) error {
 		return err
 	}
 	w.saves = w.saves[:0]
+	w.savedTo = savedAll
 	return nil
 }
+
+// savedAll is savedTo once Save has started every layer's saves.
+const savedAll = math.MaxInt
 
 // Poll implements connector.Worker.
 func (w *Worker) Poll() *connector.Output {
