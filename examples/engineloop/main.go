@@ -14,14 +14,16 @@ import (
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/scheduler"
-	"github.com/kvconnect/kvconnect/store/memstore"
+	"github.com/kvconnect/kvconnect/store"
 )
 
 // engine is one engine process: the scheduler and the worker of every
-// tensor-parallel rank (regions[rank] is that rank's KV memory). It serves
-// requests until ctx ends, then drains: what is in flight finishes, saves
-// included, before anything closes.
-func engine(ctx context.Context, requests <-chan scheduler.Request, regions [][]rdma.Region, blockBytes int,
+// tensor-parallel rank (regions[rank] is that rank's KV memory) over st,
+// an open store: memstore.New(memstore.Config{Capacity: 64 << 30}), say,
+// or mooncake.Open(ctx, cfg). It serves requests until ctx ends, then
+// drains: what is in flight finishes, saves included, before anything
+// closes.
+func engine(ctx context.Context, st store.Store, requests <-chan scheduler.Request, regions [][]rdma.Region, blockBytes int,
 	forward func([]scheduler.Item) []scheduler.Result, // the model: one Result per item with Sample
 	ready func() connector.Event, // the step's compute is done: a CUDA event on GPU, connector.Ready on CPU
 	respond func(scheduler.Ended)) error {
@@ -30,11 +32,6 @@ func engine(ctx context.Context, requests <-chan scheduler.Request, regions [][]
 		Format: hashing.Format{Device: "cuda", ModelDType: hashing.BF16, KVDType: hashing.FP8E4M3},
 		Layout: hashing.Layout{Layers: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, TPSize: 2, Replication: 1},
 	}
-	st, err := memstore.New(memstore.Config{Capacity: 64 << 30}) // or mooncake.Open(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 	cfg, err := connector.ParseConfig([]byte(`{"kv_connector": "StoreConnector", "kv_role": "kv_both"}`))
 	if err != nil {
 		return err
