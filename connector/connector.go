@@ -162,7 +162,11 @@ type Scheduler interface {
 	Finish(r *Request, blocks ...[]BlockID) (keep bool, err error)
 
 	// Close stops background lookups and releases resources. It is
-	// idempotent and joins every goroutine the Scheduler started.
+	// idempotent and joins every goroutine the Scheduler started. It does
+	// not drain: the requests whose blocks it kept (Finish returned keep)
+	// are forgotten with their saves; an engine drains first (step until
+	// no block is kept, as scheduler.Scheduler.Drain does), then closes
+	// the workers and this half.
 	Close() error
 }
 
@@ -231,8 +235,11 @@ type Worker interface {
 	Poll() *Output
 
 	// Close cancels queued transfers, waits for running ones, and releases
-	// resources. It is idempotent. Transfers it cancels are never reported:
-	// close the scheduler half together with its workers.
+	// resources. It is idempotent. Transfers it cancels are never reported
+	// and a save it cancels is lost: Close does not drain. An engine that
+	// stops drains first, stepping until every save was reported
+	// (scheduler.Scheduler.Drain), then closes the workers and the
+	// scheduler half together.
 	Close() error
 }
 

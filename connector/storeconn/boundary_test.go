@@ -248,3 +248,26 @@ func TestBlockBytesAgainstIdentity(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenDirect: the halves open without the registry, with their
+// concrete types; a config naming another connector is refused.
+func TestOpenDirect(t *testing.T) {
+	st := newMem(t)
+	env := connector.Env{Identity: identity(1, 1), Store: st}
+	s, err := storeconn.OpenScheduler(connector.Config{}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	w, err := storeconn.OpenWorker(connector.Config{Connector: storeconn.Name}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if s.Namespace().String() == "" || w.Wake() == nil {
+		t.Error("the halves opened directly lack their namespace or Wake channel")
+	}
+	if _, err := storeconn.OpenWorker(connector.Config{Connector: "P2PConnector"}, env); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), `Config.Connector = "P2PConnector"`) {
+		t.Errorf("OpenWorker of a P2PConnector config = %v, want ErrConfig naming it", err)
+	}
+}
