@@ -57,6 +57,12 @@
 // engine's KV memory and the store. The two halves talk only through plain
 // values that the engine ships from its scheduler to its workers and back.
 //
+// Three types are called Scheduler, one per layer: scheduler.Scheduler is
+// the engine's scheduler, which an engine makes and drives;
+// connector.Scheduler is the interface of a connector's scheduler half,
+// which the engine's scheduler drives; storeconn.Scheduler is the
+// reference connector's implementation of that interface.
+//
 // # Integration
 //
 // An engine hashes each request's full blocks with a hashing.Chain, asks
