@@ -10,16 +10,42 @@
 // the KV format and the shard layout, so no engine is ever served stale or
 // foreign KV. Whom these guarantees hold against: SECURITY.md at the root.
 //
-// This root package holds no code; the SDK lives in its sub-packages:
+// This root package holds no code; the SDK lives in its sub-packages.
 //
-//   - [github.com/kvconnect/kvconnect/hashing]: the block-hash chain over
-//     token ids, per-request extra keys, the namespace identity and the
-//     store keys built from them.
-//   - [github.com/kvconnect/kvconnect/rdma]: registered memory regions that
-//     stores and transfer engines read and write without staging copies.
-//   - [github.com/kvconnect/kvconnect/store]: the Store interface; the
-//     embedded in-process store is store/memstore, and store/storetest is
-//     a conformance harness any implementation can run.
+// # Where to start
+//
+// An engine (a Go inference engine that saves and loads KV) starts with:
+//
+//   - [github.com/kvconnect/kvconnect/scheduler]: the engine's scheduler:
+//     block pool with a local prefix cache, request lifecycle, step
+//     planner, and the drain at shutdown. It drives a connector.
+//   - [github.com/kvconnect/kvconnect/connector]: the contract between an
+//     engine and a connector (its scheduler half and its workers), the
+//     registry that opens a connector by name from a kv_transfer_config,
+//     and the wire format of the values between the halves.
+//   - [github.com/kvconnect/kvconnect/connector/storeconn]: the reference
+//     connector, over any store.
+//   - [github.com/kvconnect/kvconnect/store/memstore]: the embedded store;
+//     store/mooncake is Mooncake Store, store/remote serves a store to
+//     other processes.
+//
+// docs/engine.md in the repository has the complete loop: every rank's
+// worker, requests, compute, and the drain.
+//
+// A store author implements [github.com/kvconnect/kvconnect/store].Store
+// and runs store/storetest's conformance harness. A connector author
+// implements connector.Scheduler and connector.Worker, registers a
+// connector.Driver, and runs connector/connectortest. A transfer engine
+// author implements [github.com/kvconnect/kvconnect/rdma].Engine and runs
+// rdma/rdmatest.
+//
+// The other packages: [github.com/kvconnect/kvconnect/hashing] (the
+// block-hash chain, the namespace identity and the keys, with a byte-level
+// spec), [github.com/kvconnect/kvconnect/rdma] (registered memory and
+// transfer engines: loopback, rdma/shm, rdma/mooncake), connector/p2p
+// (disaggregated prefill and decode), [github.com/kvconnect/kvconnect/cudart]
+// and connector/cudacopy (KV in GPU memory), connector/prom (Prometheus
+// metrics) and connector/kvevents (KV events for routers).
 //
 // # Roles
 //
@@ -30,6 +56,12 @@
 // each step's loads and saves; the worker half moves block bytes between the
 // engine's KV memory and the store. The two halves talk only through plain
 // values that the engine ships from its scheduler to its workers and back.
+//
+// Three types are called Scheduler, one per layer: scheduler.Scheduler is
+// the engine's scheduler, which an engine makes and drives;
+// connector.Scheduler is the interface of a connector's scheduler half,
+// which the engine's scheduler drives; storeconn.Scheduler is the
+// reference connector's implementation of that interface.
 //
 // # Integration
 //

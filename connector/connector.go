@@ -162,7 +162,11 @@ type Scheduler interface {
 	Finish(r *Request, blocks ...[]BlockID) (keep bool, err error)
 
 	// Close stops background lookups and releases resources. It is
-	// idempotent and joins every goroutine the Scheduler started.
+	// idempotent and joins every goroutine the Scheduler started. It does
+	// not drain: the requests whose blocks it kept (Finish returned keep)
+	// are forgotten with their saves; an engine drains first (step until
+	// no block is kept, as scheduler.Scheduler.Drain does), then closes
+	// the workers and this half.
 	Close() error
 }
 
@@ -231,8 +235,11 @@ type Worker interface {
 	Poll() *Output
 
 	// Close cancels queued transfers, waits for running ones, and releases
-	// resources. It is idempotent. Transfers it cancels are never reported:
-	// close the scheduler half together with its workers.
+	// resources. It is idempotent. Transfers it cancels are never reported
+	// and a save it cancels is lost: Close does not drain. An engine that
+	// stops drains first, stepping until every save was reported
+	// (scheduler.Scheduler.Drain), then closes the workers and the
+	// scheduler half together.
 	Close() error
 }
 
@@ -500,6 +507,10 @@ type StatsReporter interface {
 // the channels of the Scheduler and of every Worker together, and on its
 // own arrivals. A half that is not a Waker cannot be waited on: the
 // fallback is to step, polling, as without Waker.
+//
+// Close of the half closes the channel, so that a wait on it returns
+// (scheduler.Scheduler.Wait then returns an error wrapping [ErrClosed]);
+// an implementation that does not leaves such a wait to its context.
 type Waker interface {
 	Wake() <-chan struct{}
 }
@@ -552,4 +563,38 @@ type KVEvent struct {
 // KV events since the last call to dst and returns it.
 type EventSource interface {
 	TakeEvents(dst []KVEvent) []KVEvent
+}
+
+// Unsaved names blocks of one request that a Scheduler planned to save and
+// that no Update has yet reported stored or failed for good: saves in
+// flight in the workers, and out-of-space retries waiting for their step.
+type Unsaved struct {
+	Req    RequestID
+	Group  int                 // the KV cache group of the blocks; 0 with one group
+	First  int                 // the index of the first block in the request
+	Hashes []hashing.BlockHash // the blocks, consecutive from First
+}
+
+// UnsavedReporter is an optional interface of a Scheduler: Unsaved
+// appends to dst every block whose save the half planned and no Update
+// has reported, ordered by request, group and first block, and returns
+// it. An engine that stops (scheduler.Scheduler.Drain) calls it once its
+// deadline has passed, to learn which saves its Close will lose: a
+// [Worker]'s Close cancels what it has not started, and a save that no
+// Output reported is not known to be in the store. The slices are the
+// caller's. Fallback: the engine knows only which requests' blocks the
+// connector still keeps (Finish returned keep and no Progress released
+// them).
+type UnsavedReporter interface {
+	Unsaved(dst []Unsaved) []Unsaved
+}
+
+// Namespacer is an optional interface of a Scheduler: Namespace returns
+// the namespace of the identity the half was opened with (Env.Identity),
+// at its current generation. An engine's scheduler compares it with its
+// own (scheduler.New), so that it never drives a connector opened for
+// another identity, whose keys would not be its blocks'. Fallback: nothing
+// is compared.
+type Namespacer interface {
+	Namespace() hashing.Namespace
 }

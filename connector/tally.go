@@ -1,6 +1,9 @@
 package connector
 
-import "fmt"
+import (
+	"fmt"
+	"iter"
+)
 
 // Tally merges what a connector's workers report: a transfer planned in the
 // Metadata is done once every worker listed it in Output.Done, and its
@@ -113,4 +116,16 @@ func (t *Tally[T]) Apply(prefix string, outs []*Output, failed func(T, Failure),
 		}
 	}
 	return nil
+}
+
+// All returns every tracked transfer's id and record, in no particular
+// order. Add, Drop and Apply must not be called while it runs.
+func (t *Tally[T]) All() iter.Seq2[uint64, T] {
+	return func(yield func(uint64, T) bool) {
+		for id, x := range t.m {
+			if !yield(id, x.v) {
+				return
+			}
+		}
+	}
 }

@@ -85,7 +85,26 @@ type Config struct {
 	// other than one full attention group keep whole loads, as does a
 	// request whose prefill the step's budget cannot start.
 	LayerwiseLoads bool
+
+	// RankSteps bounds how long the scheduler waits for a worker that
+	// sends nothing: once Done has had an Output from any worker, a rank
+	// of [0, Identity.Layout.TPSize) that owes a transfer of the
+	// connector's Metadata and whose Output did not come to Done (or
+	// WorkersLost) for RankSteps steps in a row is lost. Done then writes
+	// its transfers off as failed, as [Scheduler.WorkersLost] does with
+	// [connector.Ledger]'s Output (the blocks they held come back, every
+	// request recomputes), and returns a *[RankLostError] naming the
+	// rank. A live worker's Poll returns an Output every step, empty or
+	// not: the engine hands every one to Done. While a rank that owes a
+	// transfer missed the last step's Done, the scheduler is not Idle, so
+	// an engine that waits still reaches the bound. 0 means
+	// DefaultRankSteps; it must be >= 0.
+	RankSteps int
 }
+
+// DefaultRankSteps is the RankSteps of a Config that leaves it 0: steps
+// of silence after which a rank that owes transfers is lost.
+const DefaultRankSteps = 200
 
 // Validate reports the first field that is missing or out of range, naming
 // the field and its value. Besides the ranges above, the scheduler serves
@@ -126,6 +145,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: MaxBatchedTokens = %d, want > 0", ErrConfig, c.MaxBatchedTokens)
 	case c.MaxRunning < 0:
 		return fmt.Errorf("%w: MaxRunning = %d, want >= 0 (0: no cap)", ErrConfig, c.MaxRunning)
+	case c.RankSteps < 0:
+		return fmt.Errorf("%w: RankSteps = %d, want >= 0 (0: DefaultRankSteps, %d)", ErrConfig, c.RankSteps, DefaultRankSteps)
 	case c.ExternalLookup > LookupNever:
 		return fmt.Errorf("%w: ExternalLookup = %v, want LookupAuto, LookupAlways or LookupNever", ErrConfig, c.ExternalLookup)
 	case state && c.MaxBatchedTokens < l.BlockSize:

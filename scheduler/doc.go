@@ -42,6 +42,28 @@
 //
 //	err = s.Invalidate(newGeneration)
 //
+// With nothing to compute ([Scheduler.Idle]) the engine may block until a
+// connector half has news, rather than step:
+//
+//	err = s.Wait(ctx, wakes...) // every worker's Wake channel, and the engine's arrivals
+//
+// Before it stops, the engine drains: Drain runs the loop's body (a
+// [StepFunc]) until every request has ended and every save was reported,
+// so that closing the workers loses nothing; past ctx's deadline its
+// *[DrainError] names what was not saved:
+//
+//	err = s.Drain(ctx, step, wakes...)
+//	// then close the workers and the connector
+//
+// # Lost workers
+//
+// A worker rank whose Outputs stop coming while it owes transfers holds
+// their blocks for ever; after Config.RankSteps steps of its silence
+// (DefaultRankSteps) Done writes its transfers off and returns a
+// *[RankLostError] naming it. An engine that learns of a lost worker
+// sooner (its process died) calls [Scheduler.WorkersLost] with the Output
+// a [connector.Ledger] writes for it.
+//
 // # Lifecycle
 //
 // Add queues a request; its full blocks are hashed with a [hashing.Chain]

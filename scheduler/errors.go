@@ -7,6 +7,9 @@ import "errors"
 var (
 	// ErrConfig: a Config field is missing or out of range.
 	ErrConfig = errors.New("scheduler: invalid config")
+	// ErrArgument: an argument of a call is out of its range (a nil
+	// context, a nil function).
+	ErrArgument = errors.New("scheduler: invalid argument")
 	// ErrUnknownRequest: a call names a request the scheduler does not know.
 	ErrUnknownRequest = errors.New("scheduler: unknown request")
 	// ErrDuplicateRequest: Add of a request ID that is still known (a
@@ -38,6 +41,9 @@ var (
 	// blocks it never kept, say). Found in [Ended.Err] for the request it
 	// ended, or returned by Done after the step was otherwise completed.
 	ErrConnector = errors.New("scheduler: connector")
+	// ErrRankLost: the Outputs of a worker rank did not come for
+	// Config.RankSteps steps while it owed transfers; see [RankLostError].
+	ErrRankLost = errors.New("scheduler: worker rank lost")
 	// ErrGeneration: Invalidate was asked for a generation that is not newer
 	// than the current one.
 	ErrGeneration = errors.New("scheduler: generation not newer")

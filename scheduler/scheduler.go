@@ -29,6 +29,7 @@ type Scheduler struct {
 	conn     connector.Scheduler // nil: local prefix cache only
 	detached bool                // Invalidate found no Rotator: no more lookups or saves
 	busy     *busy               // the sliding-window blocks unfinished transfers name; nil without such groups or a connector
+	ranks    *ranks              // what each worker rank owes, and its last Output; nil without a connector
 
 	reqs    map[connector.RequestID]*request
 	waiting queue // Waiting and LookupPending, in arrival order
@@ -164,7 +165,8 @@ type group struct {
 
 // New returns a scheduler for cfg driving conn, which may be nil: then the
 // scheduler works with its local prefix cache only. The scheduler does not
-// close conn.
+// close conn. A conn that is a [connector.Namespacer] must have been
+// opened with cfg.Identity: another namespace is an error naming both.
 func New(cfg Config, conn connector.Scheduler) (*Scheduler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -172,6 +174,11 @@ func New(cfg Config, conn connector.Scheduler) (*Scheduler, error) {
 	ns, err := cfg.Identity.Namespace()
 	if err != nil {
 		return nil, fmt.Errorf("%w: Identity: %w", ErrConfig, err)
+	}
+	if n, ok := conn.(connector.Namespacer); ok {
+		if cn := n.Namespace(); cn.String() != ns.String() {
+			return nil, fmt.Errorf("%w: the connector was opened for namespace %s, Config.Identity is namespace %s: open it with the same Identity (Env.Identity)", ErrConfig, cn, ns)
+		}
 	}
 	s := &Scheduler{
 		cfg:  cfg,
@@ -198,6 +205,11 @@ func New(cfg Config, conn connector.Scheduler) (*Scheduler, error) {
 			sizes[g] = cfg.poolSize(g)
 		}
 		s.busy = newBusy(s.groups, sizes, cfg.Identity.Layout.TPSize)
+		bound := cfg.RankSteps
+		if bound == 0 {
+			bound = DefaultRankSteps
+		}
+		s.ranks = newRanks(cfg.Identity.Layout.TPSize, bound)
 	}
 	s.pendingFree = make([]int, n)
 	s.hitTabs = make([][]BlockID, n)
@@ -463,6 +475,7 @@ func (s *Scheduler) Step() (*Plan, error) {
 	if s.conn != nil {
 		p.Metadata = s.conn.Plan()
 		s.busy.plan(p.Metadata)
+		s.ranks.ship(p.Metadata)
 	}
 	s.inFlight = true
 	s.stats.Step = s.step
@@ -1161,7 +1174,9 @@ func (s *Scheduler) endDetached(r *request, state State, err error, keep bool) {
 // same request, a missing one, or an error of the connector's Update
 // returns an error and changes nothing: call Done again. An error wrapping
 // [ErrConnector] after that means the connector reported something
-// inconsistent, which the scheduler ignored; the step is then done.
+// inconsistent, which the scheduler ignored; the step is then done. So
+// is it after a *[RankLostError] (see Config.RankSteps): a worker rank's
+// Outputs did not come, and its transfers were written off.
 func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 	if !s.inFlight {
 		return fmt.Errorf("%w: Done called without a Step (last step %d)", ErrNoStep, s.step)
@@ -1221,6 +1236,7 @@ func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 			return fmt.Errorf("%w: Update: %w", ErrConnector, err)
 		}
 		s.busy.done(outs)
+		s.ranks.report(outs, s.step)
 	}
 	s.inFlight = false
 	bad := s.resolveInline(prog)
@@ -1260,6 +1276,9 @@ func (s *Scheduler) Done(results []Result, outs []*connector.Output) error {
 		}
 	}
 	s.rollBack()
+	if r, ok := s.ranks.lost(s.step); ok {
+		bad = errors.Join(bad, s.loseRank(r))
+	}
 	return bad
 }
 
@@ -1689,6 +1708,7 @@ func (s *Scheduler) WorkersLost(outs []*connector.Output) error {
 			return fmt.Errorf("%w: WorkersLost: Update: %w", ErrConnector, err)
 		}
 		s.busy.done(outs)
+		s.ranks.report(outs, s.step)
 	}
 	s.discarded = s.discarded[:0]
 	s.epoch++

@@ -193,13 +193,24 @@ func (e *miniEngine) step() (*Plan, error) {
 // the workers start its loads (when start is set, else the caller started
 // them), and ends the step.
 func (e *miniEngine) stepPlan(p *Plan, start bool) error {
+	res, err := e.compute(p, start)
+	if err != nil {
+		return err
+	}
+	return e.endStep(context.Background(), res)
+}
+
+// compute computes the plan p of the step in flight after the workers
+// start its loads (when start is set, else the caller started them), and
+// returns the step's results.
+func (e *miniEngine) compute(p *Plan, start bool) ([]Result, error) {
 	ctx := context.Background()
 	for _, w := range e.workers {
 		if !start {
 			break
 		}
 		if err := w.Start(ctx, p.Metadata); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	var res []Result
@@ -217,7 +228,7 @@ func (e *miniEngine) stepPlan(p *Plan, start bool) error {
 						if pos >= it.Start {
 							binary.LittleEndian.PutUint64(s, want)
 						} else if got := binary.LittleEndian.Uint64(s); got != want {
-							return fmt.Errorf("step %d: request %q attends to wrong KV: rank %d position %d (block %d, layer %d, part %d) holds %#x, want %#x",
+							return nil, fmt.Errorf("step %d: request %q attends to wrong KV: rank %d position %d (block %d, layer %d, part %d) holds %#x, want %#x",
 								p.Step, it.ID, rank, pos, b, l, k, got, want)
 						}
 						sum = sum*31 + binary.LittleEndian.Uint64(s)
@@ -230,7 +241,7 @@ func (e *miniEngine) stepPlan(p *Plan, start bool) error {
 			res = append(res, Result{ID: it.ID, Token: hashing.Token(sum>>11) % 50, Finished: m.gen >= m.maxGen})
 		}
 	}
-	return e.endStep(ctx, res)
+	return res, nil
 }
 
 // run steps until every request ended and every block came back.

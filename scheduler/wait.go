@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -14,9 +15,16 @@ import (
 // ended a request). What it then waits for comes from outside: a lookup
 // of the connector, a transfer of a worker, a new request. An engine that
 // finds it idle may block ([Scheduler.Wait]) instead of stepping. With no
-// request at all it is true; between Step and Done it is false.
+// request at all it is true; between Step and Done it is false, and so it
+// is while a worker rank that owes transfers sent no Output to the last
+// Done (see Config.RankSteps).
 func (s *Scheduler) Idle() bool {
 	if s.inFlight {
+		return false
+	}
+	if s.ranks.missing(s.step) {
+		// A rank that owes transfers sent nothing to the last Done: step
+		// on, toward Config.RankSteps.
 		return false
 	}
 	// The plan's Items are the last step's until the next Step.
@@ -46,7 +54,16 @@ func (s *Scheduler) Wake() <-chan struct{} {
 // not a Waker cannot be waited on: do not call Wait then) and whatever
 // brings the engine new requests. After Wait returns the engine steps:
 // the step polls the workers and asks the connector again.
+//
+// A closed channel (a Waker's, once its half is closed) ends the wait
+// with an error wrapping [connector.ErrClosed]: stepping on would find the
+// connector closed. A nil ctx is an error wrapping [ErrArgument], and so
+// is an idle scheduler with nothing to wait on (no connector that is a
+// Waker and no wake channel other than nil): only ctx could end that wait.
 func (s *Scheduler) Wait(ctx context.Context, wake ...<-chan struct{}) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: Wait: nil context", ErrArgument)
+	}
 	if !s.Idle() {
 		return nil
 	}
@@ -64,8 +81,17 @@ func (s *Scheduler) Wait(ctx context.Context, wake ...<-chan struct{}) error {
 			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)})
 		}
 	}
-	if i, _, _ := reflect.Select(cases); i == 0 {
+	if len(cases) == 1 {
+		return fmt.Errorf("%w: Wait: nothing to wait on (no connector Waker, %d wake channels, none of them non-nil) and nothing to compute: it would block until ctx ends", ErrArgument, len(wake))
+	}
+	i, _, ok := reflect.Select(cases)
+	switch {
+	case i == 0:
 		return ctx.Err()
+	case !ok && conn != nil && i == 1:
+		return fmt.Errorf("scheduler: Wait: the connector's Wake channel is closed: %w", connector.ErrClosed)
+	case !ok:
+		return fmt.Errorf("scheduler: Wait: a wake channel is closed: %w", connector.ErrClosed)
 	}
 	return nil
 }

@@ -139,3 +139,61 @@ func TestWaitEndToEnd(t *testing.T) {
 }
 
 const waitBound = 2 * time.Minute
+
+// TestWaitMisuse: Wait over a closed connector or worker, with a nil
+// context, and with nothing to wait on returns an error at once instead
+// of blocking until its context ends (a minute here: the test fails by
+// that deadline when a case blocks).
+func TestWaitMisuse(t *testing.T) {
+	st := e2eStore(t)
+	cfg := Config{Identity: e2eIdentity(4), Blocks: 16, MaxBatchedTokens: 16, PrefixCaching: true}
+	for _, tc := range []struct {
+		name string
+		wait func(t *testing.T, ctx context.Context) error
+		want error
+	}{
+		{"nil context", func(t *testing.T, _ context.Context) error {
+			s, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s.Wait(nil) //nolint:staticcheck // the misuse under test
+		}, ErrArgument},
+		{"no connector and no wake channel", func(t *testing.T, ctx context.Context) error {
+			s, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s.Wait(ctx)
+		}, ErrArgument},
+		{"only nil wake channels", func(t *testing.T, ctx context.Context) error {
+			s, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s.Wait(ctx, nil, nil)
+		}, ErrArgument},
+		{"connector closed", func(t *testing.T, ctx context.Context) error {
+			e := newMiniEngineLookup(t, st, cfg, "async")
+			if err := e.conn.Close(); err != nil {
+				t.Fatal(err)
+			}
+			return e.s.Wait(ctx, e.wakes()...)
+		}, connector.ErrClosed},
+		{"worker closed", func(t *testing.T, ctx context.Context) error {
+			e := newMiniEngineLookup(t, st, cfg, "async")
+			if err := e.workers[1].Close(); err != nil {
+				t.Fatal(err)
+			}
+			return e.s.Wait(ctx, e.wakes()...)
+		}, connector.ErrClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := tc.wait(t, ctx); !errors.Is(err, tc.want) {
+				t.Errorf("Wait = %v, want an error wrapping %v", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,7 +1,16 @@
 // Package storeconn is the reference connector: it shares KV blocks through
 // any [store.Store], the embedded memstore or Mooncake Store alike. Import
 // it for its side effect of registering the driver under [Name]
-// ("StoreConnector"), or open its halves directly.
+// ("StoreConnector") and open its halves by name (connector.OpenScheduler
+// and connector.OpenWorker), or open them directly with [OpenScheduler]
+// and [OpenWorker], which return the concrete [*Scheduler] and [*Worker].
+//
+// Besides connector.Scheduler, the *Scheduler is a connector.Rotator,
+// EventSource, StatsReporter, HealthReporter, Waker, UnsavedReporter and
+// Namespacer; the *Worker is a connector.LayerWorker, StatsReporter,
+// HealthReporter and Waker. Close of either half closes its Wake channel.
+// Neither Close drains: a worker's cancels the transfers it has not
+// started (an engine drains first, scheduler.Scheduler.Drain).
 //
 // # What it does
 //
@@ -231,7 +240,12 @@
 // events of a watched store held between two steps; see KV events),
 // "prefill_tokens_per_s" (0; see Loads slower than
 // prefill). Any other key is an error naming it, with the nearest known
-// key.
+// key. Every count has an upper bound as well (lookup_workers and
+// transfer_workers 256, lookup_queue and batch_blocks 65536, save_retries
+// 100, retry_steps 1048576, verify_chunk 1 GiB, layer_chunks 1024,
+// watch_buffer store.MaxWatch, prefill_tokens_per_s 2^30; store_timeout
+// and failed_ttl 24h, event_poll 1s): a value outside is an error naming
+// the key, the value and the bounds.
 //
 // # Loads slower than prefill
 //

@@ -1,6 +1,10 @@
 package storeconn
 
-import "github.com/kvconnect/kvconnect/connector"
+import (
+	"fmt"
+
+	"github.com/kvconnect/kvconnect/connector"
+)
 
 func init() { connector.Register(Name, driver{}) }
 
@@ -20,4 +24,38 @@ func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Wor
 		return nil, err
 	}
 	return w, nil
+}
+
+// OpenScheduler opens the scheduler half directly, as
+// connector.OpenScheduler does by name, and returns it with its concrete
+// type (a connector.Waker, UnsavedReporter, ... without assertions).
+// cfg.Connector is empty or [Name]; another name is an error naming it.
+// As by name, unset fields of cfg take their defaults (kv_role kv_both)
+// and cfg is validated first.
+func OpenScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) {
+	if err := checkDirect(&cfg); err != nil {
+		return nil, err
+	}
+	return openScheduler(cfg, env)
+}
+
+// OpenWorker opens the worker half of rank env.Rank directly, as
+// connector.OpenWorker does by name, and returns it with its concrete
+// type. cfg.Connector is empty or [Name].
+func OpenWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
+	if err := checkDirect(&cfg); err != nil {
+		return nil, err
+	}
+	return openWorker(cfg, env)
+}
+
+// checkDirect does for a direct open what the registry does: the
+// defaults (kv_role kv_both, ...), then the config's validation.
+func checkDirect(cfg *connector.Config) error {
+	if cfg.Connector != "" && cfg.Connector != Name {
+		return fmt.Errorf("%w: storeconn: Config.Connector = %q, want %q or empty", connector.ErrConfig, cfg.Connector, Name)
+	}
+	cfg.Connector = Name
+	cfg.EnsureDefaults()
+	return cfg.Validate()
 }

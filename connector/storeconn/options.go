@@ -83,49 +83,63 @@ func parseOptions(cfg connector.Config) (options, error) {
 	if o.secret, err = parseVerifyKey(cfg, o.verify); err != nil {
 		return o, err
 	}
+	// Every count has an upper bound too: each is a number of goroutines,
+	// queue slots, store calls or blocks the connector holds or makes, and
+	// a value far beyond any useful one (1e9 workers) would take the
+	// process's memory rather than fail.
 	ints := []struct {
-		key      string
-		dst      *int
-		def, min int
+		key           string
+		dst           *int
+		def, min, max int
 	}{
-		{"lookup_workers", &o.lookupWorkers, 2, 1},
-		{"lookup_queue", &o.lookupQueue, 256, 1},
-		{"transfer_workers", &o.transferWorker, 2, 1},
-		{"batch_blocks", &o.batchBlocks, 64, 1},
-		{"save_retries", &o.saveRetries, 3, 0},
-		{"retry_steps", &o.retryDelay, 1, 1},
-		{"verify_chunk", &o.verifyChunk, 1 << 20, 0},
-		{"layer_chunks", &o.layerChunks, 1, 1},
-		{"watch_buffer", &o.watchBuffer, DefaultWatchBuffer, 1},
-		{"prefill_tokens_per_s", &o.prefillRate, 0, 0},
+		{"lookup_workers", &o.lookupWorkers, 2, 1, 256},
+		{"lookup_queue", &o.lookupQueue, 256, 1, 1 << 16},
+		{"transfer_workers", &o.transferWorker, 2, 1, 256},
+		{"batch_blocks", &o.batchBlocks, 64, 1, 1 << 16},
+		{"save_retries", &o.saveRetries, 3, 0, 100},
+		{"retry_steps", &o.retryDelay, 1, 1, 1 << 20},
+		{"verify_chunk", &o.verifyChunk, 1 << 20, 0, 1 << 30},
+		{"layer_chunks", &o.layerChunks, 1, 1, 1 << 10},
+		{"watch_buffer", &o.watchBuffer, DefaultWatchBuffer, 1, store.MaxWatch},
+		{"prefill_tokens_per_s", &o.prefillRate, 0, 0, 1 << 30},
 	}
 	for _, f := range ints {
 		v, err := cfg.ExtraInt(f.key, f.def)
 		if err != nil {
 			return o, err
 		}
-		if v < f.min {
-			return o, fmt.Errorf("%w: kv_connector_extra_config.%s = %d, want >= %d", connector.ErrConfig, f.key, v, f.min)
+		if v < f.min || v > f.max {
+			return o, fmt.Errorf("%w: kv_connector_extra_config.%s = %d, want %d to %d", connector.ErrConfig, f.key, v, f.min, f.max)
 		}
 		*f.dst = v
 	}
-	if o.watchBuffer > store.MaxWatch {
-		return o, fmt.Errorf("%w: kv_connector_extra_config.watch_buffer = %d, want <= %d", connector.ErrConfig, o.watchBuffer, store.MaxWatch)
+	durations := []struct {
+		key      string
+		dst      *time.Duration
+		def      time.Duration
+		min, max time.Duration // min 0: > 0 unless zero is allowed
+		zero     bool
+	}{
+		{"event_poll", &o.pollInterval, 50 * time.Microsecond, 0, time.Second, false},
+		{"store_timeout", &o.storeTimeout, 5 * time.Second, 0, 24 * time.Hour, false},
+		{"failed_ttl", &o.failedTTL, 15 * time.Second, 0, 24 * time.Hour, true},
 	}
-	if o.pollInterval, err = cfg.ExtraDuration("event_poll", 50*time.Microsecond); err != nil {
-		return o, err
-	}
-	if o.pollInterval <= 0 {
-		return o, fmt.Errorf("%w: kv_connector_extra_config.event_poll = %v, want > 0", connector.ErrConfig, o.pollInterval)
-	}
-	if o.storeTimeout, err = cfg.ExtraDuration("store_timeout", 5*time.Second); err != nil {
-		return o, err
-	}
-	if o.failedTTL, err = cfg.ExtraDuration("failed_ttl", 15*time.Second); err != nil {
-		return o, err
-	}
-	if o.storeTimeout <= 0 {
-		return o, fmt.Errorf("%w: kv_connector_extra_config.store_timeout = %v, want > 0", connector.ErrConfig, o.storeTimeout)
+	for _, f := range durations {
+		v, err := cfg.ExtraDuration(f.key, f.def)
+		if err != nil {
+			return o, err
+		}
+		switch {
+		case v < 0 || v == 0 && !f.zero:
+			want := "> 0"
+			if f.zero {
+				want = ">= 0"
+			}
+			return o, fmt.Errorf("%w: kv_connector_extra_config.%s = %v, want %s", connector.ErrConfig, f.key, v, want)
+		case v > f.max:
+			return o, fmt.Errorf("%w: kv_connector_extra_config.%s = %v, want at most %v", connector.ErrConfig, f.key, v, f.max)
+		}
+		*f.dst = v
 	}
 	return o, nil
 }

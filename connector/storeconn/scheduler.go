@@ -1,10 +1,12 @@
 package storeconn
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,7 +36,11 @@ type Scheduler struct {
 	// connector.Waker: wake holds a value once the engine should call
 	// again; timer sends one when a pending lookup may have reached its
 	// deadline (see waitLookup), armed while it runs.
-	wake  chan struct{}
+	wake   chan struct{}
+	wakeMu struct {
+		sync.Mutex
+		closed bool // wake is closed (Close): signal sends nothing
+	}
 	timer *time.Timer
 	armed atomic.Bool
 
@@ -78,12 +84,14 @@ type Scheduler struct {
 }
 
 var (
-	_ connector.HealthReporter = (*Scheduler)(nil)
-	_ connector.Scheduler      = (*Scheduler)(nil)
-	_ connector.Rotator        = (*Scheduler)(nil)
-	_ connector.EventSource    = (*Scheduler)(nil)
-	_ connector.Waker          = (*Scheduler)(nil)
-	_ connector.StatsReporter  = (*Scheduler)(nil)
+	_ connector.HealthReporter  = (*Scheduler)(nil)
+	_ connector.Scheduler       = (*Scheduler)(nil)
+	_ connector.Rotator         = (*Scheduler)(nil)
+	_ connector.EventSource     = (*Scheduler)(nil)
+	_ connector.Waker           = (*Scheduler)(nil)
+	_ connector.StatsReporter   = (*Scheduler)(nil)
+	_ connector.UnsavedReporter = (*Scheduler)(nil)
+	_ connector.Namespacer      = (*Scheduler)(nil)
 )
 
 // groupHash names one block of one KV cache group.
@@ -365,6 +373,11 @@ func (s *Scheduler) fire() {
 
 // signal tells a waiting engine to call again (connector.Waker).
 func (s *Scheduler) signal() {
+	s.wakeMu.Lock()
+	defer s.wakeMu.Unlock()
+	if s.wakeMu.closed {
+		return
+	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -373,7 +386,7 @@ func (s *Scheduler) signal() {
 
 // Wake implements connector.Waker: a value arrives once a lookup answered
 // or may have passed its deadline, and after an Update that leaves
-// out-of-space retries waiting for a later step.
+// out-of-space retries waiting for a later step. Close closes the channel.
 func (s *Scheduler) Wake() <-chan struct{} { return s.wake }
 
 // stuck reports whether the pool has owed a lookup for longer than the
@@ -402,6 +415,13 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
+		// A request's first Match: its hashes are looked up from here on
+		// (later calls answer from that lookup).
+		for i, h := range r.Hashes[computed/s.bs:] {
+			if h.IsZero() {
+				return connector.Match{}, fmt.Errorf("storeconn: Match(%q): Request.Hashes[%d] is the zero BlockHash: hash every full block (hashing.Chain)", r.ID, computed/s.bs+i)
+			}
+		}
 		q = s.newRequest(r.ID)
 	} else if q.finished {
 		return connector.Match{}, fmt.Errorf("storeconn: Match(%q): request finished and not yet released", r.ID)
@@ -873,6 +893,20 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 		if err := s.checkTable("Scheduled", r, g, t, 0, 0, false); err != nil {
 			return err
 		}
+		if spec := s.groups[g]; spec.Kind == hashing.SlidingWindow && computed > 0 {
+			// The blocks of the window the next token attends to hold
+			// computed KV: none of them may be missing.
+			first := computed - spec.Window + 1
+			for i := max(first, 0) / s.bs; i <= (computed-1)/s.bs && i < len(t); i++ {
+				if t[i] == connector.NoBlock {
+					return fmt.Errorf("%w: Scheduled(%q): blocks[%d][%d] = NoBlock, inside the %d-token sliding window of group %d before position %d (blocks %d to %d)",
+						connector.ErrInvalidBlock, r.ID, g, i, spec.Window, g, computed, max(first, 0)/s.bs, (computed-1)/s.bs)
+				}
+			}
+		}
+	}
+	if r.Tokens != nil && computed > len(r.Tokens) {
+		return fmt.Errorf("storeconn: Scheduled(%q): computed = %d is more than the %d tokens of Request.Tokens", r.ID, computed, len(r.Tokens))
 	}
 	q := s.reqs[r.ID]
 	if q == nil {
@@ -885,6 +919,9 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 	if !s.cfg.Role.CanSave() {
 		return nil
 	}
+	// computed may pass Prompt (an engine that does not count its decodes
+	// in Prompt) and blocks the Hashes do not cover yet (hashed after the
+	// step): those are saved by a later Scheduled that has their hashes.
 	full := min(computed/s.bs, len(r.Hashes))
 	for g, t := range tables {
 		if full > len(t) {
@@ -898,6 +935,13 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 		if start := max(q.saveNext[g], q.noSave[g]); start < full {
 			if err := s.checkTable("Scheduled", r, g, t, start, full, true); err != nil {
 				return err
+			}
+			for i := start; i < full; i++ {
+				if r.Hashes[i].IsZero() {
+					// Saved under the zero hash, the block would answer
+					// any request whose hash was never set.
+					return fmt.Errorf("storeconn: Scheduled(%q): Request.Hashes[%d] is the zero BlockHash: hash every full block (hashing.Chain)", r.ID, i)
+				}
 			}
 		}
 	}
@@ -916,6 +960,7 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 			if t[i] == connector.NoBlock {
 				continue
 			}
+
 			if s.knownPresent(q, g, i) || s.saving[groupHash{g, h}] > 0 {
 				s.stats.SaveSkipped++
 				continue
@@ -1407,6 +1452,10 @@ func (s *Scheduler) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.wakeMu.Lock()
+	s.wakeMu.closed = true
+	close(s.wake) // an engine waiting on it returns
+	s.wakeMu.Unlock()
 	s.cancel()
 	if s.w != nil {
 		s.w.feed.Close()
@@ -1419,6 +1468,34 @@ func (s *Scheduler) Close() error {
 		return fmt.Errorf("storeconn: Close: lookups still inside store calls %v after cancellation: the store ignores its deadlines; they end when it answers", s.opt.storeTimeout)
 	}
 	return nil
+}
+
+// Namespace implements connector.Namespacer: the namespace of Env.Identity
+// at the current generation.
+func (s *Scheduler) Namespace() hashing.Namespace { return s.ns }
+
+// Unsaved implements connector.UnsavedReporter: the saves planned and not
+// reported by every worker, the out-of-space retries waiting for their
+// step, and the saves held back while their request's load runs.
+func (s *Scheduler) Unsaved(dst []connector.Unsaved) []connector.Unsaved {
+	n := len(dst)
+	for _, x := range s.transfers.All() {
+		if !x.load {
+			dst = append(dst, connector.Unsaved{Req: x.req.id, Group: x.group, First: x.first, Hashes: slices.Clone(x.hashes)})
+		}
+	}
+	for _, rt := range s.retries {
+		dst = append(dst, connector.Unsaved{Req: rt.req.id, Group: rt.group, First: rt.first, Hashes: slices.Clone(rt.hashes)})
+	}
+	for _, q := range s.reqs {
+		for _, rt := range q.deferred {
+			dst = append(dst, connector.Unsaved{Req: q.id, Group: rt.group, First: rt.first, Hashes: slices.Clone(rt.hashes)})
+		}
+	}
+	slices.SortFunc(dst[n:], func(a, b connector.Unsaved) int {
+		return cmp.Or(strings.Compare(string(a.Req), string(b.Req)), cmp.Compare(a.Group, b.Group), cmp.Compare(a.First, b.First))
+	})
+	return dst
 }
 
 // allFull reports whether every group is full attention.

@@ -78,13 +78,17 @@ type Worker struct {
 	}
 	waited, savedTo int              // the step's last layer waited on and saved, -1 for none
 	polled          connector.Output // handed out by the last Poll
-	wake            chan struct{}    // connector.Waker: a value once a report awaits Poll
-	closeOnce       sync.Once
-	drained         chan struct{} // closed once every transfer has ended and the regions are unregistered
-	unregErr        error         // from unregistering the regions; read after drained
-	stats           workerStats
-	corrupt         limiter // warn-level log lines about values that failed verification
-	h               health  // store calls that failed
+	wake            chan struct{}    // connector.Waker: a value once a report awaits Poll; closed by Close
+	wakeMu          struct {
+		sync.Mutex
+		closed bool // wake is closed: signal sends nothing
+	}
+	closeOnce sync.Once
+	drained   chan struct{} // closed once every transfer has ended and the regions are unregistered
+	unregErr  error         // from unregistering the regions; read after drained
+	stats     workerStats
+	corrupt   limiter // warn-level log lines about values that failed verification
+	h         health  // store calls that failed
 }
 
 // groupMem is one KV cache group's memory in a worker.
@@ -622,6 +626,9 @@ func (w *Worker) SaveLayer(ctx context.Context, l int, ready connector.Event) er
 	if w.isClosed() {
 		return connector.ErrClosed
 	}
+	if w.started && w.savedTo == savedAll {
+		return fmt.Errorf("storeconn: %w: SaveLayer(%d) after Save in step %d: Save started the saves of every layer", connector.ErrLayer, l, w.lastStep)
+	}
 	if err := w.checkLayer("SaveLayer", l, w.savedTo); err != nil {
 		return err
 	}
@@ -692,8 +699,12 @@ func (w *Worker) Save(ctx context.Context, ready connector.Event) error {
 		return err
 	}
 	w.saves = w.saves[:0]
+	w.savedTo = savedAll
 	return nil
 }
+
+// savedAll is savedTo once Save has started every layer's saves.
+const savedAll = math.MaxInt
 
 // Poll implements connector.Worker.
 func (w *Worker) Poll() *connector.Output {
@@ -719,6 +730,11 @@ func (w *Worker) report(id uint64, blocks []connector.BlockID, failFrom int, rea
 
 // signal tells a waiting engine that Poll has news (connector.Waker).
 func (w *Worker) signal() {
+	w.wakeMu.Lock()
+	defer w.wakeMu.Unlock()
+	if w.wakeMu.closed {
+		return
+	}
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -726,7 +742,7 @@ func (w *Worker) signal() {
 }
 
 // Wake implements connector.Waker: a value arrives once a transfer ended,
-// which the next Poll reports.
+// which the next Poll reports. Close closes the channel.
 func (w *Worker) Wake() <-chan struct{} { return w.wake }
 
 func (w *Worker) loop() {
@@ -1383,6 +1399,10 @@ func (w *Worker) Health() connector.Health { return w.h.get() }
 // after a Close that returned nil.
 func (w *Worker) Close() error {
 	w.closeOnce.Do(func() {
+		w.wakeMu.Lock()
+		w.wakeMu.closed = true
+		close(w.wake) // an engine waiting on it returns
+		w.wakeMu.Unlock()
 		w.life.Lock()
 		w.life.closed = true
 		registered := w.life.registered

@@ -289,18 +289,52 @@ func (e *Engine) Step(ctx context.Context) error {
 	if len(plan.Items) == 0 {
 		e.idle++
 	}
+	res, outs, err := e.compute(ctx, plan)
+	if lost, lerr := e.rankLost(ctx, err); lost {
+		return lerr
+	}
+	if err != nil {
+		return err
+	}
+	return e.done(e.sched.Done(res, outs))
+}
+
+// Drain finishes everything in flight before the engine closes: the
+// requests it holds and, above all, the saves its connector still runs
+// for requests that ended (scheduler.Scheduler.Drain over the engine's
+// steps). A rank lost meanwhile is written off as in Step, and the drain
+// goes on.
+func (e *Engine) Drain(ctx context.Context) error {
+	for {
+		err := e.sched.Drain(ctx, e.compute, e.Wakes(nil)...)
+		if lost, lerr := e.rankLost(ctx, err); lost {
+			if lerr != nil {
+				return lerr
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		return e.done(nil)
+	}
+}
+
+// compute runs the step in flight, plan, on the worker or the ranks and
+// returns its results and every worker's Output, for the scheduler's Done.
+func (e *Engine) compute(ctx context.Context, plan *scheduler.Plan) ([]scheduler.Result, []*connector.Output, error) {
 	if e.ranks != nil {
-		return e.stepTP(ctx, plan)
+		return e.computeTP(ctx, plan)
 	}
 	if e.worker != nil && plan.Metadata != nil {
 		if err := e.worker.Start(ctx, plan.Metadata); err != nil {
-			return fmt.Errorf("worker start: %w", err)
+			return nil, nil, fmt.Errorf("worker start: %w", err)
 		}
 	}
 	e.res = e.res[:0]
 	if e.cfg.Layerwise {
 		if err := e.layers(ctx, plan); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
 	for i, it := range plan.Items {
@@ -327,11 +361,11 @@ func (e *Engine) Step(ctx context.Context) error {
 	if e.worker != nil {
 		// CPU compute is done by now: the saves may read the blocks.
 		if err := e.worker.Save(ctx, connector.Ready); err != nil {
-			return fmt.Errorf("worker save: %w", err)
+			return nil, nil, fmt.Errorf("worker save: %w", err)
 		}
 		e.outs = append(e.outs, e.worker.Poll())
 	}
-	return e.done(e.sched.Done(e.res, e.outs))
+	return e.res, e.outs, nil
 }
 
 // done ends a step whose Done returned err: it drops the tokens Done

@@ -231,6 +231,11 @@ func main() {
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the results as JSON")
 	fs.BoolVar(&o.Progress, "progress", o.Progress, "print a progress line while running")
 	fs.Parse(os.Args[1:])
+	if err := noArgs(fs.Args()); err != nil {
+		fmt.Fprintln(os.Stderr, "miniengine:", err)
+		fs.Usage()
+		os.Exit(2)
+	}
 	layersSet := false
 	fs.Visit(func(f *flag.Flag) { layersSet = layersSet || f.Name == "layers" })
 	if o.Kind == "hybrid" && !layersSet {
@@ -248,6 +253,16 @@ func main() {
 }
 
 // Validate names the first option out of range.
+// noArgs refuses the arguments left after the flags: the mini-engine
+// takes none, and one there is a flag written wrongly (-tp 2 -- -pd, say,
+// or a value without its flag).
+func noArgs(args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("unexpected argument %q (%d in all): every setting is a flag, see -h", args[0], len(args))
+	}
+	return nil
+}
+
 func (o *Options) Validate() error {
 	w := o.Workload
 	for _, f := range []struct {
@@ -259,7 +274,7 @@ func (o *Options) Validate() error {
 		{"output", w.Output, 1}, {"turns", w.Turns, 1}, {"layers", o.Model.Layers, 1}, {"dim", o.Model.Dim, 1},
 		{"heads", o.Model.Heads, 1}, {"block", o.Block, 1}, {"batch", o.Batch, 1}, {"par", o.Par, 1},
 		{"instances", o.Instances, 1}, {"blocks", o.Blocks, 0}, {"pressure-blocks", o.PressureBlocks, 0},
-		{"repeat", o.Repeat, 1}, {"tp", o.TP, 1},
+		{"repeat", o.Repeat, 1}, {"tp", o.TP, 1}, {"weight-update-at", o.WeightUpdateAt, 0},
 	} {
 		if f.v < f.min {
 			return fmt.Errorf("-%s = %d, want >= %d", f.name, f.v, f.min)

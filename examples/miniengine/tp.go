@@ -340,27 +340,14 @@ func (e *Engine) openTP() (*Engine, error) {
 	return e, nil
 }
 
-// stepTP runs the step in flight on the ranks. When a rank is lost with
-// the step's work, the scheduler writes off what it held (WorkersLost):
-// every request recomputes, loading again what the store holds of it.
-func (e *Engine) stepTP(ctx context.Context, plan *scheduler.Plan) error {
+// computeTP runs the step in flight on the ranks and returns its results
+// and the ranks' Outputs. A rank lost with the step's work is an error
+// wrapping errRankLost, for rankLost.
+func (e *Engine) computeTP(ctx context.Context, plan *scheduler.Plan) ([]scheduler.Result, []*connector.Output, error) {
 	var err error
 	e.toks, e.outs, err = e.ranks.step(ctx, plan, e.toks[:0], e.outs[:0])
-	if errors.Is(err, errRankLost) && !errors.Is(err, errRankRestart) && ctx.Err() == nil {
-		e.lost++
-		if e.conn == nil {
-			e.outs = e.outs[:0] // the ledger's, of nothing: no worker has a connector
-		}
-		if werr := e.sched.WorkersLost(e.outs); werr != nil {
-			return errors.Join(err, werr)
-		}
-		// Every request recomputes its KV; the tokens it sampled
-		// stand, as the scheduler keeps them. Under the fail policy the
-		// requests whose loads were lost ended.
-		return e.done(nil)
-	}
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	e.res = e.res[:0]
 	for i, it := range plan.Items {
@@ -375,5 +362,26 @@ func (e *Engine) stepTP(ctx context.Context, plan *scheduler.Plan) error {
 		r.out = append(r.out, next)
 		e.res = append(e.res, scheduler.Result{ID: it.ID, Token: next, Finished: len(r.out) >= r.maxTokens})
 	}
-	return e.done(e.sched.Done(e.res, e.outs))
+	return e.res, e.outs, nil
+}
+
+// rankLost acts on err, the error of a step's compute: when a rank was
+// lost with the step's work, the scheduler writes off what it held
+// (WorkersLost): every request recomputes, loading again what the store
+// holds of it. It reports whether it did, and the error of doing it.
+func (e *Engine) rankLost(ctx context.Context, err error) (bool, error) {
+	if e.ranks == nil || !errors.Is(err, errRankLost) || errors.Is(err, errRankRestart) || ctx.Err() != nil {
+		return false, nil
+	}
+	e.lost++
+	if e.conn == nil {
+		e.outs = e.outs[:0] // the ledger's, of nothing: no worker has a connector
+	}
+	if werr := e.sched.WorkersLost(e.outs); werr != nil {
+		return true, errors.Join(err, werr)
+	}
+	// Every request recomputes its KV; the tokens it sampled stand, as
+	// the scheduler keeps them. Under the fail policy the requests whose
+	// loads were lost ended.
+	return true, e.done(nil)
 }

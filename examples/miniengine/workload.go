@@ -233,6 +233,16 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 		}
 	}
 	st.Duration = time.Since(start)
+	// Every request has ended; the saves of the last ones may still run.
+	// Drain them before the engines close, or closing cancels them.
+	for i, e := range all {
+		dctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := e.Drain(dctx)
+		cancel()
+		if err != nil {
+			return st, fmt.Errorf("engine %d: %w", i, err)
+		}
+	}
 	if ended > 0 {
 		st.TTFT = ttft / time.Duration(ended)
 		st.Latency = latency / time.Duration(ended)
