@@ -243,7 +243,7 @@
 // key. Every count has an upper bound as well (lookup_workers and
 // transfer_workers 256, lookup_queue and batch_blocks 65536, save_retries
 // 100, retry_steps 1048576, verify_chunk 1 GiB, layer_chunks 1024,
-// watch_buffer store.MaxWatch, prefill_tokens_per_s 2^30; store_timeout
+// watch_buffer store.MaxWatch; store_timeout
 // and failed_ttl 24h, event_poll 1s): a value outside is an error naming
 // the key, the value and the bounds.
 //

@@ -3,6 +3,7 @@ package storeconn
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
@@ -101,7 +102,7 @@ func parseOptions(cfg connector.Config) (options, error) {
 		{"verify_chunk", &o.verifyChunk, 1 << 20, 0, 1 << 30},
 		{"layer_chunks", &o.layerChunks, 1, 1, 1 << 10},
 		{"watch_buffer", &o.watchBuffer, DefaultWatchBuffer, 1, store.MaxWatch},
-		{"prefill_tokens_per_s", &o.prefillRate, 0, 0, 1 << 30},
+		{"prefill_tokens_per_s", &o.prefillRate, 0, 0, math.MaxInt}, // a speed, not a count of anything held
 	}
 	for _, f := range ints {
 		v, err := cfg.ExtraInt(f.key, f.def)
