@@ -79,41 +79,6 @@ func (x *index) find(key string, h uint64) int32 {
 	}
 }
 
-// touch reads the first slot, entry and key bytes of each keys[i] for i
-// in order, each stage for all the keys before the next: the reads of one
-// stage do not depend on each other, so the processor overlaps their cache
-// misses, and the finds that follow hit the cache. With millions of keys
-// the index is out of the cache, and a find without it waits for three
-// misses in a row. It returns a value that depends on what it read.
-func (x *index) touch(keys []string, hashes []uint64, order []int32) uint64 {
-	const chunk = 16
-	var sink uint64
-	var ids [chunk]int32
-	mask := uint64(len(x.slots) - 1)
-	for len(order) > 0 {
-		n := min(len(order), chunk)
-		for k, i := range order[:n] {
-			h := hashes[i]
-			s := x.slots[h&mask]
-			ids[k] = 0
-			if s != 0 && s>>32 == tagOf(h) {
-				ids[k] = int32(uint32(s))
-			}
-		}
-		for k := range n {
-			sink += uint64(x.ents[ids[k]].kref)
-		}
-		for k, i := range order[:n] {
-			if id := ids[k]; id != 0 && len(keys[i]) > 0 {
-				e := &x.ents[id]
-				sink += uint64(x.heap[e.kref]) + uint64(x.heap[int(e.kref)+int(e.klen)-1])
-			}
-		}
-		order = order[n:]
-	}
-	return sink
-}
-
 // insert adds key, absent, with hash h, and returns its new entry, whose
 // fields but the key's the caller sets; the key's bytes are copied. It
 // returns 0 when the shard's key heap would pass 4 GiB.

@@ -167,7 +167,8 @@ func (s *Store) start(ctx context.Context, op string, keys, regions, res int) er
 // reported present may be evicted before a later Get, which then returns
 // store.ErrNotFound. Per-key errors: store.ErrNotFound, store.ErrInvalidKey.
 //
-// A batch is probed shard by shard, each shard locked once for all its keys.
+// A batch is probed a few shards at a time, each shard locked once for
+// all its keys.
 func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) error {
 	if err := s.start(ctx, "exists", len(keys), -1, len(res)); err != nil {
 		return err
@@ -178,27 +179,40 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 	done := ctx.Done()
 	probed := 0
 	for start := 0; start < len(g.order); {
-		sh := &s.shards[g.shard[g.order[start]]]
-		end := start + 1
-		for end < len(g.order) && g.shard[g.order[end]] == g.shard[g.order[start]] {
+		// A window of up to existsWindow shards, locked in ascending
+		// order (no other call holds two shard locks), whose lookups are
+		// staged together (see touch).
+		end, shards := start, 0
+		for end < len(g.order) {
+			if end == start || g.shard[g.order[end]] != g.shard[g.order[end-1]] {
+				if shards == existsWindow {
+					break
+				}
+				shards++
+				s.shards[g.shard[g.order[end]]].mu.Lock()
+			}
 			end++
 		}
+		g.sink += s.touch(keys, g, g.order[start:end])
 		stop := -1 // where ctx was found done
-		sh.mu.Lock()
-		g.sink += sh.ix.touch(keys, g.hash, g.order[start:end])
 		for j := start; j < end; j++ {
 			if canceled(done) {
 				stop = j
 				break
 			}
 			i := g.order[j]
-			if id := sh.ix.find(keys[i], g.hash[i]); id != 0 {
-				res[i] = store.Result{N: sh.ix.ents[id].size}
+			ix := &s.shards[g.shard[i]].ix
+			if id := ix.find(keys[i], g.hash[i]); id != 0 {
+				res[i] = store.Result{N: ix.ents[id].size}
 			} else {
 				res[i] = store.Result{Err: store.ErrNotFound}
 			}
 		}
-		sh.mu.Unlock()
+		for j := start; j < end; j++ {
+			if j == start || g.shard[g.order[j]] != g.shard[g.order[j-1]] {
+				s.shards[g.shard[g.order[j]]].mu.Unlock()
+			}
+		}
 		if stop >= 0 {
 			probed += stop - start
 			for _, i := range g.order[stop:] {
@@ -211,6 +225,46 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 	}
 	s.counters.exists.Add(int64(probed))
 	return nil
+}
+
+// existsWindow is how many shards an exists holds locked at once.
+const existsWindow = 8
+
+// touch reads the first slot, entry and key bytes of each keys[i] for i
+// in order, whose shards the caller holds locked, each stage for all the
+// keys before the next: the reads of one stage do not depend on each
+// other, so the processor overlaps their cache misses, and the finds that
+// follow hit the cache. With millions of keys the index is out of the
+// cache, and a find on its own waits for three misses in a row. It returns
+// a value that depends on what it read, so that the reads are kept.
+func (s *Store) touch(keys []string, g *grouping, order []int32) uint64 {
+	const chunk = 32
+	var sink uint64
+	var ids [chunk]int32
+	for len(order) > 0 {
+		n := min(len(order), chunk)
+		for k, i := range order[:n] {
+			ix := &s.shards[g.shard[i]].ix
+			h := g.hash[i]
+			sl := ix.slots[h&uint64(len(ix.slots)-1)]
+			ids[k] = 0
+			if sl != 0 && sl>>32 == tagOf(h) {
+				ids[k] = int32(uint32(sl))
+			}
+		}
+		for k, i := range order[:n] {
+			sink += uint64(s.shards[g.shard[i]].ix.ents[ids[k]].kref)
+		}
+		for k, i := range order[:n] {
+			if id := ids[k]; id != 0 {
+				ix := &s.shards[g.shard[i]].ix
+				e := &ix.ents[id]
+				sink += uint64(ix.heap[e.kref]) + uint64(ix.heap[int(e.kref)+int(e.klen)-1])
+			}
+		}
+		order = order[n:]
+	}
+	return sink
 }
 
 // grouping orders the valid keys of a batch by shard.
