@@ -291,6 +291,9 @@ func runCapacity(ctx context.Context, tr *Trace, o Options, capacity, keys int64
 		return nil, err
 	}
 	res.Store, res.CapacityTokens = o.Store, capacity
+	if o.Store == "mooncake" {
+		res.CapacityTokens = -1 // the segments' (global_segment_size)
+	}
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
@@ -337,6 +340,14 @@ func replayOnce(ctx context.Context, tr *Trace, su Setup, ost *openedStore) (*Re
 	rp.finish()
 	res := rp.res
 	res.WallSeconds = wall.Seconds()
+	var conn int64
+	for _, in := range rp.ins {
+		conn += in.connectorNanos()
+	}
+	res.ConnectorSeconds = float64(conn) / 1e9
+	if t := res.ConnectorSeconds + res.PrefillSeconds; t > 0 {
+		res.ConnectorShare = res.ConnectorSeconds / t
+	}
 	if ost != nil {
 		calls, keys, total, p50, p99 := ost.timed.lookups()
 		res.Lookups, res.LookupKeys = calls, keys
@@ -347,6 +358,9 @@ func replayOnce(ctx context.Context, tr *Trace, su Setup, ost *openedStore) (*Re
 		res.LookupP50Us, res.LookupP99Us = float64(p50)/1e3, float64(p99)/1e3
 		ost.timed.mu.Lock()
 		res.Puts, res.PutKeys = ost.timed.puts, ost.timed.putKeys
+		if ost.timed.puts > 0 {
+			res.PutMsPerCall = ost.timed.putTime.Seconds() * 1e3 / float64(ost.timed.puts)
+		}
 		ost.timed.mu.Unlock()
 	}
 	return &res, nil
@@ -402,10 +416,7 @@ func (rep *Report) Text(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "capacity\tkeys\tlocal\texternal\thit\tmax\tcomputed\tvs off\tprefill GPU\tTTFT p50\tp99\tlookups/s\tlookup p50\tp99\theap/key\tRSS\twall\t")
 	for _, r := range rep.Runs {
-		capS := "unbounded"
-		if r.CapacityTokens > 0 {
-			capS = tokensString(r.CapacityTokens)
-		}
+		capS := capacityString(r.CapacityTokens)
 		vs := "-"
 		if r.OffComputed > 0 {
 			vs = fmt.Sprintf("%.2fx", float64(r.ComputedTokens)/float64(r.OffComputed))
@@ -416,6 +427,25 @@ func (rep *Report) Text(w io.Writer) {
 			r.HeapBytesPerKey, r.RSSBytes>>20, r.WallSeconds)
 	}
 	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "capacity	lookups	keys/lookup	put calls	keys/put	ms/put	evictions	connector time	of prefill GPU + it	")
+	for _, r := range rep.Runs {
+		fmt.Fprintf(tw, "%s	%d	%.0f	%d	%.0f	%.3f	%d	%.1f s	%.2f%%	\n",
+			capacityString(r.CapacityTokens), r.Lookups, float64(r.LookupKeys)/float64(max(1, r.Lookups)), r.Puts, float64(r.PutKeys)/float64(max(1, r.Puts)),
+			r.PutMsPerCall, r.Evictions, r.ConnectorSeconds, 100*r.ConnectorShare)
+	}
+	tw.Flush()
+}
+
+func capacityString(c int64) string {
+	switch {
+	case c > 0:
+		return tokensString(c)
+	case c < 0:
+		return "segment"
+	}
+	return "unbounded"
 }
 
 // tokensString writes n tokens with a K or M suffix where exact.

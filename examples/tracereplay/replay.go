@@ -52,7 +52,7 @@ func (s Setup) Validate() error {
 // Result is what one replay measured.
 type Result struct {
 	Store          string  `json:"store"`
-	CapacityTokens int64   `json:"capacity_tokens"` // 0: unbounded
+	CapacityTokens int64   `json:"capacity_tokens"` // 0: unbounded; -1: a Mooncake store's own (global_segment_size)
 	Requests       int     `json:"requests"`
 	InputTokens    int64   `json:"input_tokens"`
 	LocalTokens    int64   `json:"local_tokens"`    // served from an engine's own prefix cache
@@ -72,23 +72,29 @@ type Result struct {
 	TTFTP50Ms      float64 `json:"ttft_p50_ms"`
 	TTFTP99Ms      float64 `json:"ttft_p99_ms"`
 	// Measured: the store's exists calls (one per lookup of a request).
-	Lookups         int64   `json:"lookups"`
-	LookupKeys      int64   `json:"lookup_keys"`
-	LookupsPerSec   float64 `json:"lookups_per_second"` // lookups per second of wall time
-	LookupKeysPerS  float64 `json:"lookup_keys_per_second_in_calls"`
-	LookupP50Us     float64 `json:"lookup_p50_us"`
-	LookupP99Us     float64 `json:"lookup_p99_us"`
-	Puts            int64   `json:"put_calls"`
-	PutKeys         int64   `json:"put_keys"`
-	StoreKeys       int64   `json:"store_keys"`
-	Evictions       int64   `json:"store_evictions"`
-	HeapBytesPerKey float64 `json:"heap_bytes_per_store_key"`
-	RSSBytes        int64   `json:"rss_bytes"`
-	PeakRSSBytes    int64   `json:"peak_rss_bytes"`
-	VerifiedBlocks  int64   `json:"verified_blocks"`
-	KVEvents        int64   `json:"kv_events"`
-	Steps           int64   `json:"steps"`
-	WallSeconds     float64 `json:"wall_seconds"`
+	Lookups        int64   `json:"lookups"`
+	LookupKeys     int64   `json:"lookup_keys"`
+	LookupsPerSec  float64 `json:"lookups_per_second"` // lookups per second of wall time
+	LookupKeysPerS float64 `json:"lookup_keys_per_second_in_calls"`
+	LookupP50Us    float64 `json:"lookup_p50_us"`
+	LookupP99Us    float64 `json:"lookup_p99_us"`
+	// The connector's own time in lookups and transfers (both halves'
+	// LookupNanos and TransferNanos, summed over goroutines), and its share
+	// of the step time the cost model gives the prefills plus that time.
+	ConnectorSeconds float64 `json:"connector_seconds"`
+	ConnectorShare   float64 `json:"connector_share"`
+	PutMsPerCall     float64 `json:"put_ms_per_call"`
+	Puts             int64   `json:"put_calls"`
+	PutKeys          int64   `json:"put_keys"`
+	StoreKeys        int64   `json:"store_keys"`
+	Evictions        int64   `json:"store_evictions"`
+	HeapBytesPerKey  float64 `json:"heap_bytes_per_store_key"`
+	RSSBytes         int64   `json:"rss_bytes"`
+	PeakRSSBytes     int64   `json:"peak_rss_bytes"`
+	VerifiedBlocks   int64   `json:"verified_blocks"`
+	KVEvents         int64   `json:"kv_events"`
+	Steps            int64   `json:"steps"`
+	WallSeconds      float64 `json:"wall_seconds"`
 }
 
 // instance is one engine: a scheduler, a connector's two halves and KV
@@ -141,6 +147,18 @@ func newInstance(su Setup, id hashing.Identity, st store.Store) (*instance, erro
 		return nil, err
 	}
 	return in, nil
+}
+
+// connectorNanos returns the connector's time in lookups and transfers.
+func (in *instance) connectorNanos() int64 {
+	var n int64
+	if r, ok := in.conn.(connector.StatsReporter); ok {
+		n += r.Stats().LookupNanos
+	}
+	if r, ok := in.worker.(connector.StatsReporter); ok {
+		n += r.Stats().TransferNanos
+	}
+	return n
 }
 
 func (in *instance) close() error {
