@@ -7,19 +7,23 @@ import (
 )
 
 // Plot returns an SVG chart of the hit rate against store capacity (log
-// scale), local and total, with the trace's theoretical maximum as a line.
+// scale), local and total, with the trace's theoretical maximum as a line
+// (which an unbounded run reaches: it is not plotted as a point).
 // It is written by hand: a chart of a few points needs no plotting library,
 // and the module takes no dependency for an example.
 func Plot(rep *Report) string {
 	const w, h, left, right, top, bottom = 640, 400, 70, 20, 40, 60
 	pw, ph := float64(w-left-right), float64(h-top-bottom)
 	var caps []float64
+	var runs []*Result
 	for _, r := range rep.Runs {
-		c := float64(r.CapacityTokens)
-		if c == 0 {
-			c = float64(rep.Bound.Keys * int64(rep.Setup.BlockSize))
+		if r.CapacityTokens > 0 {
+			caps = append(caps, float64(r.CapacityTokens))
+			runs = append(runs, r)
 		}
-		caps = append(caps, c)
+	}
+	if len(runs) == 0 {
+		caps, runs = []float64{1}, []*Result{{}}
 	}
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, c := range caps {
@@ -60,11 +64,11 @@ func Plot(rep *Report) string {
 	}
 	for k, s := range series {
 		var pts []string
-		for i, r := range rep.Runs {
+		for i, r := range runs {
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(caps[i]), y(s.rate(r))))
 		}
 		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="2"/>`+"\n", strings.Join(pts, " "), s.color)
-		for i, r := range rep.Runs {
+		for i, r := range runs {
 			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s"><title>%s: %.1f%%</title></circle>`+"\n", x(caps[i]), y(s.rate(r)), s.color, tokensString(int64(caps[i])), 100*s.rate(r))
 			if k == 0 {
 				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%.1f%%</text>`+"\n", x(caps[i]), y(s.rate(r))-8, 100*s.rate(r))

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/xml"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -211,4 +213,29 @@ func FuzzReadTrace(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPlot: the chart is well-formed XML with a point per bounded
+// capacity in each of its two series (the unbounded run is the maximum's
+// line, not a point).
+func TestPlot(t *testing.T) {
+	rep := replayFile(t, filepath.Join("testdata", "small_evict.jsonl"), "-block", "256", "-kv-bytes", "16", "-instances", "6", "-pool", "1024", "-capacity", "512,1024,unbounded", "-off=false")
+	svg := Plot(rep)
+	dec := xml.NewDecoder(strings.NewReader(svg))
+	circles := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("Plot is not well-formed XML: %v\n%s", err, svg)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "circle" {
+			circles++
+		}
+	}
+	if circles != 4 {
+		t.Errorf("Plot has %d points, want 4 (2 capacities x 2 series)", circles)
+	}
 }
