@@ -340,11 +340,9 @@ func replayOnce(ctx context.Context, tr *Trace, su Setup, ost *openedStore) (*Re
 	rp.finish()
 	res := rp.res
 	res.WallSeconds = wall.Seconds()
-	var conn int64
 	for _, in := range rp.ins {
-		conn += in.connectorNanos()
+		in.connectorStats(&res)
 	}
-	res.ConnectorSeconds = float64(conn) / 1e9
 	if t := res.ConnectorSeconds + res.PrefillSeconds; t > 0 {
 		res.ConnectorShare = res.ConnectorSeconds / t
 	}
@@ -429,11 +427,11 @@ func (rep *Report) Text(w io.Writer) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "capacity	lookups	keys/lookup	put calls	keys/put	ms/put	evictions	connector time	of prefill GPU + it	")
+	fmt.Fprintln(tw, "capacity\tlookups\tkeys/lookup\tput calls\tkeys/put\tms/put\tevictions\tconnector time\tof prefill GPU + it\tfailed saves\tfailed loads\tstore errors\t")
 	for _, r := range rep.Runs {
-		fmt.Fprintf(tw, "%s	%d	%.0f	%d	%.0f	%.3f	%d	%.1f s	%.2f%%	\n",
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%.0f\t%.3f\t%d\t%.1f s\t%.2f%%\t%d\t%d\t%d\t\n",
 			capacityString(r.CapacityTokens), r.Lookups, float64(r.LookupKeys)/float64(max(1, r.Lookups)), r.Puts, float64(r.PutKeys)/float64(max(1, r.Puts)),
-			r.PutMsPerCall, r.Evictions, r.ConnectorSeconds, 100*r.ConnectorShare)
+			r.PutMsPerCall, r.Evictions, r.ConnectorSeconds, 100*r.ConnectorShare, r.SaveFailures, r.LoadFailures, r.StoreErrors)
 	}
 	tw.Flush()
 }

@@ -84,17 +84,24 @@ type Result struct {
 	ConnectorSeconds float64 `json:"connector_seconds"`
 	ConnectorShare   float64 `json:"connector_share"`
 	PutMsPerCall     float64 `json:"put_ms_per_call"`
-	Puts             int64   `json:"put_calls"`
-	PutKeys          int64   `json:"put_keys"`
-	StoreKeys        int64   `json:"store_keys"`
-	Evictions        int64   `json:"store_evictions"`
-	HeapBytesPerKey  float64 `json:"heap_bytes_per_store_key"`
-	RSSBytes         int64   `json:"rss_bytes"`
-	PeakRSSBytes     int64   `json:"peak_rss_bytes"`
-	VerifiedBlocks   int64   `json:"verified_blocks"`
-	KVEvents         int64   `json:"kv_events"`
-	Steps            int64   `json:"steps"`
-	WallSeconds      float64 `json:"wall_seconds"`
+	// The connector's failures, both halves: a failed or timed-out store
+	// call (store_timeout) loses the lookup, load or save it served, so a
+	// replay that has any may reuse less than the trace allows.
+	SaveFailures    int64   `json:"save_failures"`
+	LoadFailures    int64   `json:"load_failures"`
+	StoreErrors     int64   `json:"store_errors"`
+	StoreTimeouts   int64   `json:"store_timeouts"`
+	Puts            int64   `json:"put_calls"`
+	PutKeys         int64   `json:"put_keys"`
+	StoreKeys       int64   `json:"store_keys"`
+	Evictions       int64   `json:"store_evictions"`
+	HeapBytesPerKey float64 `json:"heap_bytes_per_store_key"`
+	RSSBytes        int64   `json:"rss_bytes"`
+	PeakRSSBytes    int64   `json:"peak_rss_bytes"`
+	VerifiedBlocks  int64   `json:"verified_blocks"`
+	KVEvents        int64   `json:"kv_events"`
+	Steps           int64   `json:"steps"`
+	WallSeconds     float64 `json:"wall_seconds"`
 }
 
 // instance is one engine: a scheduler, a connector's two halves and KV
@@ -149,16 +156,25 @@ func newInstance(su Setup, id hashing.Identity, st store.Store) (*instance, erro
 	return in, nil
 }
 
-// connectorNanos returns the connector's time in lookups and transfers.
-func (in *instance) connectorNanos() int64 {
+// connectorStats adds the connector's time in lookups and transfers and
+// its failures to res.
+func (in *instance) connectorStats(res *Result) {
 	var n int64
-	if r, ok := in.conn.(connector.StatsReporter); ok {
-		n += r.Stats().LookupNanos
+	for _, h := range []any{in.conn, in.worker} {
+		r, ok := h.(connector.StatsReporter)
+		if !ok {
+			continue
+		}
+		st := r.Stats()
+		n += st.LookupNanos + st.TransferNanos
+		res.SaveFailures += st.SaveFailures
+		res.StoreErrors += st.StoreErrors
+		res.StoreTimeouts += st.StoreTimeouts
+		if h == any(in.worker) {
+			res.LoadFailures += st.LoadFailures
+		}
 	}
-	if r, ok := in.worker.(connector.StatsReporter); ok {
-		n += r.Stats().TransferNanos
-	}
-	return n
+	res.ConnectorSeconds += float64(n) / 1e9
 }
 
 func (in *instance) close() error {
