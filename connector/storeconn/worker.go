@@ -762,6 +762,10 @@ func (w *Worker) loop() {
 		w.q.jobs[0] = job{}
 		w.q.jobs = w.q.jobs[1:]
 		w.q.Unlock()
+		if !j.load && j.seq == nil {
+			w.runSaves(w.takeSaves(j, &sc), &sc)
+			continue
+		}
 		if j.seq == nil {
 			w.run(&j, &sc)
 			continue
@@ -775,24 +779,63 @@ func (w *Worker) loop() {
 	}
 }
 
-// run moves one job's blocks and reports its end.
+// takeSaves returns j, a save job the caller took from the queue, with the
+// save jobs queued right after it that save the same group's chunk in the
+// same generation, taken from the queue too, as long as their blocks
+// together fit one store call (batch_blocks): a step queues the saves of
+// all its requests at once, and one call stores them all.
+func (w *Worker) takeSaves(j job, sc *scratch) []job {
+	batch := append(sc.batch[:0], j)
+	n := len(j.t.Blocks)
+	w.q.Lock()
+	k := 0
+	for ; k < len(w.q.jobs); k++ {
+		q := &w.q.jobs[k]
+		if q.load || q.seq != nil || q.t.Group != j.t.Group || q.c != j.c || q.gen != j.gen || n+len(q.t.Blocks) > w.opt.batchBlocks {
+			break
+		}
+		n += len(q.t.Blocks)
+		batch = append(batch, *q)
+		*q = job{}
+	}
+	w.q.jobs = w.q.jobs[k:]
+	w.q.Unlock()
+	sc.batch = batch
+	return batch
+}
+
+// runSaves saves the jobs js together and reports the end of each.
+func (w *Worker) runSaves(js []job, sc *scratch) {
+	start := time.Now()
+	fails := w.save(js, sc)
+	w.stats.nanos.Add(time.Since(start).Nanoseconds())
+	w.mu.Lock()
+	for k := range js {
+		own := sc.own[:0]
+		for _, f := range fails {
+			if f.Transfer == js[k].t.ID {
+				own = append(own, f)
+			}
+		}
+		sc.own = own
+		w.ended(&js[k], own)
+	}
+	w.mu.Unlock()
+	clear(js)
+	w.signal()
+}
+
+// run moves one load job's blocks and reports its end.
 func (w *Worker) run(j *job, sc *scratch) {
 	start := time.Now()
-	var fails []connector.Failure
-	if j.load {
-		fails = w.load(j, sc)
-	} else {
-		fails = w.save(j, sc)
-	}
+	fails := w.load(j, sc)
 	w.stats.nanos.Add(time.Since(start).Nanoseconds())
 	w.mu.Lock()
 	w.ended(j, fails)
 	w.mu.Unlock()
-	if j.load {
-		// After the report: the Poll that follows WaitLayer of the last
-		// layer reports every load of the step.
-		w.layerDone(j)
-	}
+	// After the report: the Poll that follows WaitLayer of the last layer
+	// reports every load of the step.
+	w.layerDone(j)
 	w.signal()
 }
 
@@ -808,6 +851,10 @@ type scratch struct {
 	res      []store.Result
 	spans    []rdma.Region
 	idx      []int
+	live     []saveCursor        // save: the jobs being saved
+	items    []saveItem          // save: the blocks of a batch
+	batch    []job               // loop: the save jobs taken together
+	own      []connector.Failure // runSaves: one job's failures
 	copies   []connector.DeviceCopy
 	fails    []connector.Failure
 	staging  *rdma.HostMemory // registered with the store; pinned when pinned is set
@@ -1225,70 +1272,113 @@ func (w *Worker) waitReady(ev connector.Event) error {
 	}
 }
 
-// save copies a save transfer's blocks that this replica owns into the
-// store once the step is ready, each with its trailer when verification is
-// on. Out of space stops the transfer: the rest of its blocks are reported
-// no-space, for the scheduler to plan again.
-func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
-	t := &j.t
+// save copies the blocks that this replica owns of the save jobs js,
+// which the caller took from the queue together (see takeSaves: one group
+// and chunk, one generation), into the store once the step is ready, each
+// with its trailer when verification is on: the blocks of all of them in
+// as few calls as batch_blocks allows, so that a step's saves of many
+// requests cost one call, not one a request. Out of space stops that
+// job's transfer: the rest of its blocks are reported no-space, for the
+// scheduler to plan again. It returns the failures of every job, each
+// naming its transfer.
+func (w *Worker) save(js []job, sc *scratch) []connector.Failure {
 	sc.fails = sc.fails[:0]
-	if err := w.waitReady(j.ready); err != nil {
-		return fail(sc.fails, t.ID, 0, len(t.Blocks), reason(err))
-	}
-	if w.stale(j) {
-		if j.x == nil { // in chunks: counted per block when the last ends
-			w.stats.stale.Add(int64(len(t.Blocks)))
+	sc.live = sc.live[:0]
+	for k := range js {
+		j, t := &js[k], &js[k].t
+		if err := w.waitReady(j.ready); err != nil {
+			sc.fails = fail(sc.fails, t.ID, 0, len(t.Blocks), reason(err))
+			continue
 		}
-		return fail(sc.fails, t.ID, 0, len(t.Blocks), connector.ReasonStale)
+		if w.stale(j) {
+			if j.x == nil { // in chunks: counted per block when the last ends
+				w.stats.stale.Add(int64(len(t.Blocks)))
+			}
+			sc.fails = fail(sc.fails, t.ID, 0, len(t.Blocks), connector.ReasonStale)
+			continue
+		}
+		sc.live = append(sc.live, saveCursor{k: k})
 	}
-	gm := &w.groups[t.Group]
-	ch := &gm.chunks[j.c]
-	shard := j.ns.GroupShard(t.Group, w.rank)
+	if len(sc.live) == 0 {
+		return sc.fails
+	}
+	j0 := &js[sc.live[0].k]
+	gm := &w.groups[j0.t.Group]
+	ch := &gm.chunks[j0.c]
+	shard := j0.ns.GroupShard(j0.t.Group, w.rank)
 	replicas, replica := gm.replicas, w.rank%gm.replicas
 	bs := ch.bytes
 	stride := bs + w.tl
-	idx := sc.idx[:0]
-	defer func() { sc.idx = idx }()
+	items := sc.items[:0]
+	defer func() { sc.items = items }()
 	var blocks []connector.BlockID
-	for lo := 0; lo < len(t.Blocks); {
-		// The next batch of blocks this replica owns: block i of the
-		// request goes to replica i mod replicas, so replicas split the
-		// work and each key is written once.
-		idx = idx[:0]
-		hi := lo
-		for ; hi < len(t.Blocks) && len(idx) < w.opt.batchBlocks; hi++ {
-			if (t.First+hi)%replicas == replica {
-				idx = append(idx, hi)
+	// failRest fails, with r, every block of the live jobs not yet saved:
+	// from the first in this batch, or the next to plan.
+	failRest := func(r connector.Reason) []connector.Failure {
+		for ci := range sc.live {
+			c := &sc.live[ci]
+			if c.stopped {
+				continue
+			}
+			from := c.next
+			for _, it := range items {
+				if it.c == ci {
+					from = it.i
+					break
+				}
+			}
+			t := &js[c.k].t
+			sc.fails = fail(sc.fails, t.ID, from, len(t.Blocks), r)
+		}
+		return sc.fails
+	}
+	for cur := 0; ; {
+		// The next batch of blocks this replica owns, of the jobs in
+		// order: block i of a request goes to replica i mod replicas, so
+		// replicas split the work and each key is written once.
+		items = items[:0]
+		for cur < len(sc.live) && len(items) < w.opt.batchBlocks {
+			c := &sc.live[cur]
+			t := &js[c.k].t
+			if c.stopped || c.next == len(t.Blocks) {
+				cur++
+				continue
+			}
+			i := c.next
+			c.next++
+			if (t.First+i)%replicas == replica {
+				items = append(items, saveItem{c: cur, i: i})
 			}
 		}
-		lo = hi
-		if len(idx) == 0 {
-			continue
+		if len(items) == 0 {
+			break
 		}
 		sc.kb.reset()
-		for _, i := range idx {
-			sc.kb.addChunk(j.ns, t.Group, shard, t.Hashes[i], gm.chunks, j.c)
+		for _, it := range items {
+			j := &js[sc.live[it.c].k]
+			sc.kb.addChunk(j.ns, j.t.Group, shard, j.t.Hashes[it.i], gm.chunks, j.c)
 		}
 		sc.keys = sc.kb.keys(sc.keys[:0])
 		sc.res = grow(sc.res, len(sc.keys))
+		block := func(it saveItem) connector.BlockID { return js[sc.live[it.c].k].t.Blocks[it.i] }
 		var err error
 		switch gm.mode {
 		case staging:
 			var stage rdma.Region
-			if stage, err = w.stage(sc, len(idx)*stride); err != nil {
+			if stage, err = w.stage(sc, len(items)*stride); err != nil {
 				clear(sc.keys)
-				return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
+				return failRest(connector.ReasonIO)
 			}
 			sc.regions = sc.regions[:0]
 			sc.copies = sc.copies[:0]
-			for k, i := range idx {
+			for k, it := range items {
 				sub, _ := stage.Sub(k*stride, stride)
-				w.gather(sc, gm, ch, sub, t.Blocks[i])
+				w.gather(sc, gm, ch, sub, block(it))
 				sc.regions = append(sc.regions, sub)
 			}
 			if err := w.flush(sc, false); err != nil {
 				clear(sc.keys)
-				return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
+				return failRest(connector.ReasonIO)
 			}
 			if w.tl > 0 {
 				for k, v := range sc.regions {
@@ -1301,14 +1391,14 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 		case vector:
 			var tr rdma.Region
 			if w.tl > 0 {
-				if tr, err = w.trailerSlots(sc, len(idx)); err != nil {
+				if tr, err = w.trailerSlots(sc, len(items)); err != nil {
 					clear(sc.keys)
-					return fail(sc.fails, t.ID, idx[0], len(t.Blocks), connector.ReasonIO)
+					return failRest(connector.ReasonIO)
 				}
 			}
 			blocks = blocks[:0]
-			for _, i := range idx {
-				blocks = append(blocks, t.Blocks[i])
+			for _, it := range items {
+				blocks = append(blocks, block(it))
 			}
 			w.vectorRegions(sc, gm, ch, blocks, tr)
 			if w.tl > 0 {
@@ -1319,17 +1409,18 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 			err = w.call("put", sc.res, func(ctx context.Context) error { return w.vec.PutV(ctx, sc.keys, sc.vregs, sc.res) })
 		default:
 			sc.regions = sc.regions[:0]
-			for _, i := range idx {
-				sc.regions = gm.kv.LayerSpans(sc.regions, t.Blocks[i], ch.lo, ch.hi)
+			for _, it := range items {
+				sc.regions = gm.kv.LayerSpans(sc.regions, block(it), ch.lo, ch.hi)
 			}
 			err = w.call("put", sc.res, func(ctx context.Context) error { return w.st.Put(ctx, sc.keys, sc.regions, sc.res) })
 		}
 		clear(sc.keys)
 		if err != nil {
-			return fail(sc.fails, t.ID, idx[0], len(t.Blocks), reason(err))
+			return failRest(reason(err))
 		}
-		noSpace := false
 		for k, r := range sc.res {
+			c := &sc.live[items[k].c]
+			j := &js[c.k]
 			switch {
 			case r.Err == nil:
 				if j.x == nil {
@@ -1337,28 +1428,43 @@ func (w *Worker) save(j *job, sc *scratch) []connector.Failure {
 				}
 				w.stats.saveBytes.Add(int64(bs))
 			case errors.Is(r.Err, store.ErrNoSpace):
-				noSpace = true
-				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: idx[k], Reason: connector.ReasonNoSpace})
+				c.noSpace = true
+				sc.fails = append(sc.fails, connector.Failure{Transfer: j.t.ID, Index: items[k].i, Reason: connector.ReasonNoSpace})
 			default:
 				if j.x == nil { // in chunks: counted per block when the last ends
 					w.stats.saveFailures.Add(1)
 				}
-				sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: idx[k], Reason: reason(r.Err)})
+				sc.fails = append(sc.fails, connector.Failure{Transfer: j.t.ID, Index: items[k].i, Reason: reason(r.Err)})
 			}
 		}
-		if noSpace {
+		for ci := range sc.live {
+			c := &sc.live[ci]
+			if !c.noSpace || c.stopped {
+				continue
+			}
 			// Stop this request's saves for the step; the scheduler
 			// plans the rest again later.
-			for i := lo; i < len(t.Blocks); i++ {
+			c.stopped = true
+			t := &js[c.k].t
+			for i := c.next; i < len(t.Blocks); i++ {
 				if (t.First+i)%replicas == replica {
 					sc.fails = append(sc.fails, connector.Failure{Transfer: t.ID, Index: i, Reason: connector.ReasonNoSpace})
 				}
 			}
-			break
 		}
 	}
 	return sc.fails
 }
+
+// saveCursor is where save is in one of its jobs.
+type saveCursor struct {
+	k                int  // the job's index in save's js
+	next             int  // the next block to plan
+	noSpace, stopped bool // a put of it found no space; its rest is failed
+}
+
+// saveItem is one block of a save batch: block i of live job c.
+type saveItem struct{ c, i int }
 
 // Stats implements connector.StatsReporter.
 func (w *Worker) Stats() connector.Stats {

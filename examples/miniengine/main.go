@@ -40,6 +40,14 @@
 // recomputes:
 //
 //	go run ./examples/miniengine -tp 2 -tp-procs
+//
+// With -json the report is JSON: every run's figures (the median run of
+// each configuration with -repeat), the loaded blocks that failed
+// verification (verification_failures), and a verdict for every run and
+// repeat against the first run without a connector (verdicts), besides
+// outputs_identical for all of them. When outputs differ the command ends
+// with an error in both modes, and -keep then does not keep the Mooncake
+// client up: only a run whose outputs are right leaves its keys served.
 package main
 
 import (
@@ -210,7 +218,7 @@ func main() {
 	o.Tiered.flags(fs)
 	fs.StringVar(&o.MooncakeConfig, "mooncake-config", o.MooncakeConfig, "Mooncake client config file (default: $MOONCAKE_CONFIG_PATH, else $MOONCAKE_MASTER); the library comes from $MOONCAKE_STORE_LIBRARY")
 	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant of the ON runs' keys (default: a fresh tenant per run, removed after it); fix it to share keys across runs and processes (then ON runs after the first start warm)")
-	fs.BoolVar(&o.Keep, "keep", o.Keep, "keep the ON runs' keys; with -store mooncake, also keep the client up (its segment holds the values) until interrupted")
+	fs.BoolVar(&o.Keep, "keep", o.Keep, "keep the ON runs' keys; with -store mooncake, also keep the client up (its segment holds the values) until interrupted, unless the outputs differ from the run without a connector (text and -json alike)")
 	fs.IntVar(&o.Instances, "instances", o.Instances, "engine instances sharing one store in the ON runs; sessions alternate between them turn by turn")
 	fs.BoolVar(&o.ColdStart, "cold-start", o.ColdStart, "also run the cold-start scenario: a new instance serves a workload another one already ran")
 	fs.BoolVar(&o.PD, "pd", o.PD, "also run disaggregated prefill/decode: a prefill instance hands every request's KV to a decode instance (p2p connector), in one process over the loopback transfer engine, and as two processes started from this binary over -pd-transfer")
@@ -608,8 +616,9 @@ type Run struct {
 	BlocksLoaded int64   `json:"blocks_loaded"`
 	BlocksSaved  int64   `json:"blocks_saved"`
 	Failures     int64   `json:"transfer_failures"`
-	ConnectorMs  float64 `json:"connector_ms"` // lookups and transfers, summed over goroutines
-	LookupMs     float64 `json:"lookup_ms"`    // of which lookups
+	Corrupt      int64   `json:"verification_failures"` // loaded blocks that failed verification (also in transfer_failures)
+	ConnectorMs  float64 `json:"connector_ms"`          // lookups and transfers, summed over goroutines
+	LookupMs     float64 `json:"lookup_ms"`             // of which lookups
 	Lookups      int64   `json:"lookups"`
 	LoadBytes    int64   `json:"bytes_loaded"`
 	IdleSteps    float64 `json:"idle_steps_per_request"`  // steps that computed nothing, per request
@@ -632,6 +641,7 @@ func newRun(name string, on bool, blocks int, st Stats) Run {
 		TTFTms:       ms(st.TTFT), TPOTms: ms(st.TPOT), LaterTTFTms: ms(st.LaterTTFT), Latencyms: ms(st.Latency),
 		LocalHitRate: st.HitRate(st.LocalTokens), ExtHitRate: st.HitRate(st.ExternalTokens),
 		Computed: st.ComputedTokens, BlocksLoaded: st.ConnLoads, BlocksSaved: st.ConnSaves, Failures: st.ConnFailures,
+		Corrupt:     st.ConnCorrupt,
 		ConnectorMs: float64(st.ConnNanos) / 1e6, LoadBytes: st.ConnLoadBytes,
 		LookupMs: float64(st.ConnLookupNanos) / 1e6, Lookups: st.ConnLookups,
 		IdleSteps: float64(st.IdleSteps) / float64(max(1, st.Succeeded+st.Failed)),
@@ -790,13 +800,17 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 	}
 	identical := true
 	var diff []string
+	var verdicts []Verdict
 	for ji := range all {
-		for _, r := range all[ji] {
+		for rep, r := range all[ji] {
 			// Every run, ON or OFF, repeated or not, against the first OFF run.
+			v := Verdict{Name: r.Name, Repeat: rep + 1, Identical: true}
 			if k, ok := sameOutputs(all[0][0].stats, r.stats); !ok {
 				identical = false
-				diff = append(diff, fmt.Sprintf("%s: session %d turn %d differs", r.Name, k.Session, k.Turn))
+				v.Identical, v.Differs = false, fmt.Sprintf("session %d turn %d differs", k.Session, k.Turn)
+				diff = append(diff, fmt.Sprintf("%s (%d/%d): %s", r.Name, rep+1, o.Repeat, v.Differs))
 			}
+			verdicts = append(verdicts, v)
 		}
 	}
 	var pd, pdProcs *Run
@@ -860,18 +874,25 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 		restarted, restartTiers = &r, ts
 	}
 	if o.JSON {
-		defer o.keepUp(ctx, errw)
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			Options   Options `json:"options"`
-			Runs      []Run   `json:"runs"`
-			ColdStart *Run    `json:"cold_start,omitempty"`
-			PD        *Run    `json:"prefill_decode,omitempty"`
-			PDProcs   *Run    `json:"prefill_decode_processes,omitempty"`
-			TPProcs   *Run    `json:"tp_processes,omitempty"`
-			Identical bool    `json:"outputs_identical"`
-		}{o, runs, cold, pd, pdProcs, tp, identical})
+		if err := enc.Encode(struct {
+			Options   Options   `json:"options"`
+			Runs      []Run     `json:"runs"`
+			ColdStart *Run      `json:"cold_start,omitempty"`
+			PD        *Run      `json:"prefill_decode,omitempty"`
+			PDProcs   *Run      `json:"prefill_decode_processes,omitempty"`
+			TPProcs   *Run      `json:"tp_processes,omitempty"`
+			Identical bool      `json:"outputs_identical"`
+			Verdicts  []Verdict `json:"verdicts"`
+		}{o, runs, cold, pd, pdProcs, tp, identical, verdicts}); err != nil {
+			return err
+		}
+		if !identical {
+			return errors.New("outputs differ between connector on and off")
+		}
+		o.keepUp(ctx, errw)
+		return nil
 	}
 	printTable(out, o, runs)
 	if cold != nil {
@@ -895,6 +916,9 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 	if tp != nil {
 		printTP(out, o, runs[3], *tp)
 	}
+	if n := corrupt(all); n > 0 {
+		fmt.Fprintf(out, "\nverification failures: %d loaded blocks failed verification and were recomputed\n", n)
+	}
 	if identical {
 		fmt.Fprintln(out, "\noutputs identical: yes (every generated token, connector on vs off)")
 		o.keepUp(ctx, errw)
@@ -902,6 +926,26 @@ func Main(ctx context.Context, o Options, out, errw io.Writer) error {
 	}
 	fmt.Fprintf(out, "\noutputs identical: NO: %s\n", strings.Join(diff, "; "))
 	return errors.New("outputs differ between connector on and off")
+}
+
+// Verdict says whether one run's outputs equal those of the first run
+// without a connector (-json's verdicts: one per run and repeat).
+type Verdict struct {
+	Name      string `json:"name"`
+	Repeat    int    `json:"repeat"` // from 1
+	Identical bool   `json:"identical"`
+	Differs   string `json:"differs,omitempty"` // the first session and turn that differs
+}
+
+// corrupt returns the loaded blocks of every run that failed verification.
+func corrupt(all [][]Run) int64 {
+	var n int64
+	for _, rs := range all {
+		for _, r := range rs {
+			n += r.Corrupt
+		}
+	}
+	return n
 }
 
 // coldStart runs the workload on one instance with the connector on, then

@@ -399,3 +399,64 @@ func TestLayerwise(t *testing.T) {
 		t.Errorf("-layerwise with -model hybrid: Validate() = %v, want an error naming -layerwise", err)
 	}
 }
+
+// TestJSONVerdicts: -json carries a verdict per run and repeat and the
+// verification-failure count, as the text report does; with outputs that
+// differ it reports which runs differ and ends with an error, as the text
+// mode does (and neither keeps a client up then).
+func TestJSONVerdicts(t *testing.T) {
+	type report struct {
+		Runs      []Run     `json:"runs"`
+		Identical bool      `json:"outputs_identical"`
+		Verdicts  []Verdict `json:"verdicts"`
+	}
+	run := func(o Options) (report, error) {
+		t.Helper()
+		o.JSON = true
+		var out, errw bytes.Buffer
+		err := Main(context.Background(), o, &out, &errw)
+		var rep report
+		if jerr := json.Unmarshal(out.Bytes(), &rep); jerr != nil {
+			t.Fatalf("-json: %v (Main: %v):\n%s", jerr, err, out.String())
+		}
+		return rep, err
+	}
+
+	o := small(t)
+	o.Repeat = 2
+	o.wrapStore = func(s store.Store) store.Store { return corrupter{s} }
+	rep, err := run(o)
+	if err != nil || !rep.Identical {
+		t.Fatalf("verified corrupted store: Main = %v, identical %v; want nil, true", err, rep.Identical)
+	}
+	if len(rep.Verdicts) != 8 {
+		t.Fatalf("%d verdicts, want 8 (4 runs x 2 repeats): %+v", len(rep.Verdicts), rep.Verdicts)
+	}
+	for _, v := range rep.Verdicts {
+		if !v.Identical || v.Repeat < 1 || v.Repeat > 2 {
+			t.Errorf("verdict %+v, want identical, repeat 1 or 2", v)
+		}
+	}
+	if rep.Runs[3].Corrupt == 0 {
+		t.Errorf("eviction pressure, connector on: verification_failures = 0 with a store that corrupts every value")
+	}
+
+	o.Repeat = 1
+	o.Verify = "none"
+	rep, err = run(o)
+	if err == nil || rep.Identical {
+		t.Fatalf("unverified corrupted store: Main = %v, identical %v; want an error, false", err, rep.Identical)
+	}
+	differ := 0
+	for _, v := range rep.Verdicts {
+		if !v.Identical {
+			differ++
+			if v.Differs == "" {
+				t.Errorf("verdict %+v names no differing turn", v)
+			}
+		}
+	}
+	if differ == 0 {
+		t.Errorf("no verdict says the outputs differ: %+v", rep.Verdicts)
+	}
+}

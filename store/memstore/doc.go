@@ -91,6 +91,16 @@
 // A Store is safe for concurrent use. The key index is split into
 // [Config.Shards] shards, each with its own lock, chosen by a hash of the
 // key; the allocator has one lock, held only to take or return memory.
-// Copies run with no lock held. Close waits for the calls in flight, then
+// Copies run with no lock held. A batch Exists locks up to eight shards at
+// a time, in ascending order. Close waits for the calls in flight, then
 // unmaps the arena; later calls return store.ErrClosed.
+//
+// # Memory
+//
+// The values live in the arena, outside the Go heap. The key index holds
+// no Go pointers, so the garbage collector never scans it: per key, one
+// 48-byte entry, one 8-byte slot of an open-addressing table kept at most
+// 3/4 full, 40 bytes of the arena's allocator, and the key's own bytes in
+// a byte heap per shard. With 6 million 108-byte keys that is 116 bytes
+// per key besides the key (224 with it; BenchmarkIndexScale).
 package memstore

@@ -94,8 +94,8 @@ func (s *Store) evictRound(units int64) bool {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		cur[i] = math.MaxUint64
-		if e := sh.oldestEvictable(); e != nil {
-			cur[i] = e.stamp
+		if id := sh.oldestEvictable(); id != 0 {
+			cur[i] = sh.ix.ents[id].stamp
 		}
 		sh.mu.Unlock()
 	}
@@ -120,11 +120,12 @@ func (s *Store) evictRound(units int64) bool {
 		nodes := s.evict.nodes[:0]
 		sh.mu.Lock()
 		for freed < target {
-			e := sh.oldestEvictable()
-			if e == nil {
+			id := sh.oldestEvictable()
+			if id == 0 {
 				cur[best] = math.MaxUint64
 				break
 			}
+			e := &sh.ix.ents[id]
 			if e.stamp > second {
 				cur[best] = e.stamp // another shard now holds the oldest entry
 				break
@@ -132,13 +133,10 @@ func (s *Store) evictRound(units int64) bool {
 			freed += unitsFor(int64(e.size))
 			keys++
 			nodes = append(nodes, e.node)
-			s.feeds.Announce(store.KeyEvent{Key: e.key, Op: store.KeyEvicted})
-			delete(sh.m, e.key)
-			sh.unlink(e)
-			sh.keys--
-			sh.bytes -= int64(e.size)
-			*e = entry{}
-			sh.spare = append(sh.spare, e)
+			// Eviction drops the key here.
+			s.announce(sh, id, store.KeyEvicted)
+			sh.unindex(id, s.hash(sh.ix.key(e)))
+			sh.ix.release(id)
 		}
 		sh.mu.Unlock()
 		s.alloc.Lock()

@@ -71,32 +71,10 @@ type Store struct {
 // shard is one independently locked part of the key index.
 type shard struct {
 	mu    sync.Mutex
-	m     map[string]slot
-	lru   entry    // sentinel: lru.next is the most recently used entry, lru.prev the least
-	keys  int64    // entries in m
-	bytes int64    // value bytes of entries in m
-	spare []*entry // entries to reuse
+	ix    index    // the keys, their entries and the LRU list
+	keys  int64    // entries in the index
+	bytes int64    // value bytes of entries in the index
 	_     [64]byte // keeps neighbouring shards' locks off one cache line
-}
-
-// slot is the index's value for a key: the entry, and the value's size
-// again so that Exists need not touch the entry.
-type slot struct {
-	e    *entry
-	size int
-}
-
-// entry is one stored value. All fields are guarded by the shard's mu;
-// off and size do not change while the entry is pinned.
-type entry struct {
-	key        string
-	off        int64  // byte offset in the arena
-	size       int    // value bytes
-	node       int32  // arena extent
-	pins       int32  // gets copying out of it now
-	dead       bool   // removed from the index while pinned: freed by the last unpin
-	stamp      uint64 // LRU clock at the last put or get
-	prev, next *entry // LRU list
 }
 
 // counters are the cumulative Stats fields, updated once per call.
@@ -130,9 +108,7 @@ func New(cfg Config) (*Store, error) {
 	s.alloc.a = newArena(units)
 	s.evict.cursor = make([]uint64, cfg.Shards)
 	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.m = make(map[string]slot)
-		sh.lru.next, sh.lru.prev = &sh.lru, &sh.lru
+		s.shards[i].ix.init()
 	}
 	return s, nil
 }
@@ -150,14 +126,15 @@ func (s *Store) enter() error {
 
 func (s *Store) exit() { s.life.RUnlock() }
 
-// shardIndex maps key to a shard: a hash of the key, reduced to
-// [0, len(s.shards)) by a multiplication (no division).
-func (s *Store) shardIndex(key string) int {
-	h := uint32(maphash.String(s.seed, key))
-	return int((uint64(h) * uint64(len(s.shards))) >> 32)
-}
+// hash returns the hash of key: its high 32 bits pick the shard, its low
+// 32 bits the place in the shard's table.
+func (s *Store) hash(key string) uint64 { return maphash.String(s.seed, key) }
 
-func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
+// shardOf maps a key's hash to a shard, reduced to [0, len(s.shards)) by
+// a multiplication (no division).
+func (s *Store) shardOf(h uint64) int {
+	return int(((h >> 32) * uint64(len(s.shards))) >> 32)
+}
 
 // ticks reserves n ticks of the LRU clock and returns the first.
 func (s *Store) ticks(n int) uint64 { return s.clock.Add(uint64(n)) - uint64(n) + 1 }
@@ -192,7 +169,8 @@ func (s *Store) start(ctx context.Context, op string, keys, regions, res int) er
 // reported present may be evicted before a later Get, which then returns
 // store.ErrNotFound. Per-key errors: store.ErrNotFound, store.ErrInvalidKey.
 //
-// A batch is probed shard by shard, each shard locked once for all its keys.
+// A batch is probed a few shards at a time, each shard locked once for
+// all its keys.
 func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) error {
 	if err := s.start(ctx, "exists", len(keys), -1, len(res)); err != nil {
 		return err
@@ -203,26 +181,40 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 	done := ctx.Done()
 	probed := 0
 	for start := 0; start < len(g.order); {
-		sh := &s.shards[g.shard[g.order[start]]]
-		end := start + 1
-		for end < len(g.order) && g.shard[g.order[end]] == g.shard[g.order[start]] {
+		// A window of up to existsWindow shards, locked in ascending
+		// order (no other call holds two shard locks), whose lookups are
+		// staged together (see touch).
+		end, shards := start, 0
+		for end < len(g.order) {
+			if end == start || g.shard[g.order[end]] != g.shard[g.order[end-1]] {
+				if shards == existsWindow {
+					break
+				}
+				shards++
+				s.shards[g.shard[g.order[end]]].mu.Lock()
+			}
 			end++
 		}
+		g.sink += s.touch(keys, g, g.order[start:end])
 		stop := -1 // where ctx was found done
-		sh.mu.Lock()
 		for j := start; j < end; j++ {
 			if canceled(done) {
 				stop = j
 				break
 			}
 			i := g.order[j]
-			if sl, ok := sh.m[keys[i]]; ok {
-				res[i] = store.Result{N: sl.size}
+			ix := &s.shards[g.shard[i]].ix
+			if id := ix.find(keys[i], g.hash[i]); id != 0 {
+				res[i] = store.Result{N: ix.ents[id].size}
 			} else {
 				res[i] = store.Result{Err: store.ErrNotFound}
 			}
 		}
-		sh.mu.Unlock()
+		for j := start; j < end; j++ {
+			if j == start || g.shard[g.order[j]] != g.shard[g.order[j-1]] {
+				s.shards[g.shard[g.order[j]]].mu.Unlock()
+			}
+		}
 		if stop >= 0 {
 			probed += stop - start
 			for _, i := range g.order[stop:] {
@@ -237,11 +229,53 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 	return nil
 }
 
+// existsWindow is how many shards an exists holds locked at once.
+const existsWindow = 8
+
+// touch reads the first slot, entry and key bytes of each keys[i] for i
+// in order, whose shards the caller holds locked, each stage for all the
+// keys before the next: the reads of one stage do not depend on each
+// other, so the processor overlaps their cache misses, and the finds that
+// follow hit the cache. With millions of keys the index is out of the
+// cache, and a find on its own waits for three misses in a row. It returns
+// a value that depends on what it read, so that the reads are kept.
+func (s *Store) touch(keys []string, g *grouping, order []int32) uint64 {
+	const chunk = 32
+	var sink uint64
+	var ids [chunk]int32
+	for len(order) > 0 {
+		n := min(len(order), chunk)
+		for k, i := range order[:n] {
+			ix := &s.shards[g.shard[i]].ix
+			h := g.hash[i]
+			sl := ix.slots[h&uint64(len(ix.slots)-1)]
+			ids[k] = 0
+			if sl != 0 && sl>>32 == tagOf(h) {
+				ids[k] = int32(uint32(sl))
+			}
+		}
+		for k, i := range order[:n] {
+			sink += uint64(s.shards[g.shard[i]].ix.ents[ids[k]].kref)
+		}
+		for k, i := range order[:n] {
+			if id := ids[k]; id != 0 {
+				ix := &s.shards[g.shard[i]].ix
+				e := &ix.ents[id]
+				sink += uint64(ix.heap[e.kref]) + uint64(ix.heap[int(e.kref)+int(e.klen)-1])
+			}
+		}
+		order = order[n:]
+	}
+	return sink
+}
+
 // grouping orders the valid keys of a batch by shard.
 type grouping struct {
-	shard []int32 // per key: its shard
-	order []int32 // indices of the valid keys, grouped by shard
-	count []int32 // per shard + 1: counting-sort offsets
+	sink  uint64   // what index.touch read, kept so that its reads are not dropped
+	hash  []uint64 // per key: its hash
+	shard []int32  // per key: its shard
+	order []int32  // indices of the valid keys, grouped by shard
+	count []int32  // per shard + 1: counting-sort offsets
 }
 
 // groupPool keeps groupings for reuse, so that batch calls allocate nothing
@@ -277,6 +311,7 @@ func (s *Store) group(keys []string, res []store.Result) *grouping {
 	g := s.groups.get()
 	n := len(keys)
 	g.shard = slices.Grow(g.shard[:0], n)[:n]
+	g.hash = slices.Grow(g.hash[:0], n)[:n]
 	g.order = g.order[:0]
 	g.count = slices.Grow(g.count[:0], len(s.shards)+1)[:len(s.shards)+1]
 	clear(g.count)
@@ -287,7 +322,9 @@ func (s *Store) group(keys []string, res []store.Result) *grouping {
 			g.shard[i] = -1
 			continue
 		}
-		k := s.shardIndex(key)
+		h := s.hash(key)
+		k := s.shardOf(h)
+		g.hash[i] = h
 		g.shard[i] = int32(k)
 		g.count[k+1]++
 		valid++
@@ -397,10 +434,11 @@ func (s *Store) put(key string, src []rdma.Region, stamp uint64) (n int, dup boo
 	if err != nil {
 		return 0, false, err
 	}
-	sh := s.shard(key)
+	h := s.hash(key)
+	sh := &s.shards[s.shardOf(h)]
 	sh.mu.Lock()
-	if sl, ok := sh.m[key]; ok {
-		sh.touch(sl.e, stamp)
+	if id := sh.ix.find(key, h); id != 0 {
+		sh.touch(id, stamp)
 		sh.mu.Unlock()
 		return size, true, nil
 	}
@@ -418,19 +456,21 @@ func (s *Store) put(key string, src []rdma.Region, stamp uint64) (n int, dup boo
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if _, ok := sh.m[key]; ok { // a concurrent put of the key won
+	if sh.ix.find(key, h) != 0 { // a concurrent put of the key won
 		s.freeNode(node)
 		return size, true, nil
 	}
-	// The caller's key may be a substring of a larger string (a batch's
-	// keys often are): keep a copy of its own, so that the entry does not
-	// hold the rest of that string alive.
-	key = strings.Clone(key)
-	e := sh.newEntry()
-	*e = entry{key: key, off: off, size: size, node: node, stamp: stamp}
-	sh.m[key] = slot{e: e, size: size}
-	s.feeds.Announce(store.KeyEvent{Key: key, Op: store.KeyStored})
-	sh.pushFront(e)
+	// The index keeps a copy of the key's bytes in its own heap, so that
+	// no entry holds the caller's string (often a part of a larger one).
+	id := sh.ix.insert(key, h)
+	if id == 0 {
+		s.freeNode(node)
+		return 0, false, fmt.Errorf("%w: put %.64q: the shard's key heap is full (4 GiB of keys)", store.ErrNoSpace, key)
+	}
+	e := &sh.ix.ents[id]
+	e.off, e.size, e.node, e.stamp = off, size, node, stamp
+	sh.pushFront(id)
+	s.announce(sh, id, store.KeyStored)
 	sh.keys++
 	sh.bytes += int64(size)
 	return size, false, nil
@@ -498,21 +538,22 @@ func (s *Store) get(key string, dst []rdma.Region, stamp uint64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	sh := s.shard(key)
+	h := s.hash(key)
+	sh := &s.shards[s.shardOf(h)]
 	sh.mu.Lock()
-	sl, ok := sh.m[key]
-	if !ok {
+	id := sh.ix.find(key, h)
+	if id == 0 {
 		sh.mu.Unlock()
 		return 0, store.ErrNotFound
 	}
-	e := sl.e
+	e := &sh.ix.ents[id]
 	off, size := e.off, e.size
 	if size > room {
 		sh.mu.Unlock()
 		return 0, fmt.Errorf("%w: get %.64q: value of %d bytes, destination of %d", store.ErrBufferTooSmall, key, size, room)
 	}
 	e.pins++
-	sh.touch(e, stamp)
+	sh.touch(id, stamp)
 	sh.mu.Unlock()
 
 	if s.copyHook != nil {
@@ -530,9 +571,10 @@ func (s *Store) get(key string, dst []rdma.Region, stamp uint64) (int, error) {
 	}
 
 	sh.mu.Lock()
+	e = &sh.ix.ents[id] // the entries may have moved
 	e.pins--
 	if e.pins == 0 && e.dead {
-		s.freeEntry(sh, e)
+		s.freeEntry(sh, id)
 	}
 	sh.mu.Unlock()
 	return size, nil
@@ -551,14 +593,15 @@ func (s *Store) Remove(ctx context.Context, key string) error {
 		return err
 	}
 	defer s.exit()
-	sh := s.shard(key)
+	h := s.hash(key)
+	sh := &s.shards[s.shardOf(h)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sl, ok := sh.m[key]
-	if !ok {
+	id := sh.ix.find(key, h)
+	if id == 0 {
 		return store.ErrNotFound
 	}
-	s.drop(sh, sl.e, store.KeyRemoved)
+	s.drop(sh, id, h, store.KeyRemoved)
 	return nil
 }
 
@@ -599,9 +642,13 @@ func (s *Store) removeMatching(ctx context.Context, match func(string) bool) (in
 		}
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for key, sl := range sh.m {
-			if match == nil || match(key) {
-				s.drop(sh, sl.e, store.KeyRemoved)
+		for id := int32(1); int(id) < len(sh.ix.ents); id++ {
+			e := &sh.ix.ents[id]
+			if e.klen == 0 {
+				continue // free, or out of the index and being read
+			}
+			if key := sh.ix.key(e); match == nil || match(key) {
+				s.drop(sh, id, s.hash(key), store.KeyRemoved)
 				n++
 			}
 		}
@@ -701,9 +748,8 @@ func (s *Store) Close() error {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		clear(sh.m)
-		sh.lru.next, sh.lru.prev = &sh.lru, &sh.lru
-		sh.keys, sh.bytes, sh.spare = 0, 0, nil
+		sh.ix = index{}
+		sh.keys, sh.bytes = 0, 0
 		sh.mu.Unlock()
 	}
 	s.buf = nil
@@ -713,28 +759,47 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// drop takes e out of the index and frees its memory, or leaves that to
-// the last Get copying out of it, and announces the key's op to the
-// store's feeds. The caller holds sh.mu.
-func (s *Store) drop(sh *shard, e *entry, op store.KeyOp) {
-	s.feeds.Announce(store.KeyEvent{Key: e.key, Op: op})
-	delete(sh.m, e.key)
-	sh.unlink(e)
-	sh.keys--
-	sh.bytes -= int64(e.size)
+// drop takes entry id, whose key has hash h, out of the index and frees
+// its memory, or leaves that to the last Get copying out of it. The caller
+// holds sh.mu. It is where Remove, RemovePrefix and RemoveAll drop keys,
+// and it announces op to the store's feeds; evictRound drops them through
+// unindex too, and announces them itself.
+func (s *Store) drop(sh *shard, id int32, h uint64, op store.KeyOp) {
+	s.announce(sh, id, op)
+	sh.unindex(id, h)
+	e := &sh.ix.ents[id]
 	if e.pins > 0 {
 		e.dead = true
 		return
 	}
-	s.freeEntry(sh, e)
+	s.freeEntry(sh, id)
 }
 
-// freeEntry frees the memory of e, which is out of the index and unpinned,
-// and keeps e for reuse. The caller holds sh.mu.
-func (s *Store) freeEntry(sh *shard, e *entry) {
-	s.freeNode(e.node)
-	*e = entry{}
-	sh.spare = append(sh.spare, e)
+// unindex takes entry id, whose key has hash h, out of the index and the
+// LRU list, and out of the shard's counts; its memory stays. The caller
+// holds sh.mu.
+func (sh *shard) unindex(id int32, h uint64) {
+	e := &sh.ix.ents[id]
+	sh.keys--
+	sh.bytes -= int64(e.size)
+	sh.unlink(id)
+	sh.ix.remove(id, h)
+}
+
+// announce tells the store's feeds that the key of entry id, still in the
+// index, was stored or left by op. The event holds a copy of the key: the
+// index's bytes are reused once the entry goes. The caller holds sh.mu.
+func (s *Store) announce(sh *shard, id int32, op store.KeyOp) {
+	if s.feeds.Watching() {
+		s.feeds.Announce(store.KeyEvent{Key: strings.Clone(sh.ix.key(&sh.ix.ents[id])), Op: op})
+	}
+}
+
+// freeEntry frees the memory of entry id, which is out of the index and
+// unpinned, and keeps the entry for reuse. The caller holds sh.mu.
+func (s *Store) freeEntry(sh *shard, id int32) {
+	s.freeNode(sh.ix.ents[id].node)
+	sh.ix.release(id)
 }
 
 func (s *Store) freeNode(node int32) {
@@ -749,45 +814,42 @@ func failRest(res []store.Result, err error) {
 	}
 }
 
-// newEntry returns a spare entry or a new one. The caller holds sh.mu.
-func (sh *shard) newEntry() *entry {
-	if n := len(sh.spare); n > 0 {
-		e := sh.spare[n-1]
-		sh.spare = sh.spare[:n-1]
-		return e
-	}
-	return new(entry)
+func (sh *shard) pushFront(id int32) {
+	ents := sh.ix.ents
+	e := &ents[id]
+	e.prev = 0
+	e.next = ents[0].next
+	ents[e.next].prev = id
+	ents[0].next = id
 }
 
-func (sh *shard) pushFront(e *entry) {
-	e.prev = &sh.lru
-	e.next = sh.lru.next
-	e.next.prev = e
-	sh.lru.next = e
+func (sh *shard) unlink(id int32) {
+	ents := sh.ix.ents
+	e := &ents[id]
+	ents[e.prev].next = e.next
+	ents[e.next].prev = e.prev
+	e.prev, e.next = 0, 0
 }
 
-func (sh *shard) unlink(e *entry) {
-	e.prev.next = e.next
-	e.next.prev = e.prev
-	e.prev, e.next = nil, nil
-}
-
-// touch marks e as used at stamp: it moves to the front of the LRU list.
-func (sh *shard) touch(e *entry, stamp uint64) {
+// touch marks entry id as used at stamp: it moves to the front of the LRU
+// list.
+func (sh *shard) touch(id int32, stamp uint64) {
+	e := &sh.ix.ents[id]
 	e.stamp = max(e.stamp, stamp)
-	if sh.lru.next != e {
-		sh.unlink(e)
-		sh.pushFront(e)
+	if sh.ix.ents[0].next != id {
+		sh.unlink(id)
+		sh.pushFront(id)
 	}
 }
 
 // oldestEvictable returns the least recently used entry that no Get is
-// copying out of, or nil.
-func (sh *shard) oldestEvictable() *entry {
-	for e := sh.lru.prev; e != &sh.lru; e = e.prev {
-		if e.pins == 0 {
-			return e
+// copying out of, or 0.
+func (sh *shard) oldestEvictable() int32 {
+	ents := sh.ix.ents
+	for id := ents[0].prev; id != 0; id = ents[id].prev {
+		if ents[id].pins == 0 {
+			return id
 		}
 	}
-	return nil
+	return 0
 }
