@@ -99,6 +99,12 @@ func Open(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// A context that has ended opens nothing, whether the publisher would
+	// bind (where ctx bounds the binding) or connect (where it is not
+	// used after this).
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("kvevents: open %s: %w", cfg.Endpoint, err)
+	}
 	cfg = cfg.EnsureDefaults()
 	p := &Publisher{
 		cfg:   cfg,

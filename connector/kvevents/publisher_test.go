@@ -286,6 +286,19 @@ func TestConfigErrors(t *testing.T) {
 			}
 		})
 	}
+	// A context that has ended opens nothing, in either mode.
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, mode := range []Mode{ModeBind, ModeConnect} {
+		c := ok
+		c.Endpoint, c.Mode = "tcp://127.0.0.1:5557", mode
+		if p, err := Open(ended, c); !errors.Is(err, context.Canceled) {
+			if err == nil {
+				p.Close()
+			}
+			t.Errorf("Open(canceled context, mode %q) = %v, want context.Canceled", mode, err)
+		}
+	}
 	// A port in use: the error names the field.
 	p := openTest(t, Config{})
 	c := ok
