@@ -48,6 +48,9 @@ func open(broken string) connectortest.OpenFunc {
 			// Raw values move straight from block-major KV memory: the
 			// store reads the blocks themselves.
 			cfg.Extra = map[string]any{"verify": "none"}
+		case "no-verify", "ignores-short":
+			// Loads whatever bytes a get returns.
+			cfg.Extra = map[string]any{"verify": "none"}
 		case "layer-chunks", "layer-early", "save-ahead", "layer-ignores-ready":
 			// A value per layer: loads and saves move layer by layer.
 			cfg.Extra = map[string]any{"layer_chunks": 2}
@@ -113,9 +116,13 @@ func open(broken string) connectortest.OpenFunc {
 			s = newLoadRewriter(inner, loadsNoBlockNeighbour(groupOf(env.Identity, hashing.RecurrentState)))
 		}
 		p.Scheduler = s
+		wenv := env
+		if broken == "ignores-short" {
+			wenv.Store = fullLength{env.Store}
+		}
 		for rank := range env.Identity.Layout.TPSize {
-			env.Rank = rank
-			w, err := connector.OpenWorker(cfg, env)
+			wenv.Rank = rank
+			w, err := connector.OpenWorker(cfg, wenv)
 			if err != nil {
 				return p, err
 			}
@@ -416,6 +423,22 @@ func (s oneShard) Exists(ctx context.Context, keys []string, res []store.Result)
 		k0[i] = key.String()
 	}
 	return s.Store.Exists(ctx, k0, res)
+}
+
+// fullLength is a store client that reports the length of a get's
+// destination as the value's size, not the size of the value it copied.
+type fullLength struct{ store.Store }
+
+func (s fullLength) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if err := s.Store.Get(ctx, keys, dst, res); err != nil {
+		return err
+	}
+	for i := range res {
+		if res[i].Err == nil {
+			res[i].N = dst[i].Len
+		}
+	}
+	return nil
 }
 
 // loadsCountFailed counts failed blocks in Stats.Loads too.
@@ -963,6 +986,8 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"ignores-layout", "the store holds it under heads4's namespace"},
 		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
 		{"early-read-raw", "a save read a block the step was still computing"},
+		{"no-verify", "bytes differ from the KV saved for its key"},
+		{"ignores-short", "bytes differ from the KV saved for its key"},
 		{"late-write", "after its load was reported failed"},
 		{"swa-outside-window", "it is outside the window"},
 		{"swa-drops-window-block", "no load transfer named block 3 of group 1 (sliding_window"},
