@@ -2146,11 +2146,14 @@ func (e *engine) describe() string {
 }
 
 // pause sleeps between looks at a condition, from 20µs up to 2ms.
-type pause struct{ d time.Duration }
+type pause struct {
+	d     time.Duration
+	probe time.Duration // how long to wait for a wake-up before a step looks for news
+}
 
 func (p *pause) sleep() {
 	p.d = min(max(2*p.d, 20*time.Microsecond), 2*time.Millisecond)
 	time.Sleep(p.d)
 }
 
-func (p *pause) reset() { p.d = 0 }
+func (p *pause) reset() { p.d, p.probe = 0, 0 }
