@@ -71,6 +71,8 @@ const (
 	bugUndeclaredLeases            // Exists and Get lease keys for an hour, but the store's Leases declare none
 	bugUnheldLeases                // the store's Leases declare hour-long leases on Exists and Get, but it grants none
 	bugLeaseOutlivesTTL            // the store's Leases declare leases of 100 ms, but they last an hour
+	bugWrapsPastMiB                // a value's bytes past 1 MiB are its first bytes again (a chunk index that wraps)
+	bugBatchCap256                 // a put batch stores its first 256 keys and reports the rest stored too
 )
 
 // leasesOf returns the leases a refStore with bug b grants, and those it
@@ -323,6 +325,10 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			res[i] = store.Result{Err: err}
 			continue
 		}
+		if s.bug == bugBatchCap256 && i >= 256 {
+			res[i] = store.Result{N: src[i].Len}
+			continue
+		}
 		again := inBatch[k]
 		inBatch[k] = true
 		if v, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
@@ -369,6 +375,12 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == k })
 		}
 		s.m[k] = slices.Clone(src[i].Bytes())
+		if s.bug == bugWrapsPastMiB {
+			v := s.m[k]
+			for j := 1 << 20; j < len(v); j++ {
+				v[j] = v[j-1<<20]
+			}
+		}
 		delete(s.stale, k)
 		delete(s.alias, k)
 		s.src[k] = src[i]

@@ -135,6 +135,12 @@ func (o *Options) ensureDefaults() error {
 //     the first occurrence's bytes and every occurrence succeeds, with N
 //     the length of its own source; a get
 //     fills every occurrence's destination, each judged on its own size.
+//   - Sizes: values of 1 byte to 4 MiB + 3 (as Options.Capacity allows),
+//     each stored alone, read back exactly into destinations of their
+//     size and larger, across regions cut at odd offsets (store.Vectored),
+//     refused into one byte too few; and put, exists, get and RemovePrefix
+//     of 300 keys in single calls. Values are a keyed hash of key and
+//     position, so a misplaced part never matches.
 //   - DistinctKeys: keys of store.MaxKeyLen bytes that differ in one byte,
 //     keys that are prefixes of each other, keys that differ in case only:
 //     each holds its own value, and removing one leaves the others.
@@ -258,6 +264,7 @@ func (h *harness) subtests() []struct {
 		{"FirstWriterWins", h.firstWriterWins},
 		{"Churn", h.churn},
 		{"RepeatedKeys", h.repeatedKeys},
+		{"Sizes", h.sizes},
 		{"DistinctKeys", h.distinct},
 		{"Prefixes", h.prefixes},
 		{"Removal", h.removal},

@@ -118,6 +118,8 @@ var brokenStores = []brokenCase{
 	{"WritesPastValue", bugWritesPastValue, "StateMachine", "", Options{}},
 	{"StatsOffByOne", bugStatsOffByOne, "StateMachine", "", Options{Stats: true}},
 	{"RepeatLastWins", bugRepeatLastWins, "RepeatedKeys", "first writer wins within a batch", Options{}},
+	{"WrapsPastMiB", bugWrapsPastMiB, "Sizes/Values", "byte 1048576 of the 1048577-byte value", Options{Capacity: 8 << 20}},
+	{"BatchCap256", bugBatchCap256, "Sizes/Batch", "key 256", Options{}},
 	{"RepeatLastWinsModel", bugRepeatLastWins, "StateMachine", "", Options{}},
 	{"RepeatFillsLast", bugRepeatFillsLast, "RepeatedKeys", "fills every occurrence's destination", Options{}},
 	{"RepeatFillsLastModel", bugRepeatFillsLast, "StateMachine", "", Options{}},
