@@ -73,6 +73,7 @@ const (
 	bugLeaseOutlivesTTL            // the store's Leases declare leases of 100 ms, but they last an hour
 	bugWrapsPastMiB                // a value's bytes past 1 MiB are its first bytes again (a chunk index that wraps)
 	bugBatchCap256                 // a put batch stores its first 256 keys and reports the rest stored too
+	bugReputRevives                // a put of a removed key brings back the value it held before the removal
 )
 
 // leasesOf returns the leases a refStore with bug b grants, and those it
@@ -375,6 +376,10 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == k })
 		}
 		s.m[k] = slices.Clone(src[i].Bytes())
+		if old, ok := s.gone[k]; ok && s.bug == bugReputRevives && old != nil {
+			s.m[k] = old
+			s.used += len(old) - src[i].Len
+		}
 		if s.bug == bugWrapsPastMiB {
 			v := s.m[k]
 			for j := 1 << 20; j < len(v); j++ {

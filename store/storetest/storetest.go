@@ -153,6 +153,10 @@ func (o *Options) ensureDefaults() error {
 //     their keys away and puts store other keys' values of the same size
 //     in the space freed: every get returns its key's value whole or
 //     reports it absent, never a torn value or another key's bytes.
+//   - Reput: one key removed and put again with a new value of a new
+//     size, alone (each get returns the latest value, or nothing after a
+//     remove) and beside readers (each get returns one of the key's
+//     values whole; the last, the writer's last).
 //   - Leases, when the store implements store.Leaser: what its Leases
 //     declares, checked against what its removals do right after an
 //     Exists and after a Get of a key: a call declared to grant no lease,
@@ -268,6 +272,7 @@ func (h *harness) subtests() []struct {
 		{"DistinctKeys", h.distinct},
 		{"Prefixes", h.prefixes},
 		{"Removal", h.removal},
+		{"Reput", h.reput},
 		{"Leases", h.leases},
 		{"Vectored", h.vectored},
 		{"BadInput", h.badInput},

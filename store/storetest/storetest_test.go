@@ -120,6 +120,7 @@ var brokenStores = []brokenCase{
 	{"RepeatLastWins", bugRepeatLastWins, "RepeatedKeys", "first writer wins within a batch", Options{}},
 	{"WrapsPastMiB", bugWrapsPastMiB, "Sizes/Values", "byte 1048576 of the 1048577-byte value", Options{Capacity: 8 << 20}},
 	{"BatchCap256", bugBatchCap256, "Sizes/Batch", "key 256", Options{}},
+	{"ReputRevives", bugReputRevives, "Reput", "a put after a remove stores the new value", Options{}},
 	{"RepeatLastWinsModel", bugRepeatLastWins, "StateMachine", "", Options{}},
 	{"RepeatFillsLast", bugRepeatFillsLast, "RepeatedKeys", "fills every occurrence's destination", Options{}},
 	{"RepeatFillsLastModel", bugRepeatFillsLast, "StateMachine", "", Options{}},
