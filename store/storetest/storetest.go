@@ -169,6 +169,14 @@ func (o *Options) ensureDefaults() error {
 //     what Options.Leases would (see there), and one whose leases end
 //     with their call is held to removals that take every key they name
 //     in the state machine, where no call is in flight beside a removal.
+//   - Watch, when the store implements store.Watcher: Watch refuses a
+//     buffer outside [1, store.MaxWatch]; each key Remove, RemovePrefix
+//     and RemoveAll take is announced gone once (KeyRemoved; KeyEvicted
+//     too from a store that evicts), to every open feed, and no key that
+//     was not there; KeyStored only for keys put, before they leave; a
+//     full feed holds its buffer, drops and counts the rest (Take's lost
+//     and Dropped agree); a closed feed gets nothing; Watch after Close
+//     fails with store.ErrClosed.
 //   - Vectored, when the store implements store.Vectored: PutV and GetV
 //     against the same values as Put and Get, across regions of random
 //     sizes, with short region lists, empty ones and repeated keys (the
@@ -274,6 +282,7 @@ func (h *harness) subtests() []struct {
 		{"Removal", h.removal},
 		{"Reput", h.reput},
 		{"Leases", h.leases},
+		{"Watch", h.watch},
 		{"Vectored", h.vectored},
 		{"BadInput", h.badInput},
 		{"Register", h.register},
