@@ -100,6 +100,10 @@ func open(broken string) connectortest.OpenFunc {
 			s = freesEarly{inner}
 		case "never-releases":
 			s = neverReleases{inner}
+		case "health-never-fails":
+			s = healthNeverFails{inner}
+		case "health-stays-failing":
+			s = healthStaysFailing{inner}
 		case "never-reports-load":
 			s = neverReportsLoad{inner}
 		case "swa-outside-window":
@@ -423,6 +427,21 @@ func (s oneShard) Exists(ctx context.Context, keys []string, res []store.Result)
 		k0[i] = key.String()
 	}
 	return s.Store.Exists(ctx, k0, res)
+}
+
+// healthNeverFails's Health reports no failure, ever.
+type healthNeverFails struct{ *storeconn.Scheduler }
+
+func (healthNeverFails) Health() connector.Health { return connector.Health{} }
+
+// healthStaysFailing's Health never resets ConsecutiveFailures: every
+// failure counts as consecutive.
+type healthStaysFailing struct{ *storeconn.Scheduler }
+
+func (s healthStaysFailing) Health() connector.Health {
+	h := s.Scheduler.Health()
+	h.ConsecutiveFailures = h.Failures
+	return h
 }
 
 // fullLength is a store client that reports the length of a get's
@@ -987,6 +1006,8 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
 		{"early-read-raw", "a save read a block the step was still computing"},
 		{"no-verify", "bytes differ from the KV saved for its key"},
+		{"health-never-fails", "after its lookups or saves failed"},
+		{"health-stays-failing", "after calls that succeeded, following failures"},
 		{"ignores-short", "bytes differ from the KV saved for its key"},
 		{"late-write", "after its load was reported failed"},
 		{"swa-outside-window", "it is outside the window"},

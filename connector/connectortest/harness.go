@@ -255,6 +255,7 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 		})
 		t.Run("Shards", func(t *testing.T) { shards(t, open, opts) })
 	}
+	t.Run("Health", func(t *testing.T) { health(t, open, opts) })
 	t.Run("WrongValue", func(t *testing.T) {
 		for _, l := range lies {
 			for _, c := range []struct {
@@ -399,6 +400,68 @@ func loadFailure(t *testing.T, open OpenFunc, opts Options, policy connector.Pol
 	w.expectHits(e, e.stats.externalHits-before.externalHits, 5, "the second request of a saved 6-block prompt", "all but the block with the last prompt token")
 	if got := e.stats.failedLoads - before.failedLoads; got != 1 && e.storeFailure() == "" {
 		t.Fatalf("%d loads failed, want 1: the store failed to read block 2 of shard %d", got, e.ns.Shards()-1)
+	}
+	w.finish()
+}
+
+// health checks the halves that are connector.HealthReporters across a
+// store that goes down and comes back: healthy with no failure before;
+// failing (ConsecutiveFailures and Failures counted, LastError and its
+// time set) once a call of theirs failed; healthy again, Failures kept,
+// once one succeeded.
+func health(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: connector.BlockMajor, tp: 2, repl: 1, bs: bs, blocks: 64})
+	type half struct {
+		name string
+		hr   connector.HealthReporter
+	}
+	var halves []half
+	if hr, ok := e.pair.Scheduler.(connector.HealthReporter); ok {
+		halves = append(halves, half{"the scheduler half", hr})
+	}
+	for rank, wk := range e.pair.Workers {
+		if hr, ok := wk.(connector.HealthReporter); ok {
+			halves = append(halves, half{fmt.Sprintf("worker %d", rank), hr})
+		}
+	}
+	if len(halves) == 0 {
+		t.Skip("no half of the connector is a connector.HealthReporter")
+	}
+	e.add(testPrompt(6*bs, 15000), 1)
+	w.drain(e)
+	for _, h := range halves {
+		if got := h.hr.Health(); got.Failures != 0 || !got.Healthy() || got.LastError != nil {
+			t.Fatalf("%s's Health() = %+v after calls of a store that never failed, want no failure", h.name, got)
+		}
+	}
+	// The store goes down: the lookup of a new prompt fails (a miss) and
+	// so do its saves.
+	w.rec.failCalls(true)
+	e.add(testPrompt(6*bs, 16000), 1)
+	w.drain(e)
+	down := make([]connector.Health, len(halves))
+	for i, h := range halves {
+		got := h.hr.Health()
+		down[i] = got
+		if got.Failures == 0 || got.Healthy() || got.LastError == nil || got.LastErrorTime.IsZero() {
+			t.Fatalf("%s's Health() = %+v after its lookups or saves failed (the store failed every call), want ConsecutiveFailures and Failures counted, LastError and LastErrorTime set", h.name, got)
+		}
+		if got.ConsecutiveFailures > got.Failures {
+			t.Fatalf("%s's Health() = %+v: more consecutive failures than failures", h.name, got)
+		}
+	}
+	// The store is back: a prompt's lookup and saves succeed.
+	w.rec.failCalls(false)
+	e.add(testPrompt(6*bs, 17000), 1)
+	w.drain(e)
+	for i, h := range halves {
+		got := h.hr.Health()
+		if !got.Healthy() || got.Failures < down[i].Failures || got.LastError == nil {
+			t.Fatalf("%s's Health() = %+v after calls that succeeded, following failures (%+v), want healthy, with Failures kept (%d or more) and the last error", h.name, got, down[i], down[i].Failures)
+		}
 	}
 	w.finish()
 }

@@ -57,6 +57,7 @@ type recorder struct {
 		cover   map[string]uint64   // per block key: the layers that puts of its layer ranges surely stored, and no remove removed since
 		ever    map[string]uint64   // per block key: the layers that puts of its layer ranges ever stored
 		rounds  map[string][]uint64 // per block key: rounds[i] are the layers puts stored more than i times: each full round may count as a save of the block
+		down    bool                // every call fails as a whole (see failCalls)
 		lie     map[string]lie      // per block key: how every successful get of it lies (see lieGets)
 		lied    map[lie]int         // lies served, per kind
 		keep    bool                // keep values put (for lieOther and lieForged)
@@ -120,6 +121,29 @@ func (r *recorder) lieGets(l lie, keys ...string) {
 	for _, k := range keys {
 		r.mu.lie[k] = l
 	}
+}
+
+// failCalls makes every call of the store fail as a whole, doing nothing,
+// until called again with false: the store is down.
+func (r *recorder) failCalls(down bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mu.down = down
+}
+
+// isDown reports whether calls fail as a whole.
+func (r *recorder) isDown() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.down
+}
+
+// Exists implements store.Store.
+func (r *recorder) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	if r.isDown() {
+		return errInjected
+	}
+	return r.Store.Exists(ctx, keys, res)
 }
 
 // liesServed returns how many gets lied l.
@@ -619,6 +643,9 @@ func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err 
 
 // Put implements store.Store.
 func (r *recorder) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
+	if r.isDown() {
+		return errInjected
+	}
 	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
 		return err
 	}
@@ -680,6 +707,9 @@ func (r *recorder) RemoveAll(ctx context.Context) (int, error) {
 
 // Get implements store.Store.
 func (r *recorder) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if r.isDown() {
+		return errInjected
+	}
 	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
 		return err
 	}
@@ -698,6 +728,9 @@ func (r *recorder) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 
 // PutV implements store.Vectored.
 func (v vrecorder) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
+	if v.isDown() {
+		return errInjected
+	}
 	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
 		return err
 	}
@@ -716,6 +749,9 @@ func (v vrecorder) PutV(ctx context.Context, keys []string, src [][]rdma.Region,
 
 // GetV implements store.Vectored.
 func (v vrecorder) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
+	if v.isDown() {
+		return errInjected
+	}
 	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
 		return err
 	}
