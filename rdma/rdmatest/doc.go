@@ -29,7 +29,9 @@
 //     for byte and nowhere else: ReadWrite, Submits (every byte of both
 //     regions compared; guards around every region).
 //   - Open of a name twice returns the same handle: ReadWrite. An unknown
-//     name, handle, or a closed handle's requests: BadInput.
+//     name, and CloseSegment of an unknown handle: BadInput. Not yet
+//     checked: requests already submitted to a handle that CloseSegment
+//     forgets run to their end.
 //   - Local-side errors (bad opcode, length, wrapping address, unknown
 //     segment, unregistered or foreign local memory) are returned by
 //     Submit, name the request, and submit nothing (Len unchanged, no
