@@ -100,6 +100,8 @@ func open(broken string) connectortest.OpenFunc {
 			s = freesEarly{inner}
 		case "never-releases":
 			s = neverReleases{inner}
+		case "plan-reset-by-update":
+			s = &resetsPlan{Scheduler: inner}
 		case "health-never-fails":
 			s = healthNeverFails{inner}
 		case "health-stays-failing":
@@ -427,6 +429,27 @@ func (s oneShard) Exists(ctx context.Context, keys []string, res []store.Result)
 		k0[i] = key.String()
 	}
 	return s.Store.Exists(ctx, k0, res)
+}
+
+// resetsPlan empties the Metadata of the last Plan in Update, as a
+// connector that reuses one Metadata and clears it when the step's
+// outputs come in would.
+type resetsPlan struct {
+	*storeconn.Scheduler
+	last *connector.Metadata
+}
+
+func (s *resetsPlan) Plan() *connector.Metadata {
+	s.last = s.Scheduler.Plan()
+	return s.last
+}
+
+func (s *resetsPlan) Update(outs []*connector.Output) (*connector.Progress, error) {
+	p, err := s.Scheduler.Update(outs)
+	if s.last != nil {
+		s.last.Reset()
+	}
+	return p, err
 }
 
 // healthNeverFails's Health reports no failure, ever.
@@ -1007,6 +1030,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"early-read-raw", "a save read a block the step was still computing"},
 		{"no-verify", "bytes differ from the KV saved for its key"},
 		{"health-never-fails", "after its lookups or saves failed"},
+		{"plan-reset-by-update", "it is read-only and valid until the next Plan"},
 		{"health-stays-failing", "after calls that succeeded, following failures"},
 		{"ignores-short", "bytes differ from the KV saved for its key"},
 		{"late-write", "after its load was reported failed"},

@@ -28,11 +28,14 @@ type world struct {
 	st      store.Store // what the connectors get: base, or a Faulty over it
 	faulty  storetest.Faulty
 	engines []*engine
-	pkgs    []string        // the packages of the halves' types
-	gid     uint64          // the goroutine running the case
-	silent  int             // steps in a row that found news no wake-up announced (see drainWith)
-	before  map[uint64]bool // the goroutines alive when it began
-	count   *counts
+	pkgs    []string // the packages of the halves' types
+	gid     uint64   // the goroutine running the case
+	silent  int      // steps in a row that found news no wake-up announced (see drainWith)
+	// unsignalled is when a step first found news that no wake-up
+	// announced, since the last wake-up; zero when none did.
+	unsignalled time.Time
+	before      map[uint64]bool // the goroutines alive when it began
+	count       *counts
 	// loadFailed is set once a worker reported a block of a load failed:
 	// a connector may then skip blocks whose loads failed lately, and a
 	// match need no longer be the longest (see checkLongest).
@@ -279,7 +282,7 @@ func (w *world) drainWith(es []*engine, handoff func() bool, chunk int) {
 				// for is the connectors' own work, so one must signal.
 				p.probe = min(max(2*p.probe, time.Millisecond), 100*time.Millisecond)
 				if waitWake(wakes, min(p.probe, waitBound-time.Since(began))) {
-					p.probe, w.silent = 0, 0
+					p.probe, w.silent, w.unsignalled = 0, 0, time.Time{}
 					continue
 				}
 				// No wake-up yet: step, as an engine that also polls
@@ -296,10 +299,18 @@ func (w *world) drainWith(es []*engine, handoff func() bool, chunk int) {
 						news = true
 					}
 				}
-				if news && !waitWake(wakes, 0) && quiescent() {
-					w.silent++
+				if news && !waitWake(wakes, 0) {
+					if w.unsignalled.IsZero() {
+						w.unsignalled = time.Now()
+					}
+					if quiescent() {
+						w.silent++
+					}
 				}
 				switch {
+				case !w.unsignalled.IsZero() && time.Since(w.unsignalled) > waitBound:
+					w.gaveUp("for %v only steps that polled found news of the connectors' work, with no wake-up (connector.Waker) (waiting for %s): the halves are Wakers, but none signalled, so an engine blocked on them would wait for ever; %s",
+						time.Since(w.unsignalled).Round(time.Second), what, describe(es))
 				case w.silent >= silentNews:
 					w.gaveUp("%d times a step found news of the connectors' work with no wake-up (connector.Waker) and no goroutine running, and no wake-up came in between (waiting for %s): the halves are Wakers, but none signalled, so an engine blocked on them would wait for ever; %s",
 						w.silent, what, describe(es))
