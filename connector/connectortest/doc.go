@@ -156,10 +156,11 @@
 // StatsReporter's Loads, LoadFailures, Corrupt, HitBlocks, HitTokens and
 // Saves (every case); HealthReporter (Health); Waker (Waiting, below);
 // TransferParamsSource (Handoff, for OpenConsumer); groups, or
-// connector.ErrConfig without them (Groups, NoGroups). Not yet checked:
-// cancellation of a WaitLayer's context mid-layer, Close with large
-// transfers in flight, a Plan read after the next Update, and saves after
-// Finish of a request.
+// connector.ErrConfig without them (Groups, NoGroups). The Metadata Plan
+// returns holds the same until the step ends, Update included: it is
+// read-only to the workers and valid until the next Plan (every step).
+// Not yet checked: cancellation of a WaitLayer's context mid-layer, Close
+// with large transfers in flight, and saves after Finish of a request.
 //
 // # Waiting
 //
