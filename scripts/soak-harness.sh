@@ -13,7 +13,11 @@
 #   ./store/mooncake:^TestConformance$               storetest over the fake Mooncake
 #   ./connector/connectortest:^TestStoreConnector$   storeconn over memstore
 #   ./connector/p2p:^TestConnectorTest$              p2p, producer and consumer
-# (the default targets; the fake Mooncake needs gcc, and
+#   ./store/remote:^TestConformance$                 storetest over remote clients of memstores
+#   ./rdma:^TestLoopbackConformance$                 rdmatest over loopback engines
+#   ./rdma/shm:^TestConformance$                     rdmatest over shared-memory engines
+#   ./rdma/mooncake:^TestConformanceFake$            rdmatest over the fake Mooncake Transfer Engine
+# (the default targets; the fake Mooncakes need gcc, and
 # MOONCAKE_FAKE_REQUIRE=1 makes its absence a failure). Each package's test binary is built once
 # (go test -c -race) and run RUNS times (default 200, or $RUNS), from the
 # package's directory as go test runs it.
@@ -41,6 +45,10 @@ if [[ ${#targets[@]} -eq 0 ]]; then
     "./store/mooncake:^TestConformance\$"
     "./connector/connectortest:^TestStoreConnector\$"
     "./connector/p2p:^TestConnectorTest\$"
+    "./store/remote:^TestConformance\$"
+    "./rdma:^TestLoopbackConformance\$"
+    "./rdma/shm:^TestConformance\$"
+    "./rdma/mooncake:^TestConformanceFake\$"
   )
 fi
 hogs=${HOGS:-2}

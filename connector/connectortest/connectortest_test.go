@@ -48,6 +48,9 @@ func open(broken string) connectortest.OpenFunc {
 			// Raw values move straight from block-major KV memory: the
 			// store reads the blocks themselves.
 			cfg.Extra = map[string]any{"verify": "none"}
+		case "no-verify", "ignores-short":
+			// Loads whatever bytes a get returns.
+			cfg.Extra = map[string]any{"verify": "none"}
 		case "layer-chunks", "layer-early", "save-ahead", "layer-ignores-ready":
 			// A value per layer: loads and saves move layer by layer.
 			cfg.Extra = map[string]any{"layer_chunks": 2}
@@ -97,6 +100,12 @@ func open(broken string) connectortest.OpenFunc {
 			s = freesEarly{inner}
 		case "never-releases":
 			s = neverReleases{inner}
+		case "plan-reset-by-update":
+			s = &resetsPlan{Scheduler: inner}
+		case "health-never-fails":
+			s = healthNeverFails{inner}
+		case "health-stays-failing":
+			s = healthStaysFailing{inner}
 		case "never-reports-load":
 			s = neverReportsLoad{inner}
 		case "swa-outside-window":
@@ -113,9 +122,13 @@ func open(broken string) connectortest.OpenFunc {
 			s = newLoadRewriter(inner, loadsNoBlockNeighbour(groupOf(env.Identity, hashing.RecurrentState)))
 		}
 		p.Scheduler = s
+		wenv := env
+		if broken == "ignores-short" {
+			wenv.Store = fullLength{env.Store}
+		}
 		for rank := range env.Identity.Layout.TPSize {
-			env.Rank = rank
-			w, err := connector.OpenWorker(cfg, env)
+			wenv.Rank = rank
+			w, err := connector.OpenWorker(cfg, wenv)
 			if err != nil {
 				return p, err
 			}
@@ -416,6 +429,58 @@ func (s oneShard) Exists(ctx context.Context, keys []string, res []store.Result)
 		k0[i] = key.String()
 	}
 	return s.Store.Exists(ctx, k0, res)
+}
+
+// resetsPlan empties the Metadata of the last Plan in Update, as a
+// connector that reuses one Metadata and clears it when the step's
+// outputs come in would.
+type resetsPlan struct {
+	*storeconn.Scheduler
+	last *connector.Metadata
+}
+
+func (s *resetsPlan) Plan() *connector.Metadata {
+	s.last = s.Scheduler.Plan()
+	return s.last
+}
+
+func (s *resetsPlan) Update(outs []*connector.Output) (*connector.Progress, error) {
+	p, err := s.Scheduler.Update(outs)
+	if s.last != nil {
+		s.last.Reset()
+	}
+	return p, err
+}
+
+// healthNeverFails's Health reports no failure, ever.
+type healthNeverFails struct{ *storeconn.Scheduler }
+
+func (healthNeverFails) Health() connector.Health { return connector.Health{} }
+
+// healthStaysFailing's Health never resets ConsecutiveFailures: every
+// failure counts as consecutive.
+type healthStaysFailing struct{ *storeconn.Scheduler }
+
+func (s healthStaysFailing) Health() connector.Health {
+	h := s.Scheduler.Health()
+	h.ConsecutiveFailures = h.Failures
+	return h
+}
+
+// fullLength is a store client that reports the length of a get's
+// destination as the value's size, not the size of the value it copied.
+type fullLength struct{ store.Store }
+
+func (s fullLength) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if err := s.Store.Get(ctx, keys, dst, res); err != nil {
+		return err
+	}
+	for i := range res {
+		if res[i].Err == nil {
+			res[i].N = dst[i].Len
+		}
+	}
+	return nil
 }
 
 // loadsCountFailed counts failed blocks in Stats.Loads too.
@@ -963,6 +1028,11 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"ignores-layout", "the store holds it under heads4's namespace"},
 		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
 		{"early-read-raw", "a save read a block the step was still computing"},
+		{"no-verify", "bytes differ from the KV saved for its key"},
+		{"health-never-fails", "after its lookups or saves failed"},
+		{"plan-reset-by-update", "it is read-only and valid until the next Plan"},
+		{"health-stays-failing", "after calls that succeeded, following failures"},
+		{"ignores-short", "bytes differ from the KV saved for its key"},
 		{"late-write", "after its load was reported failed"},
 		{"swa-outside-window", "it is outside the window"},
 		{"swa-drops-window-block", "no load transfer named block 3 of group 1 (sliding_window"},

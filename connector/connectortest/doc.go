@@ -115,6 +115,53 @@
 // loads dropped as stale count in StaleDiscarded, not here) and Corrupt,
 // and the worker halves together Saves.
 //
+// # Wrong bytes and a failing store
+//
+// The WrongValue subtest serves, on every successful get of one loaded
+// block, wrong bytes of four kinds: another key's value of the same size,
+// the value with a byte flipped, the value truncated by a quarter (N says
+// so, the rest of the destination is as it was), and another key's value
+// under this value's own last bytes (a forged trailer). Each must end as a
+// failed block, never loaded: the engine checks the bytes of every block
+// reported loaded, and the subtest requires the load to fail. A connector
+// that loads raw bytes with no check of their key and content cannot pass
+// it. The Health subtest takes the store down (every call fails) and
+// back up: halves that are connector.HealthReporters report no failure
+// before, counted failures and the last error while it is down, and
+// healthy again, failures kept, once a call succeeded; and a failed
+// lookup is a miss, never Pending for as long as the store is down.
+//
+// # Promises and the checks that prove them
+//
+// Of connector.Scheduler: Match never covers the last prompt token, is a
+// whole number of blocks, 0 while Pending, and the longest prefix the
+// store held in every shard before the request's first Match (the
+// recorder's record; SharedPrefix, Shards, StateMachine); Allocated and
+// Scheduled lead to Plans that load only what resuming needs and save
+// only blocks the engine computed or loaded, with unique transfer ids,
+// increasing steps and the current generation (every step); Update's
+// Progress lists loads only once every worker reported them, failures
+// with the right Valid and Fail for the policy (LoadFailure,
+// StateMachine), releases only of kept requests; Finish keeps a request
+// while a transfer touches its blocks (StateMachine); Close is idempotent
+// and joins every goroutine (every case's end). Of connector.Worker:
+// Start loads into the registered blocks byte for byte, Save reads blocks
+// only once ready fires (the engine's two-half writes), Poll reports each
+// transfer once, with failures inside it (every step); wrong bytes from
+// the store are never loaded (WrongValue). Of the optional interfaces:
+// LayerWorker's WaitLayer returns only once the layer is in and SaveLayer
+// saves only computed layers (LayerWise, StateMachine); Rotator
+// (Rotation); EventSource's BlockStored events name only stored blocks,
+// consecutive after Parent, with their tokens (every step);
+// StatsReporter's Loads, LoadFailures, Corrupt, HitBlocks, HitTokens and
+// Saves (every case); HealthReporter (Health); Waker (Waiting, below);
+// TransferParamsSource (Handoff, for OpenConsumer); groups, or
+// connector.ErrConfig without them (Groups, NoGroups). The Metadata Plan
+// returns holds the same until the step ends, Update included: it is
+// read-only to the workers and valid until the next Plan (every step).
+// Not yet checked: cancellation of a WaitLayer's context mid-layer, Close
+// with large transfers in flight, and saves after Finish of a request.
+//
 // # Waiting
 //
 // Nothing depends on the speed of the machine. Where the harness waits for
@@ -124,7 +171,12 @@
 // after a minute naming what it waited for. Where progress is impossible
 // it fails at once: a goroutine of the connector blocked after both
 // halves closed, or 100 steps in a row with nothing in flight while the
-// connector still keeps blocks.
+// connector still keeps blocks. Where every half is a connector.Waker the
+// harness blocks on the wake-up channels as an engine does, and also
+// steps now and then as an engine that polls: ten steps that find news
+// of the connectors' work with no wake-up before them and no goroutine of
+// the process running (so none can still be sending one) fail the run at
+// once, as a connector that never wakes the engine.
 //
 // # Concurrency
 //

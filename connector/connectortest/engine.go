@@ -1078,6 +1078,10 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 	}
 	meta := e.pair.Scheduler.Plan()
 	e.checkPlan(meta, blocks)
+	planned, err := meta.MarshalBinary()
+	if err != nil {
+		e.t.Fatalf("%s: Plan's Metadata: MarshalBinary: %v", e.label, err)
+	}
 	// While the step computes, its blocks are unready: a save must not
 	// read them until the worker's ready event fires.
 	var unready []span
@@ -1106,6 +1110,7 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		if e.update() {
 			progress = true
 		}
+		e.checkKept(meta, planned)
 		return e.endStep(progress)
 	}
 	// The first half of each block, and garbage in the rest.
@@ -1142,7 +1147,22 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 	if e.update() {
 		progress = true
 	}
+	e.checkKept(meta, planned)
 	return e.endStep(progress)
+}
+
+// checkKept fails unless the step's Metadata still holds what Plan
+// returned (planned, encoded): it is valid until the next Plan, so the
+// engine may still read it after Update, and the workers only read it.
+func (e *engine) checkKept(meta *connector.Metadata, planned []byte) {
+	e.t.Helper()
+	now, err := meta.MarshalBinary()
+	if err != nil {
+		e.t.Fatalf("%s: the step's Metadata after Update: MarshalBinary: %v", e.label, err)
+	}
+	if !bytes.Equal(now, planned) {
+		e.t.Fatalf("%s: the Metadata Plan returned for step %d changed by the step's end (Start, Save, Poll, Update): it is read-only and valid until the next Plan, and the engine may read it after Update", e.label, meta.Step)
+	}
 }
 
 // probeGrace is how long a probe gives a worker to do what it must not:
@@ -2146,11 +2166,14 @@ func (e *engine) describe() string {
 }
 
 // pause sleeps between looks at a condition, from 20µs up to 2ms.
-type pause struct{ d time.Duration }
+type pause struct {
+	d     time.Duration
+	probe time.Duration // how long to wait for a wake-up before a step looks for news
+}
 
 func (p *pause) sleep() {
 	p.d = min(max(2*p.d, 20*time.Microsecond), 2*time.Millisecond)
 	time.Sleep(p.d)
 }
 
-func (p *pause) reset() { p.d = 0 }
+func (p *pause) reset() { p.d, p.probe = 0, 0 }

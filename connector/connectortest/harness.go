@@ -255,6 +255,19 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 		})
 		t.Run("Shards", func(t *testing.T) { shards(t, open, opts) })
 	}
+	t.Run("Health", func(t *testing.T) { health(t, open, opts) })
+	t.Run("WrongValue", func(t *testing.T) {
+		for _, l := range lies {
+			for _, c := range []struct {
+				order connector.Order
+				tp    int
+			}{{connector.BlockMajor, 1}, {connector.LayerMajor, 2}} {
+				t.Run(fmt.Sprintf("%s/%v/tp%d", lieName(l), c.order, c.tp), func(t *testing.T) {
+					wrongValue(t, open, opts, l, c.order, c.tp)
+				})
+			}
+		}
+	})
 	if !opts.NoRotation {
 		t.Run("Rotation", func(t *testing.T) { rotation(t, open, opts) })
 	}
@@ -387,6 +400,108 @@ func loadFailure(t *testing.T, open OpenFunc, opts Options, policy connector.Pol
 	w.expectHits(e, e.stats.externalHits-before.externalHits, 5, "the second request of a saved 6-block prompt", "all but the block with the last prompt token")
 	if got := e.stats.failedLoads - before.failedLoads; got != 1 && e.storeFailure() == "" {
 		t.Fatalf("%d loads failed, want 1: the store failed to read block 2 of shard %d", got, e.ns.Shards()-1)
+	}
+	w.finish()
+}
+
+// health checks the halves that are connector.HealthReporters across a
+// store that goes down and comes back: healthy with no failure before;
+// failing (ConsecutiveFailures and Failures counted, LastError and its
+// time set) once a call of theirs failed; healthy again, Failures kept,
+// once one succeeded.
+func health(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: connector.BlockMajor, tp: 2, repl: 1, bs: bs, blocks: 64})
+	type half struct {
+		name string
+		hr   connector.HealthReporter
+	}
+	var halves []half
+	if hr, ok := e.pair.Scheduler.(connector.HealthReporter); ok {
+		halves = append(halves, half{"the scheduler half", hr})
+	}
+	for rank, wk := range e.pair.Workers {
+		if hr, ok := wk.(connector.HealthReporter); ok {
+			halves = append(halves, half{fmt.Sprintf("worker %d", rank), hr})
+		}
+	}
+	if len(halves) == 0 {
+		t.Skip("no half of the connector is a connector.HealthReporter")
+	}
+	e.add(testPrompt(6*bs, 15000), 1)
+	w.drain(e)
+	for _, h := range halves {
+		if got := h.hr.Health(); got.Failures != 0 || !got.Healthy() || got.LastError != nil {
+			t.Fatalf("%s's Health() = %+v after calls of a store that never failed, want no failure", h.name, got)
+		}
+	}
+	// The store goes down: the lookup of a new prompt fails (a miss) and
+	// so do its saves.
+	w.rec.failCalls(true)
+	e.add(testPrompt(6*bs, 16000), 1)
+	w.drain(e)
+	down := make([]connector.Health, len(halves))
+	for i, h := range halves {
+		got := h.hr.Health()
+		down[i] = got
+		if got.Failures == 0 || got.Healthy() || got.LastError == nil || got.LastErrorTime.IsZero() {
+			t.Fatalf("%s's Health() = %+v after its lookups or saves failed (the store failed every call), want ConsecutiveFailures and Failures counted, LastError and LastErrorTime set", h.name, got)
+		}
+		if got.ConsecutiveFailures > got.Failures {
+			t.Fatalf("%s's Health() = %+v: more consecutive failures than failures", h.name, got)
+		}
+	}
+	// The store is back: a prompt's lookup and saves succeed.
+	w.rec.failCalls(false)
+	e.add(testPrompt(6*bs, 17000), 1)
+	w.drain(e)
+	for i, h := range halves {
+		got := h.hr.Health()
+		if !got.Healthy() || got.Failures < down[i].Failures || got.LastError == nil {
+			t.Fatalf("%s's Health() = %+v after calls that succeeded, following failures (%+v), want healthy, with Failures kept (%d or more) and the last error", h.name, got, down[i], down[i].Failures)
+		}
+	}
+	w.finish()
+}
+
+// lieName names a lie in a subtest's name.
+func lieName(l lie) string {
+	return [...]string{"", "OtherKey", "Flipped", "Truncated", "ForgedTrailer"}[l]
+}
+
+// wrongValue checks that a block whose get succeeds with wrong bytes ends
+// as a failed block, never loaded: every get of block 2 of the last shard
+// serves the bytes l says (the engine checks the bytes of every block
+// reported loaded, and fails the test on one that differs).
+func wrongValue(t *testing.T, open OpenFunc, opts Options, l lie, order connector.Order, tp int) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	w.rec.keepValues()
+	const bs = 4
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: order, tp: tp, repl: 1, bs: bs, blocks: 64})
+	prompt := testPrompt(6*bs, 13000)
+	e.add(prompt, 1)
+	w.drain(e)
+	h := hashesOf(t, prompt, bs)
+	shard := e.ns.Shards() - 1
+	w.rec.lieGets(l, e.ns.Key(shard, h[2]))
+	e.dropCache()
+	before := e.stats
+	e.add(prompt, 1)
+	w.drain(e)
+	w.rec.lieGets(lieNone)
+	w.expectHits(e, e.stats.externalHits-before.externalHits, 5, "the second request of a saved 6-block prompt", "all but the block with the last prompt token")
+	if e.storeFailure() != "" {
+		w.finish()
+		return
+	}
+	if w.rec.liesServed(l) == 0 {
+		t.Fatalf("the store served block 2 of shard %d, which the request matched, to no successful get: a load reported done must have read it", shard)
+	}
+	if got := e.stats.failedLoads - before.failedLoads; got != 1 {
+		t.Fatalf("%d loads failed, want 1: every get of block 2 of shard %d succeeded with %s, which must end as a failed block, never loaded", got, shard, l)
 	}
 	w.finish()
 }

@@ -1,9 +1,11 @@
 package connectortest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 
@@ -55,10 +57,229 @@ type recorder struct {
 		cover   map[string]uint64   // per block key: the layers that puts of its layer ranges surely stored, and no remove removed since
 		ever    map[string]uint64   // per block key: the layers that puts of its layer ranges ever stored
 		rounds  map[string][]uint64 // per block key: rounds[i] are the layers puts stored more than i times: each full round may count as a save of the block
+		down    bool                // every call fails as a whole (see failCalls)
+		lie     map[string]lie      // per block key: how every successful get of it lies (see lieGets)
+		lied    map[lie]int         // lies served, per kind
+		keep    bool                // keep values put (for lieOther and lieForged)
+		values  map[int][]kept      // values of keys puts stored, by size: the last two keys of each size
 		held    bool                // gets wait in hold until release (see holdGets)
 		waiting int                 // gets waiting in hold
 		gets    int                 // gets that reached the store and have not returned
 		release chan struct{}       // closed to let held gets go
+	}
+}
+
+// lie is a way in which the store's wrapper serves wrong bytes on a get
+// that succeeds: what a store holding a damaged value, a value stored
+// under the wrong key, or a forged value, serves.
+type lie uint8
+
+const (
+	lieNone    lie = iota
+	lieOther       // another key's value of the same size
+	lieFlipped     // the value with one byte flipped
+	lieShort       // the value truncated: N says fewer bytes, the rest of the destination as before the get
+	lieForged      // another key's value of the same size, with the value's own last bytes (its trailer, if any)
+)
+
+var lies = []lie{lieOther, lieFlipped, lieShort, lieForged}
+
+func (l lie) String() string {
+	switch l {
+	case lieOther:
+		return "another key's value of the same size"
+	case lieFlipped:
+		return "the value with one byte flipped"
+	case lieShort:
+		return "the value truncated by a quarter"
+	case lieForged:
+		return "another key's value with this value's last bytes (a forged trailer)"
+	}
+	return "the value"
+}
+
+// kept is a value a put stored.
+type kept struct {
+	key string
+	b   []byte
+}
+
+// keepValues makes the recorder keep the values puts store, so that a
+// get can serve another key's value.
+func (r *recorder) keepValues() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mu.keep = true
+}
+
+// lieGets makes every successful get of keys (block keys: their layer
+// ranges too) serve wrong bytes the way l says, until called again.
+func (r *recorder) lieGets(l lie, keys ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.mu.lie)
+	for _, k := range keys {
+		r.mu.lie[k] = l
+	}
+}
+
+// failCalls makes every call of the store fail as a whole, doing nothing,
+// until called again with false: the store is down.
+func (r *recorder) failCalls(down bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mu.down = down
+}
+
+// isDown reports whether calls fail as a whole.
+func (r *recorder) isDown() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.down
+}
+
+// Exists implements store.Store.
+func (r *recorder) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	if r.isDown() {
+		return errInjected
+	}
+	return r.Store.Exists(ctx, keys, res)
+}
+
+// liesServed returns how many gets lied l.
+func (r *recorder) liesServed(l lie) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.lied[l]
+}
+
+// keepPut keeps the values of a put's keys that it stored, from host
+// memory.
+func (r *recorder) keepPut(keys []string, src [][]rdma.Region, res []store.Result) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.mu.keep {
+		return
+	}
+	for i, k := range keys {
+		if res[i].Err != nil {
+			continue
+		}
+		var b []byte
+		for _, reg := range src[i] {
+			if reg.Loc != rdma.Host {
+				b = nil
+				break
+			}
+			b = append(b, reg.Bytes()...)
+		}
+		if len(b) == 0 {
+			continue
+		}
+		vs := r.mu.values[len(b)]
+		vs = slices.DeleteFunc(vs, func(v kept) bool { return v.key == k })
+		if len(vs) == 2 {
+			vs = vs[1:]
+		}
+		r.mu.values[len(b)] = append(vs, kept{k, b})
+	}
+}
+
+// liars returns, per key of a get, how it lies (nil when none does), and
+// what the destinations of lying keys held before the get.
+func (r *recorder) liars(keys []string, dst [][]rdma.Region) ([]lie, [][]byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.mu.lie) == 0 {
+		return nil, nil
+	}
+	var ls []lie
+	var before [][]byte
+	for i, k := range keys {
+		b, _, _, _, _ := r.blockOf(k)
+		l, ok := r.mu.lie[k]
+		if !ok {
+			l = r.mu.lie[b]
+		}
+		if l == lieNone || !host(dst[i]) {
+			continue
+		}
+		if ls == nil {
+			ls, before = make([]lie, len(keys)), make([][]byte, len(keys))
+		}
+		ls[i], before[i] = l, gather(dst[i], -1)
+	}
+	return ls, before
+}
+
+// host reports whether every region of rs is host memory.
+func host(rs []rdma.Region) bool {
+	for _, r := range rs {
+		if r.Loc != rdma.Host {
+			return false
+		}
+	}
+	return true
+}
+
+// gather returns the first n bytes of the regions rs (all of them when n
+// is negative).
+func gather(rs []rdma.Region, n int) []byte {
+	var b []byte
+	for _, r := range rs {
+		b = append(b, r.Bytes()...)
+	}
+	if n >= 0 && n < len(b) {
+		b = b[:n]
+	}
+	return b
+}
+
+// scatter writes b across the regions rs, from their start.
+func scatter(rs []rdma.Region, b []byte) {
+	for _, r := range rs {
+		n := copy(r.Bytes(), b)
+		b = b[n:]
+	}
+}
+
+// tell makes the successful gets of a call lie as ls says; before holds
+// what their destinations held before the call.
+func (r *recorder) tell(keys []string, dst [][]rdma.Region, res []store.Result, ls []lie, before [][]byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, l := range ls {
+		if l == lieNone || res[i].Err != nil || res[i].N == 0 {
+			continue
+		}
+		n := res[i].N
+		v := gather(dst[i], n)
+		var other []byte
+		if l == lieOther || l == lieForged {
+			for _, k := range r.mu.values[n] {
+				if b, _, _, _, _ := r.blockOf(k.key); k.key != keys[i] && b != keys[i] && !bytes.Equal(k.b, v) {
+					other = k.b
+				}
+			}
+			if other == nil {
+				continue // no other value of this size: this get tells the truth
+			}
+		}
+		switch l {
+		case lieOther:
+			copy(v, other)
+		case lieFlipped:
+			v[n/3] ^= 0xFF
+		case lieShort:
+			res[i].N = n - max(1, n/4)
+			v = before[i][:n] // the value's last quarter never arrived
+			copy(v, gather(dst[i], res[i].N))
+		case lieForged:
+			t := min(64, max(1, n/8))
+			copy(v[:n-t], other[:n-t])
+		}
+		scatter(dst[i], v)
+		r.mu.lied[l]++
 	}
 }
 
@@ -187,6 +408,9 @@ func newRecorder(st store.Store) (*recorder, store.Store) {
 	r.mu.cover = make(map[string]uint64)
 	r.mu.ever = make(map[string]uint64)
 	r.mu.rounds = make(map[string][]uint64)
+	r.mu.lie = make(map[string]lie)
+	r.mu.lied = make(map[lie]int)
+	r.mu.values = make(map[int][]kept)
 	if v, ok := st.(store.Vectored); ok {
 		return r, vrecorder{r, v}
 	}
@@ -419,6 +643,9 @@ func (r *recorder) recordPuts(keys []string, res []store.Result, fwd []int, err 
 
 // Put implements store.Store.
 func (r *recorder) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
+	if r.isDown() {
+		return errInjected
+	}
 	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
 		return err
 	}
@@ -429,7 +656,19 @@ func (r *recorder) Put(ctx context.Context, keys []string, src []rdma.Region, re
 	r.beginPuts(keys, fwd)
 	err := batch(keys, src, res, fwd, func(k []string, s []rdma.Region, rs []store.Result) error { return r.Store.Put(ctx, k, s, rs) })
 	r.recordPuts(keys, res, fwd, err)
+	if err == nil {
+		r.keepPut(keys, vectors(src), res)
+	}
 	return err
+}
+
+// vectors returns each region of rs as a vector of one.
+func vectors(rs []rdma.Region) [][]rdma.Region {
+	v := make([][]rdma.Region, len(rs))
+	for i := range rs {
+		v[i] = rs[i : i+1]
+	}
+	return v
 }
 
 // forget notes that keys matching match are gone, before a remove call.
@@ -468,6 +707,9 @@ func (r *recorder) RemoveAll(ctx context.Context) (int, error) {
 
 // Get implements store.Store.
 func (r *recorder) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if r.isDown() {
+		return errInjected
+	}
 	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
 		return err
 	}
@@ -476,11 +718,19 @@ func (r *recorder) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		return err
 	}
 	defer r.leaveGet()
-	return batch(keys, dst, res, fwd, func(k []string, d []rdma.Region, rs []store.Result) error { return r.Store.Get(ctx, k, d, rs) })
+	ls, before := r.liars(keys, vectors(dst))
+	err := batch(keys, dst, res, fwd, func(k []string, d []rdma.Region, rs []store.Result) error { return r.Store.Get(ctx, k, d, rs) })
+	if err == nil && ls != nil {
+		r.tell(keys, vectors(dst), res, ls, before)
+	}
+	return err
 }
 
 // PutV implements store.Vectored.
 func (v vrecorder) PutV(ctx context.Context, keys []string, src [][]rdma.Region, res []store.Result) error {
+	if v.isDown() {
+		return errInjected
+	}
 	if err := store.CheckBatch("put", len(keys), len(src), len(res)); err != nil {
 		return err
 	}
@@ -491,11 +741,17 @@ func (v vrecorder) PutV(ctx context.Context, keys []string, src [][]rdma.Region,
 	v.beginPuts(keys, fwd)
 	err := batch(keys, src, res, fwd, func(k []string, s [][]rdma.Region, rs []store.Result) error { return v.v.PutV(ctx, k, s, rs) })
 	v.recordPuts(keys, res, fwd, err)
+	if err == nil {
+		v.keepPut(keys, src, res)
+	}
 	return err
 }
 
 // GetV implements store.Vectored.
 func (v vrecorder) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
+	if v.isDown() {
+		return errInjected
+	}
 	if err := store.CheckBatch("get", len(keys), len(dst), len(res)); err != nil {
 		return err
 	}
@@ -504,5 +760,10 @@ func (v vrecorder) GetV(ctx context.Context, keys []string, dst [][]rdma.Region,
 		return err
 	}
 	defer v.leaveGet()
-	return batch(keys, dst, res, fwd, func(k []string, d [][]rdma.Region, rs []store.Result) error { return v.v.GetV(ctx, k, d, rs) })
+	ls, before := v.liars(keys, dst)
+	err := batch(keys, dst, res, fwd, func(k []string, d [][]rdma.Region, rs []store.Result) error { return v.v.GetV(ctx, k, d, rs) })
+	if err == nil && ls != nil {
+		v.tell(keys, dst, res, ls, before)
+	}
+	return err
 }

@@ -28,10 +28,14 @@ type world struct {
 	st      store.Store // what the connectors get: base, or a Faulty over it
 	faulty  storetest.Faulty
 	engines []*engine
-	pkgs    []string        // the packages of the halves' types
-	gid     uint64          // the goroutine running the case
-	before  map[uint64]bool // the goroutines alive when it began
-	count   *counts
+	pkgs    []string // the packages of the halves' types
+	gid     uint64   // the goroutine running the case
+	silent  int      // steps in a row that found news no wake-up announced (see drainWith)
+	// unsignalled is when a step first found news that no wake-up
+	// announced, since the last wake-up; zero when none did.
+	unsignalled time.Time
+	before      map[uint64]bool // the goroutines alive when it began
+	count       *counts
 	// loadFailed is set once a worker reported a block of a load failed:
 	// a connector may then skip blocks whose loads failed lately, and a
 	// match need no longer be the longest (see checkLongest).
@@ -68,7 +72,7 @@ func (c *counts) log(t *testing.T) {
 func newWorld(t tb, opts Options, c *counts) *world {
 	t.Helper()
 	if opts.gaveUp != nil && *opts.gaveUp != "" {
-		t.Fatalf("not run: an earlier case waited %v for work of the connector that never ended: %s", waitBound, *opts.gaveUp)
+		t.Fatalf("not run: an earlier case gave up on work of the connector that never ends: %s", *opts.gaveUp)
 	}
 	w := &world{t: t, opts: opts, pd: opts.OpenConsumer != nil, count: c, gid: currentGoroutine(), before: snapshot(), blocks: make(map[hashing.BlockHash]blockOf)}
 	raw, err := opts.NewStore()
@@ -276,7 +280,41 @@ func (w *world) drainWith(es []*engine, handoff func() bool, chunk int) {
 				// Every half is a connector.Waker: block on them, as an
 				// engine with nothing to compute does. What it waits
 				// for is the connectors' own work, so one must signal.
-				if !waitWake(wakes, waitBound-time.Since(began)) {
+				p.probe = min(max(2*p.probe, time.Millisecond), 100*time.Millisecond)
+				if waitWake(wakes, min(p.probe, waitBound-time.Since(began))) {
+					p.probe, w.silent, w.unsignalled = 0, 0, time.Time{}
+					continue
+				}
+				// No wake-up yet: step, as an engine that also polls
+				// does. A step may find news that the connectors had
+				// no wake-up for (a save that starts waiting on its
+				// ready event lets the model engine finish the step's
+				// compute, which the connector has no reason to
+				// signal); but a connector whose work keeps ending
+				// unsignalled, with no goroutine running that could
+				// still signal it, and never once signals, never will.
+				news := false
+				for _, e := range es {
+					if e.step(context.Background(), chunk) {
+						news = true
+					}
+				}
+				if news && !waitWake(wakes, 0) {
+					if w.unsignalled.IsZero() {
+						w.unsignalled = time.Now()
+					}
+					if quiescent() {
+						w.silent++
+					}
+				}
+				switch {
+				case !w.unsignalled.IsZero() && time.Since(w.unsignalled) > waitBound:
+					w.gaveUp("for %v only steps that polled found news of the connectors' work, with no wake-up (connector.Waker) (waiting for %s): the halves are Wakers, but none signalled, so an engine blocked on them would wait for ever; %s",
+						time.Since(w.unsignalled).Round(time.Second), what, describe(es))
+				case w.silent >= silentNews:
+					w.gaveUp("%d times a step found news of the connectors' work with no wake-up (connector.Waker) and no goroutine running, and no wake-up came in between (waiting for %s): the halves are Wakers, but none signalled, so an engine blocked on them would wait for ever; %s",
+						w.silent, what, describe(es))
+				case !news && time.Since(began) > waitBound:
 					w.gaveUp("waited %v for a wake-up (connector.Waker) while waiting for %s: the halves are Wakers, but none signalled, so an engine blocked on them would wait for ever; %s",
 						time.Since(began).Round(time.Second), what, describe(es))
 				}
@@ -316,6 +354,24 @@ func wakesOf(es []*engine) []<-chan struct{} {
 		}
 	}
 	return chans
+}
+
+// silentNews is how many times in a row a step may find news of the
+// connectors' work that no wake-up announced before the harness decides
+// that they never signal (see drainWith).
+const silentNews = 10
+
+// quiescent reports whether every goroutine but the caller is blocked
+// (see blocked): none is running or runnable, so none can be about to
+// send a wake-up.
+func quiescent() bool {
+	me := currentGoroutine()
+	for _, g := range dump() {
+		if g.id != me && !blocked(g.state) {
+			return false
+		}
+	}
+	return true
 }
 
 // waitWake waits up to d for a value on one of chans, and reports whether

@@ -443,13 +443,19 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	if from >= limit {
 		return connector.Match{}, nil
 	}
+	// answered: the last lookup ended before this call, so an earlier
+	// Match could answer from it. One that fails while this call collects
+	// it is answered now, as a miss: retried at once, a lookup of a store
+	// that is down would answer Pending for as long as it is down.
+	answered := q.lk != nil && q.lk.done
 	if q.lk != nil && !q.lk.done {
 		s.collect()
 	}
 	if q.lk == nil || q.lk.gen != s.meta.Generation || q.lk.from > from ||
-		(q.lk.done && (q.lk.err != nil || (q.lk.all || !s.plain) && q.lk.from+len(q.lk.hashes) < len(r.Hashes))) {
+		(q.lk.done && (q.lk.err != nil && answered || (q.lk.all || !s.plain) && q.lk.from+len(q.lk.hashes) < len(r.Hashes))) {
 		// A new lookup: none yet, an older generation, the engine lost
-		// local blocks the last one assumed, the last one failed, or the
+		// local blocks the last one assumed, the last one failed (and a
+		// Match answered its miss), or the
 		// prompt has grown since and later blocks may count: with one
 		// full-attention group only if it found every block it probed;
 		// with groups always, as a later point may be resumable although

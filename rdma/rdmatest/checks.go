@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvconnect/kvconnect/rdma"
+	"github.com/zeebo/blake3"
 )
 
 const guard = 64 << 10
@@ -44,8 +46,11 @@ func (s *suite) alloc(t testing.TB, e rdma.Engine, n int, fill byte) *mem {
 		r = m.Region()
 	}
 	b := r.Bytes()
-	for i := range b {
-		b[i] = fill
+	if len(b) > 0 {
+		b[0] = fill
+		for i := 1; i < len(b); i *= 2 {
+			copy(b[i:], b[:i])
+		}
 	}
 	return &mem{r}
 }
@@ -119,15 +124,25 @@ func runBatch(t testing.TB, e rdma.Engine, reqs ...rdma.Request) []rdma.Result {
 	return out
 }
 
+// fillPattern fills b with the output stream of BLAKE3 keyed by seed: a
+// keyed hash of position that never repeats within a region, so a block
+// moved from, or to, the wrong place, whatever the distance, differs from
+// the right one.
 func fillPattern(b []byte, seed byte) {
-	for i := range b {
-		b[i] = seed ^ byte(i*131+i>>9)
+	var key [32]byte
+	key[0] = seed
+	h, err := blake3.NewKeyed(key[:])
+	if err != nil {
+		panic(err) // the key has the right size
+	}
+	if _, err := h.Digest().Read(b); err != nil {
+		panic(err) // a Digest reads without error
 	}
 }
 
 func (s *suite) readWrite(t testing.TB) {
 	a, b := s.open(t)
-	const n = 1 << 20
+	const n = regionSize
 	am, ar := s.guarded(t, a, n, 0x11)
 	bm, br := s.guarded(t, b, n, 0x22)
 	fillPattern(ar.Bytes(), 1)
@@ -141,7 +156,7 @@ func (s *suite) readWrite(t testing.TB) {
 	// Writes of a's first blocks to scattered places of b, reads of b's
 	// last blocks into a's second half, of several sizes.
 	off := 0
-	for i, size := range []int{1, 7, 64, 4096, 65536, 100000} {
+	for i, size := range []int{1, 7, 64, 4096, 65536, 100000, 1<<20 + 1, 3<<20 + 17, 9<<20 + 5} {
 		src, _ := ar.Sub(off, size)
 		dst := 3*n/8 - off - size - 13*i
 		reqs = append(reqs, rdma.Request{Op: rdma.Write, Local: src, Segment: seg, Remote: br.Addr + uintptr(dst)})
@@ -151,7 +166,7 @@ func (s *suite) readWrite(t testing.TB) {
 	// The writes land below 3n/8, the reads come from n/2 up: no request
 	// reads what another writes.
 	roff, src := n/2, n/2
-	for _, size := range []int{3, 512, 8192, 200000} {
+	for _, size := range []int{3, 512, 8192, 200000, 2<<20 + 9, 5<<20 + 1, 12 << 20} {
 		dst, _ := ar.Sub(roff, size)
 		reqs = append(reqs, rdma.Request{Op: rdma.Read, Local: dst, Segment: seg, Remote: br.Addr + uintptr(src)})
 		copy(wantA[roff:roff+size], br.Bytes()[src:src+size])
@@ -336,6 +351,9 @@ func (s *suite) remote(t testing.TB) {
 	for i, r := range got[:len(got)-1] {
 		if r.Status != rdma.Failed {
 			t.Errorf("request %d (%v at %#x, outside the peer's memory) = %+v, want failed", i, reqs[i].Op, reqs[i].Remote, r)
+		} else if r.Bytes != 0 {
+			// The checks below find every destination byte untouched.
+			t.Errorf("request %d (%v at %#x, outside the peer's memory) = %+v, want failed with 0 bytes moved: Result.Bytes counts bytes that moved", i, reqs[i].Op, reqs[i].Remote, r)
 		}
 	}
 	if last := got[len(got)-1]; last.Status != rdma.Completed || last.Bytes != 128 {
@@ -558,6 +576,7 @@ func (s *suite) settled(t testing.TB, open PairFunc) {
 		if i%2 == 1 && r.Status == rdma.Completed {
 			t.Errorf("request %d, outside the peer's memory, = %+v, want not completed", i, r)
 		}
+		checkBytes(t, fmt.Sprintf("request %d", i), reqs[i], r)
 		if r.Status == rdma.Completed && !bytes.Equal(ar.Bytes()[i*size:(i+1)*size], br.Bytes()[i*size:(i+1)*size]) {
 			t.Errorf("request %d completed, but its block differs from the peer's", i)
 		}

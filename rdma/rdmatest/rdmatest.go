@@ -36,7 +36,7 @@ type Options struct {
 
 // Run checks the engines that open returns against the promises of
 // [rdma.Engine], in subtests: ReadWrite, BadInput, RemoteOutOfRange,
-// Batch, Concurrent, Closed, Settled and SettledLate (skipped without
+// Submits, Busy, Batch, Concurrent, Closed, Settled and SettledLate (skipped without
 // Options.Late).
 func Run(t *testing.T, open PairFunc, opts Options) {
 	t.Helper()
@@ -81,6 +81,8 @@ func run(t tester, open PairFunc, opts Options, only string) {
 		{"ReadWrite", s.readWrite},
 		{"BadInput", s.badInput},
 		{"RemoteOutOfRange", s.remote},
+		{"Submits", s.submits},
+		{"Busy", s.busy},
 		{"Batch", s.batch},
 		{"Concurrent", s.concurrent},
 		{"Closed", s.closed},

@@ -5,6 +5,7 @@ package rdmatest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -94,6 +95,12 @@ func TestRunCatchesBrokenEngines(t *testing.T) {
 		{"IgnoresRemoteRange", bugIgnoresRange, "RemoteOutOfRange", "want failed"},
 		{"IgnoresRemoteRangeSettled", bugIgnoresRange, "Settled", "want not completed"},
 		{"AcceptsBadInput", bugNoCheck, "BadInput", "Submit = <nil>, want"},
+		{"FailedCountsBytes", bugFailedBytes, "RemoteOutOfRange", "want failed with 0 bytes moved"},
+		{"PollBeforeDoorbell", bugDoorbellPoll, "Submits", "its destination differs from its source"},
+		{"ReleaseQueued", bugDoorbellRelease, "Busy", "Release returned nil while request 0"},
+		{"UnregisterQueued", bugDoorbellUnregister, "Busy", "Poll after Unregister returned nil"},
+		{"WaitFirstSubmit", bugWaitFirst, "Submits", "after Wait after submits 1 and 2: request 2"},
+		{"MisplacedPastMiB", bugMisplaced, "ReadWrite", "differs from the expected bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := runRecorded(t, loopbackPair(tc.bug), Options{}, tc.caught)
@@ -114,12 +121,49 @@ const (
 	bugClosedSubmit = "accepts requests on a closed engine"
 	bugIgnoresRange = "moves bytes outside the peer's registered memory and reports them completed"
 	bugNoCheck      = "submits the valid requests of a batch with invalid ones"
+	bugFailedBytes  = "reports a failed request's length as its bytes moved"
+	bugMisplaced    = "reads from 128 KiB further for requests over 1 MiB"
+
+	// The doorbell bugs are of an engine that queues submitted requests
+	// and hands them to its transport (rings the doorbell) at the next
+	// Poll or Wait; without a bug, Poll and Wait ring before they look,
+	// and Release and Unregister count queued requests as pending.
+	bugDoorbell           = "queues requests until Poll or Wait (correct)"
+	bugDoorbellPoll       = "Poll reports done from the transport before it rings the doorbell"
+	bugDoorbellRelease    = "Release frees a batch whose queued requests were never rung"
+	bugDoorbellUnregister = "Unregister ignores requests queued in batches"
+	bugWaitFirst          = "Wait rings the doorbell only if nothing was rung before"
 )
+
+// doorbell reports whether bug is of an engine that queues requests.
+func doorbell(bug string) bool {
+	switch bug {
+	case bugDoorbell, bugDoorbellPoll, bugDoorbellRelease, bugDoorbellUnregister, bugWaitFirst:
+		return true
+	}
+	return false
+}
+
+// TestRunDoorbell runs the checks of pending requests on a correct engine
+// that queues requests until Poll or Wait: the harness asks no more than
+// the contract does.
+func TestRunDoorbell(t *testing.T) {
+	for _, only := range []string{"ReadWrite", "Submits", "Busy", "Settled"} {
+		got := runRecorded(t, loopbackPair(bugDoorbell), Options{}, only)
+		if failed := got.FailedUnder("Run"); len(failed) > 0 {
+			t.Errorf("Run failed %v for a correct engine that queues requests until Poll or Wait; it recorded:\n%s", failed, got)
+		}
+	}
+}
 
 // brokenEngine is an engine with one bug, on top of a correct one.
 type brokenEngine struct {
 	rdma.Engine
 	bug string
+	mu  struct {
+		sync.Mutex
+		batches []*brokenBatch
+	}
 }
 
 func (e *brokenEngine) NewBatch(n int) (rdma.Batch, error) {
@@ -127,12 +171,50 @@ func (e *brokenEngine) NewBatch(n int) (rdma.Batch, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &brokenBatch{Batch: b, bug: e.bug}, nil
+	bb := &brokenBatch{Batch: b, bug: e.bug}
+	e.mu.Lock()
+	e.mu.batches = append(e.mu.batches, bb)
+	e.mu.Unlock()
+	return bb, nil
+}
+
+// Unregister of a doorbell engine refuses while a queued request uses the
+// region (but for bugDoorbellUnregister).
+func (e *brokenEngine) Unregister(r rdma.Region) error {
+	if doorbell(e.bug) && e.bug != bugDoorbellUnregister {
+		e.mu.Lock()
+		batches := e.mu.batches
+		e.mu.Unlock()
+		for _, b := range batches {
+			b.mu.Lock()
+			for _, q := range b.queue {
+				if q.Local.Addr < r.End() && r.Addr < q.Local.End() {
+					b.mu.Unlock()
+					return fmt.Errorf("broken: %w", rdma.ErrBusy)
+				}
+			}
+			b.mu.Unlock()
+		}
+	}
+	return e.Engine.Unregister(r)
+}
+
+// ring hands the queued requests to the transport; b.mu is held.
+func (b *brokenBatch) ring() error {
+	q := b.queue
+	b.queue = nil
+	if len(q) == 0 {
+		return nil
+	}
+	return b.Batch.Submit(q)
 }
 
 type brokenBatch struct {
 	rdma.Batch
 	bug string
+
+	// Of doorbell engines: requests submitted and not rung yet.
+	queue []rdma.Request
 
 	mu       sync.Mutex
 	reqs     []rdma.Request      // as asked for
@@ -149,8 +231,28 @@ func bytesOf(addr uintptr, n int) []byte {
 func (b *brokenBatch) Submit(reqs []rdma.Request) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch b.bug {
-	case bugShort:
+	switch {
+	case doorbell(b.bug):
+		if len(b.reqs)+len(reqs) > b.Batch.Cap() {
+			return fmt.Errorf("broken: %w", rdma.ErrBatchFull)
+		}
+		for i, r := range reqs {
+			if err := rdma.CheckRequest(i, r); err != nil {
+				return err
+			}
+		}
+		b.queue = append(b.queue, reqs...)
+	case b.bug == bugMisplaced:
+		moved := append([]rdma.Request(nil), reqs...)
+		for i := range moved {
+			if moved[i].Local.Len > 1<<20 {
+				moved[i].Remote += 128 << 10
+			}
+		}
+		if err := b.Batch.Submit(moved); err != nil {
+			return err
+		}
+	case b.bug == bugShort:
 		short := append([]rdma.Request(nil), reqs...)
 		for i := range short {
 			if short[i].Local.Len > 1 {
@@ -160,19 +262,19 @@ func (b *brokenBatch) Submit(reqs []rdma.Request) error {
 		if err := b.Batch.Submit(short); err != nil {
 			return err
 		}
-	case bugEarlyDone:
+	case b.bug == bugEarlyDone:
 		for i, r := range reqs {
 			if err := rdma.CheckRequest(i, r); err != nil {
 				return err
 			}
 		}
 		b.held = append(b.held, reqs...)
-	case bugClosedSubmit:
+	case b.bug == bugClosedSubmit:
 		if err := b.Batch.Submit(reqs); err != nil && !errors.Is(err, rdma.ErrClosed) {
 			return err
 		}
 		return nil
-	case bugNoCheck:
+	case b.bug == bugNoCheck:
 		for _, r := range reqs {
 			if b.Batch.Submit([]rdma.Request{r}) == nil {
 				b.reqs = append(b.reqs, r)
@@ -198,6 +300,21 @@ func (b *brokenBatch) Poll() (bool, error) {
 	if b.bug == bugEarlyDone {
 		return true, nil
 	}
+	if doorbell(b.bug) {
+		if b.bug == bugDoorbellPoll {
+			if done, err := b.Batch.Poll(); done || err != nil {
+				b.mu.Lock()
+				defer b.mu.Unlock()
+				return done, errors.Join(err, b.ring())
+			}
+		}
+		b.mu.Lock()
+		err := b.ring()
+		b.mu.Unlock()
+		if err != nil {
+			return false, err
+		}
+	}
 	done, err := b.Batch.Poll()
 	if done && err == nil {
 		b.afterWait()
@@ -208,6 +325,17 @@ func (b *brokenBatch) Poll() (bool, error) {
 func (b *brokenBatch) Wait(ctx context.Context) error {
 	if b.bug == bugEarlyDone {
 		return nil
+	}
+	if doorbell(b.bug) {
+		b.mu.Lock()
+		var err error
+		if b.bug != bugWaitFirst || b.Batch.Len() == 0 {
+			err = b.ring()
+		}
+		b.mu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 	if err := b.Batch.Wait(ctx); err != nil {
 		return err
@@ -220,7 +348,7 @@ func (b *brokenBatch) Wait(ctx context.Context) error {
 func (b *brokenBatch) afterWait() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.fixed {
+	if b.fixed || doorbell(b.bug) {
 		return
 	}
 	b.fixed = true
@@ -249,7 +377,16 @@ func (b *brokenBatch) afterWait() {
 func (b *brokenBatch) Result(i int) rdma.Result {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if doorbell(b.bug) && i >= b.Batch.Len() {
+		return rdma.Result{Status: rdma.Pending}
+	}
 	switch b.bug {
+	case bugFailedBytes:
+		r := b.Batch.Result(i)
+		if r.Status == rdma.Failed {
+			r.Bytes = int64(b.reqs[i].Local.Len)
+		}
+		return r
 	case bugEarlyDone:
 		return rdma.Result{Status: rdma.Completed, Bytes: int64(b.reqs[i].Local.Len)}
 	case bugShort:
@@ -266,6 +403,17 @@ func (b *brokenBatch) Result(i int) rdma.Result {
 }
 
 func (b *brokenBatch) Release() error {
+	if doorbell(b.bug) {
+		b.mu.Lock()
+		queued := len(b.queue)
+		b.mu.Unlock()
+		if queued > 0 {
+			if b.bug != bugDoorbellRelease {
+				return fmt.Errorf("broken: %w", rdma.ErrBusy)
+			}
+			return nil // the queued requests are forgotten, their memory not settled
+		}
+	}
 	b.mu.Lock()
 	held := b.held
 	b.held = nil

@@ -50,6 +50,49 @@
 // Run moves values through host memory from [rdma.AllocHost], registered
 // with each store it creates, and skips on platforms without it.
 //
+// # Promises and the checks that prove them
+//
+// Every promise of [store.Store] and its optional interfaces, and the
+// subtest of [Run] that checks it:
+//
+//   - Put: first writer wins, across calls and within a batch; N is the
+//     source's length on success, 0 beside an error; per-key
+//     store.ErrInvalidKey, store.ErrInvalidRegion, store.ErrNoSpace;
+//     sources neither written nor read after the call: StateMachine,
+//     FirstWriterWins, RepeatedKeys, BadInput, Sizes.
+//   - Get: the value's bytes exactly, from the destination's start, N its
+//     size, nothing written past it; store.ErrBufferTooSmall with nothing
+//     written; every occurrence of a repeated key served on its own; under
+//     a concurrent removal or eviction the value whole or
+//     store.ErrNotFound, never torn or another key's: StateMachine,
+//     Sizes (1 byte to 4 MiB), RepeatedKeys, Churn, Removal, Reput.
+//   - Exists: presence and the value's size: StateMachine, Sizes.
+//   - Remove, RemovePrefix, RemoveAll: exactly the keys named, byte for
+//     byte prefixes, counted exactly; a removed key never comes back
+//     unless put again, and then with the new value: StateMachine,
+//     Prefixes, DistinctKeys, Removal, Reput, Sizes (300 keys).
+//   - Keys: up to store.MaxKeyLen bytes, case and every byte significant:
+//     DistinctKeys, BadInput.
+//   - Register and Unregister, and stores that take only registered
+//     memory (Options.Registration) or device memory
+//     (Options.DeviceMemory): Register, Registration, BadInput.
+//   - Context: a done context fails a call before it starts; a call
+//     canceled while it runs reports exactly what it did: Context.
+//   - Close: idempotent, later calls fail with store.ErrClosed, calls in
+//     flight finish correctly: Close, CloseWhileBusy.
+//   - Capacity and eviction (Options.Capacity, Options.Evicts): nothing
+//     vanishes from a store that does not evict; one that evicts does
+//     under fills of twice its capacity: StateMachine, Churn.
+//   - Stats (Options.Stats, Options.Counters): StateMachine.
+//   - store.Vectored: Vectored, Sizes (GetV across odd cuts).
+//   - store.Leaser: Leases (Remove and RemovePrefix under declared
+//     leases), StateMachine.
+//   - store.Watcher: Watch.
+//
+// Not yet checked: RemoveAll under declared leases (only Remove and
+// RemovePrefix are), and expiry: no Option declares a time to live, so a
+// store whose keys expire cannot yet have its expiry waited for.
+//
 // # Concurrency
 //
 // Run calls newStore from its subtests' goroutines, one store at a time per

@@ -71,7 +71,35 @@ const (
 	bugUndeclaredLeases            // Exists and Get lease keys for an hour, but the store's Leases declare none
 	bugUnheldLeases                // the store's Leases declare hour-long leases on Exists and Get, but it grants none
 	bugLeaseOutlivesTTL            // the store's Leases declare leases of 100 ms, but they last an hour
+	bugWrapsPastMiB                // a value's bytes past 1 MiB are its first bytes again (a chunk index that wraps)
+	bugBatchCap256                 // a put batch stores its first 256 keys and reports the rest stored too
+	bugReputRevives                // a put of a removed key brings back the value it held before the removal
+	bugWatchMissesPrefix           // (watching) RemovePrefix and RemoveAll announce nothing
+	bugWatchAbsent                 // (watching) Remove of an absent key announces it removed
+	bugWatchTwice                  // (watching) Remove announces the key removed twice
+	bugWatchAfterClose             // (watching) Watch after Close returns a feed
 )
+
+// watchingStore is a refStore that implements store.Watcher: it
+// announces the keys removals take, and those evictions drop.
+type watchingStore struct{ *refStore }
+
+func (w watchingStore) Watch(n int) (*store.Feed, error) {
+	w.mu.Lock()
+	closed := w.closed
+	w.mu.Unlock()
+	if closed && w.bug != bugWatchAfterClose {
+		return nil, fmt.Errorf("refstore: watch: %w", store.ErrClosed)
+	}
+	return w.feeds.Watch(n)
+}
+
+// announce tells the feeds, if the store is watched, that k left by op.
+func (s *refStore) announce(k string, op store.KeyOp) {
+	if s.feeds != nil {
+		s.feeds.Announce(store.KeyEvent{Key: k, Op: op})
+	}
+}
 
 // leasesOf returns the leases a refStore with bug b grants, and those it
 // declares through store.Leaser, if it implements it.
@@ -95,8 +123,9 @@ func leasesOf(b bug) (grants store.Leases, declares *store.Leases) {
 // optional bug.
 type refStore struct {
 	bug      bug
-	capacity int  // bytes; 0: no eviction
-	needsReg bool // Put and Get take only regions inside registered ones
+	feeds    *store.Feeds // not nil: the store implements store.Watcher (watchingStore)
+	capacity int          // bytes; 0: no eviction
+	needsReg bool         // Put and Get take only regions inside registered ones
 	// grants are the read leases the store grants (Remove fails at once
 	// under one; RemovePrefix and RemoveAll skip such keys and say so),
 	// declares those its Leases method declares, if store returns a
@@ -141,6 +170,9 @@ func (s leasingStore) Leases() store.Leases { return *s.declares }
 
 // store returns s, as a store.Leaser when it declares its leases.
 func (s *refStore) store() store.Store {
+	if s.feeds != nil {
+		return watchingStore{s}
+	}
 	if s.declares != nil {
 		return leasingStore{s}
 	}
@@ -323,6 +355,10 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			res[i] = store.Result{Err: err}
 			continue
 		}
+		if s.bug == bugBatchCap256 && i >= 256 {
+			res[i] = store.Result{N: src[i].Len}
+			continue
+		}
 		again := inBatch[k]
 		inBatch[k] = true
 		if v, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
@@ -347,6 +383,7 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 				victim := s.order[0]
 				v := s.m[victim]
 				s.drop(victim)
+				s.announce(victim, store.KeyEvicted)
 				if s.bug != bugNeverCountsEvictions {
 					s.st.Evictions++
 				}
@@ -369,6 +406,16 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == k })
 		}
 		s.m[k] = slices.Clone(src[i].Bytes())
+		if old, ok := s.gone[k]; ok && s.bug == bugReputRevives && old != nil {
+			s.m[k] = old
+			s.used += len(old) - src[i].Len
+		}
+		if s.bug == bugWrapsPastMiB {
+			v := s.m[k]
+			for j := 1 << 20; j < len(v); j++ {
+				v[j] = v[j-1<<20]
+			}
+		}
 		delete(s.stale, k)
 		delete(s.alias, k)
 		s.src[k] = src[i]
@@ -547,6 +594,9 @@ func (s *refStore) Remove(ctx context.Context, key string) error {
 	}
 	key = s.index(key)
 	if _, ok := s.m[key]; !ok {
+		if s.bug == bugWatchAbsent {
+			s.announce(key, store.KeyRemoved)
+		}
 		return store.ErrNotFound
 	}
 	if s.isLeased(key) {
@@ -554,6 +604,10 @@ func (s *refStore) Remove(ctx context.Context, key string) error {
 	}
 	if s.bug != bugServesAfterRemove {
 		s.drop(key)
+		s.announce(key, store.KeyRemoved)
+		if s.bug == bugWatchTwice {
+			s.announce(key, store.KeyRemoved)
+		}
 	}
 	if s.bug == bugLeaseRefusalLies {
 		return fmt.Errorf("%w: %q", store.ErrHasLease, key)
@@ -609,6 +663,9 @@ func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, 
 			left++
 		default:
 			s.drop(k)
+			if s.bug != bugWatchMissesPrefix {
+				s.announce(k, store.KeyRemoved)
+			}
 			n++
 		}
 	}
@@ -676,6 +733,9 @@ func (s *refStore) Close() error {
 	defer s.mu.Unlock()
 	if s.bug != bugOpenAfterClose {
 		s.closed = true
+		if s.feeds != nil && s.bug != bugWatchAfterClose {
+			s.feeds.Close()
+		}
 	}
 	return nil
 }

@@ -135,6 +135,12 @@ func (o *Options) ensureDefaults() error {
 //     the first occurrence's bytes and every occurrence succeeds, with N
 //     the length of its own source; a get
 //     fills every occurrence's destination, each judged on its own size.
+//   - Sizes: values of 1 byte to 4 MiB + 3 (as Options.Capacity allows),
+//     each stored alone, read back exactly into destinations of their
+//     size and larger, across regions cut at odd offsets (store.Vectored),
+//     refused into one byte too few; and put, exists, get and RemovePrefix
+//     of 300 keys in single calls. Values are a keyed hash of key and
+//     position, so a misplaced part never matches.
 //   - DistinctKeys: keys of store.MaxKeyLen bytes that differ in one byte,
 //     keys that are prefixes of each other, keys that differ in case only:
 //     each holds its own value, and removing one leaves the others.
@@ -147,6 +153,10 @@ func (o *Options) ensureDefaults() error {
 //     their keys away and puts store other keys' values of the same size
 //     in the space freed: every get returns its key's value whole or
 //     reports it absent, never a torn value or another key's bytes.
+//   - Reput: one key removed and put again with a new value of a new
+//     size, alone (each get returns the latest value, or nothing after a
+//     remove) and beside readers (each get returns one of the key's
+//     values whole; the last, the writer's last).
 //   - Leases, when the store implements store.Leaser: what its Leases
 //     declares, checked against what its removals do right after an
 //     Exists and after a Get of a key: a call declared to grant no lease,
@@ -159,6 +169,14 @@ func (o *Options) ensureDefaults() error {
 //     what Options.Leases would (see there), and one whose leases end
 //     with their call is held to removals that take every key they name
 //     in the state machine, where no call is in flight beside a removal.
+//   - Watch, when the store implements store.Watcher: Watch refuses a
+//     buffer outside [1, store.MaxWatch]; each key Remove, RemovePrefix
+//     and RemoveAll take is announced gone once (KeyRemoved; KeyEvicted
+//     too from a store that evicts), to every open feed, and no key that
+//     was not there; KeyStored only for keys put, before they leave; a
+//     full feed holds its buffer, drops and counts the rest (Take's lost
+//     and Dropped agree); a closed feed gets nothing; Watch after Close
+//     fails with store.ErrClosed.
 //   - Vectored, when the store implements store.Vectored: PutV and GetV
 //     against the same values as Put and Get, across regions of random
 //     sizes, with short region lists, empty ones and repeated keys (the
@@ -258,10 +276,13 @@ func (h *harness) subtests() []struct {
 		{"FirstWriterWins", h.firstWriterWins},
 		{"Churn", h.churn},
 		{"RepeatedKeys", h.repeatedKeys},
+		{"Sizes", h.sizes},
 		{"DistinctKeys", h.distinct},
 		{"Prefixes", h.prefixes},
 		{"Removal", h.removal},
+		{"Reput", h.reput},
 		{"Leases", h.leases},
+		{"Watch", h.watch},
 		{"Vectored", h.vectored},
 		{"BadInput", h.badInput},
 		{"Register", h.register},

@@ -57,6 +57,38 @@ func fastRapid(t *testing.T) {
 	t.Chdir(t.TempDir()) // rapid writes fail files under ./testdata
 }
 
+// watchBug reports whether b is a bug of a store that implements
+// store.Watcher.
+func watchBug(b bug) bool {
+	switch b {
+	case bugWatchMissesPrefix, bugWatchAbsent, bugWatchTwice, bugWatchAfterClose:
+		return true
+	}
+	return false
+}
+
+// TestRunWatcher runs the harness on correct stores that implement
+// store.Watcher, evicting or not: it must pass, the Watch subtest
+// included.
+func TestRunWatcher(t *testing.T) {
+	for _, opts := range []Options{{Capacity: 256 << 10, MaxValueSize: 2048}, {Evicts: true, Capacity: 64 << 10, MaxValueSize: 2048}} {
+		got := runRecorded(t, func(testing.TB) store.Store {
+			s := newRefStore(noBug, 0)
+			if opts.Evicts {
+				s = newRefStore(noBug, int(opts.Capacity))
+			}
+			s.feeds = new(store.Feeds)
+			return s.store()
+		}, opts)
+		if failed := got.FailedUnder("Run"); len(failed) > 0 {
+			t.Errorf("Run (Evicts %v) failed %v for a correct store that implements store.Watcher; it recorded:\n%s", opts.Evicts, failed, got)
+		}
+		if got.SaidUnder("Run/Watch", "does not implement store.Watcher") {
+			t.Errorf("Run skipped Watch for a store that implements store.Watcher; it recorded:\n%s", got)
+		}
+	}
+}
+
 // TestRunCatchesBrokenStores runs the harness against stores with one
 // deliberate bug each and checks that it fails, in the subtest that owns
 // that kind of bug.
@@ -118,6 +150,13 @@ var brokenStores = []brokenCase{
 	{"WritesPastValue", bugWritesPastValue, "StateMachine", "", Options{}},
 	{"StatsOffByOne", bugStatsOffByOne, "StateMachine", "", Options{Stats: true}},
 	{"RepeatLastWins", bugRepeatLastWins, "RepeatedKeys", "first writer wins within a batch", Options{}},
+	{"WrapsPastMiB", bugWrapsPastMiB, "Sizes/Values", "byte 1048576 of the 1048577-byte value", Options{Capacity: 8 << 20}},
+	{"BatchCap256", bugBatchCap256, "Sizes/Batch", "key 256", Options{}},
+	{"ReputRevives", bugReputRevives, "Reput", "a put after a remove stores the new value", Options{}},
+	{"WatchMissesPrefix", bugWatchMissesPrefix, "Watch", "was removed, but no event says it is gone", Options{}},
+	{"WatchAbsent", bugWatchAbsent, "Watch", "a key never put", Options{}},
+	{"WatchTwice", bugWatchTwice, "Watch", "a key leaves once", Options{}},
+	{"WatchAfterClose", bugWatchAfterClose, "Watch", "Watch(16) after Close", Options{}},
 	{"RepeatLastWinsModel", bugRepeatLastWins, "StateMachine", "", Options{}},
 	{"RepeatFillsLast", bugRepeatFillsLast, "RepeatedKeys", "fills every occurrence's destination", Options{}},
 	{"RepeatFillsLastModel", bugRepeatFillsLast, "StateMachine", "", Options{}},
@@ -173,6 +212,9 @@ func (tc brokenCase) run(t *testing.T) {
 	got := runRecorded(t, func(testing.TB) store.Store {
 		s := newRefStore(tc.bug, capacity)
 		s.needsReg = opts.Registration
+		if watchBug(tc.bug) {
+			s.feeds = new(store.Feeds)
+		}
 		return s.store()
 	}, opts, tc.caught)
 	if failed := got.FailedUnder("Run/" + tc.caught); len(failed) == 0 {
