@@ -51,6 +51,11 @@ func open(broken string) connectortest.OpenFunc {
 		case "no-verify", "ignores-short":
 			// Loads whatever bytes a get returns.
 			cfg.Extra = map[string]any{"verify": "none"}
+		case "mac":
+			// Values keyed with a tenant's secret: the wrong bytes the
+			// harness serves (another key's value, a forged trailer) must
+			// fail here too.
+			cfg.Extra = map[string]any{"verify": "mac", "verify_key": strings.Repeat("5a", 32)}
 		case "layer-chunks", "layer-early", "save-ahead", "layer-ignores-ready":
 			// A value per layer: loads and saves move layer by layer.
 			cfg.Extra = map[string]any{"layer_chunks": 2}
@@ -918,6 +923,12 @@ func (s findsOffers) Match(r *connector.Request, computed int) (connector.Match,
 // pass.
 func TestStoreConnector(t *testing.T) {
 	connectortest.Run(t, open(""), connectortest.Options{NewStore: newStore, Groups: true})
+}
+
+// TestStoreConnectorMAC runs the harness on the reference connector with
+// verify "mac": it must pass, the WrongValue subtest included.
+func TestStoreConnectorMAC(t *testing.T) {
+	connectortest.Run(t, open("mac"), connectortest.Options{NewStore: newStore, Groups: true})
 }
 
 // TestStoreConnectorLayerChunks runs the harness on the reference
