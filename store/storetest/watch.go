@@ -123,19 +123,37 @@ func (h *harness) watch(t tester) {
 	}
 	want++
 
-	// The big feed: every removed key gone once, nothing else gone.
+	// The big feed: every removed key gone once from each medium (a store
+	// in tiers names the tier of each event; a store of one tier names
+	// none), nothing else gone.
 	var evs []store.KeyEvent
 	gone := func() int {
-		c := 0
+		keys := map[string]bool{}
 		for _, e := range evs {
 			if e.Op.Gone() {
-				c++
+				keys[e.Key] = true
 			}
 		}
-		return c
+		return len(keys)
 	}
 	markerGone := func() bool {
-		return slices.ContainsFunc(evs, func(e store.KeyEvent) bool { return e.Key == marker && e.Op.Gone() })
+		stored, left := map[string]bool{}, map[string]bool{}
+		for _, e := range evs {
+			if e.Key == marker {
+				switch {
+				case e.Op == store.KeyStored:
+					stored[e.Medium] = true
+				case e.Op.Gone():
+					left[e.Medium] = true
+				}
+			}
+		}
+		for m := range stored {
+			if !left[m] {
+				return false
+			}
+		}
+		return len(left) > 0
 	}
 	deadline := time.Now().Add(waitBound)
 	tick := time.NewTicker(time.Millisecond)
@@ -154,36 +172,39 @@ func (h *harness) watch(t tester) {
 		}
 		<-tick.C
 	}
-	seen := map[string]store.KeyOp{}
+	seen := map[store.KeyEvent]store.KeyOp{} // by key and medium: the last op
+	goneFrom := map[string]bool{}            // keys with a gone event in some medium
 	for i, e := range evs {
+		at := store.KeyEvent{Key: e.Key, Medium: e.Medium}
 		if !strings.HasPrefix(e.Key, "watch@") || e.Key == "watch@absent" {
 			t.Errorf("event %d = %+v: a key never put", i, e)
 			continue
 		}
 		switch {
 		case e.Op == store.KeyStored:
-			if seen[e.Key].Gone() || seen[e.Key] == store.KeyStored {
-				t.Errorf("event %d = %+v: stored again, after %v, with no put in between", i, e, seen[e.Key])
+			if seen[at].Gone() || seen[at] == store.KeyStored {
+				t.Errorf("event %d = %+v: stored again, after %v, with no put in between", i, e, seen[at])
 			}
 		case e.Op.Gone():
-			if seen[e.Key].Gone() {
-				t.Errorf("event %d = %+v: the key's second gone event (after %v): a key leaves once", i, e, seen[e.Key])
+			if seen[at].Gone() {
+				t.Errorf("event %d = %+v: the key's second gone event (after %v): a key leaves once", i, e, seen[at])
 			}
+			goneFrom[e.Key] = true
 			if e.Op != store.KeyRemoved && !(h.opts.Evicts && e.Op == store.KeyEvicted) {
 				t.Errorf("event %d = %+v, want op %v: the key was removed", i, e, store.KeyRemoved)
 			}
 		default:
 			t.Errorf("event %d = %+v: an unknown op", i, e)
 		}
-		seen[e.Key] = e.Op
+		seen[at] = e.Op
 	}
 	for _, k := range append(removed, marker) {
-		if !seen[k].Gone() {
+		if !goneFrom[k] {
 			t.Errorf("%q was removed, but no event says it is gone; events: %v", k, evs)
 		}
 	}
 	if got := gone(); got != want {
-		t.Errorf("%d events of keys gone, want %d (the keys the removals took); events: %v", got, want, evs)
+		t.Errorf("%d keys with events of keys gone, want %d (the keys the removals took); events: %v", got, want, evs)
 	}
 
 	// The small feed: at most 2 events per Take, the rest dropped and
