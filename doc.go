@@ -34,7 +34,7 @@
 //
 // A store author implements [github.com/kvconnect/kvconnect/store].Store
 // and runs store/storetest's conformance harness. A connector author
-// implements connector.Scheduler and connector.Worker, registers a
+// implements connector.Planner and connector.Worker, registers a
 // connector.Driver, and runs connector/connectortest. A transfer engine
 // author implements [github.com/kvconnect/kvconnect/rdma].Engine and runs
 // rdma/rdmatest.
@@ -57,11 +57,9 @@
 // engine's KV memory and the store. The two halves talk only through plain
 // values that the engine ships from its scheduler to its workers and back.
 //
-// Three types are called Scheduler, one per layer: scheduler.Scheduler is
-// the engine's scheduler, which an engine makes and drives;
-// connector.Scheduler is the interface of a connector's scheduler half,
-// which the engine's scheduler drives; storeconn.Scheduler is the
-// reference connector's implementation of that interface.
+// A connector's scheduler half is a connector.Planner (storeconn.Planner
+// and p2p.Planner are two): it plans each step's loads and saves. The
+// engine's scheduler, which drives one, is scheduler.Scheduler.
 //
 // # Integration
 //

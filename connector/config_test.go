@@ -110,7 +110,7 @@ func TestExtraAccessors(t *testing.T) {
 
 type nopDriver struct{}
 
-func (nopDriver) OpenScheduler(connector.Config, connector.Env) (connector.Scheduler, error) {
+func (nopDriver) OpenPlanner(connector.Config, connector.Env) (connector.Planner, error) {
 	return nil, errors.New("nop")
 }
 func (nopDriver) OpenWorker(connector.Config, connector.Env) (connector.Worker, error) {
@@ -142,9 +142,9 @@ func TestRegistry(t *testing.T) {
 	mustPanic(t, "duplicate", func() { connector.Register(a, nopDriver{}) })
 	mustPanic(t, "nil", func() { connector.Register("registry-test-nil", nil) })
 
-	_, err := connector.OpenScheduler(connector.Config{Connector: "nosuch"}, connector.Env{})
+	_, err := connector.OpenPlanner(connector.Config{Connector: "nosuch"}, connector.Env{})
 	if err == nil || err.Error() != `connector: unknown connector "nosuch" (forgotten import?)` {
-		t.Errorf("OpenScheduler(nosuch) error = %v", err)
+		t.Errorf("OpenPlanner(nosuch) error = %v", err)
 	}
 	_, err = connector.OpenWorker(connector.Config{Connector: "nosuch"}, connector.Env{})
 	if err == nil || !strings.Contains(err.Error(), "forgotten import?") {
@@ -154,9 +154,9 @@ func TestRegistry(t *testing.T) {
 	if !errors.Is(err, connector.ErrConfig) {
 		t.Errorf("OpenWorker with a bad role: error = %v, want ErrConfig", err)
 	}
-	_, err = connector.OpenScheduler(connector.Config{Connector: a}, connector.Env{})
+	_, err = connector.OpenPlanner(connector.Config{Connector: a}, connector.Env{})
 	if err == nil || err.Error() != "nop" {
-		t.Errorf("OpenScheduler(%s) error = %v, want the driver's", a, err)
+		t.Errorf("OpenPlanner(%s) error = %v, want the driver's", a, err)
 	}
 }
 

@@ -59,7 +59,7 @@ type Request struct {
 	TransferParams []byte
 }
 
-// Preempter is an optional interface of a Scheduler: Preempt ends r as
+// Preempter is an optional interface of a Planner: Preempt ends r as
 // Finish does, for a request the engine preempted and will run again
 // later. A connector whose Finish hands a finished request's KV on to
 // another instance (disaggregated prefill) hands nothing on for a
@@ -69,7 +69,7 @@ type Preempter interface {
 	Preempt(r *Request, blocks ...[]BlockID) (keep bool, err error)
 }
 
-// TransferParamsSource is an optional interface of a Scheduler whose
+// TransferParamsSource is an optional interface of a Planner whose
 // requests continue on another instance (disaggregated prefill and
 // decode). After Finish kept a request's blocks, TransferParams returns the
 // parameters the engine hands on with the request, for the instance that
@@ -93,7 +93,7 @@ type Match struct {
 	Pending bool
 }
 
-// Scheduler is the scheduler half of a connector. The engine drives it from
+// Planner is the scheduler half of a connector. The engine drives it from
 // its scheduling loop, in this order each step:
 //
 //	for each waiting request: Match, then (if the engine admits it) Allocated
@@ -104,10 +104,10 @@ type Match struct {
 //	for each request that ends: Finish
 //
 // No method blocks on I/O: lookups run in the background and Match answers
-// Pending until they finish. A Scheduler is not safe for concurrent use; the
+// Pending until they finish. A Planner is not safe for concurrent use; the
 // engine calls it from its one scheduling goroutine. Close may be called
 // from any goroutine, once the loop has stopped.
-type Scheduler interface {
+type Planner interface {
 	// Match reports how many tokens beyond computed the store holds for r,
 	// where computed is the number of tokens the engine already has (its
 	// local prefix-cache hit, a whole number of blocks). The answer is the
@@ -162,7 +162,7 @@ type Scheduler interface {
 	Finish(r *Request, blocks ...[]BlockID) (keep bool, err error)
 
 	// Close stops background lookups and releases resources. It is
-	// idempotent and joins every goroutine the Scheduler started. It does
+	// idempotent and joins every goroutine the Planner started. It does
 	// not drain: the requests whose blocks it kept (Finish returned keep)
 	// are forgotten with their saves; an engine drains first (step until
 	// no block is kept, as scheduler.Scheduler.Drain does), then closes
@@ -253,7 +253,7 @@ type Worker interface {
 //
 // An engine whose workers are all LayerWorkers may run a request in the
 // step whose Metadata carries its load, instead of waiting for a Progress
-// that lists it loaded (see [Scheduler].Allocated). Each step it calls,
+// that lists it loaded (see [Planner].Allocated). Each step it calls,
 // after Start:
 //
 //	for l := range layers {
@@ -326,7 +326,7 @@ func (ready) Query() (bool, error) { return true, nil }
 // Driver opens the two halves of one kind of connector. Drivers register
 // themselves with [Register] under a name that configs use.
 type Driver interface {
-	OpenScheduler(cfg Config, env Env) (Scheduler, error)
+	OpenPlanner(cfg Config, env Env) (Planner, error)
 	OpenWorker(cfg Config, env Env) (Worker, error)
 }
 
@@ -477,25 +477,25 @@ type Health struct {
 // Healthy reports whether the latest call succeeded.
 func (h Health) Healthy() bool { return h.ConsecutiveFailures == 0 }
 
-// HealthReporter is an optional interface of a Scheduler or Worker. Health
+// HealthReporter is an optional interface of a Planner or Worker. Health
 // may be called from any goroutine.
 type HealthReporter interface {
 	Health() Health
 }
 
-// StatsReporter is an optional interface of a Scheduler or Worker. A
-// Scheduler's Stats is called from the engine's scheduling goroutine, as
+// StatsReporter is an optional interface of a Planner or Worker. A
+// Planner's Stats is called from the engine's scheduling goroutine, as
 // its other methods are; a Worker's from any goroutine.
 type StatsReporter interface {
 	Stats() Stats
 }
 
-// Waker is an optional interface of a Scheduler or Worker: a way for an
+// Waker is an optional interface of a Planner or Worker: a way for an
 // engine with nothing to compute to block until the connector has news,
 // instead of stepping idle. Wake returns a channel, the same on every
 // call, that receives a value once something happened that the half's
 // next calls may report: for a Worker, a transfer ended (the next Poll
-// reports it); for a Scheduler, a lookup answered or reached its deadline
+// reports it); for a Planner, a lookup answered or reached its deadline
 // (a Match that answered Pending may answer now), or work waits that only
 // a step can start (an out-of-space retry due in a later step). Values
 // coalesce: the channel holds at most one, so a value means "call again",
@@ -504,7 +504,7 @@ type StatsReporter interface {
 // An engine waits only when it has nothing to compute and has called the
 // halves since its last receive (a value sent before that call is still
 // in the channel, so no news is lost between the call and the wait), on
-// the channels of the Scheduler and of every Worker together, and on its
+// the channels of the Planner and of every Worker together, and on its
 // own arrivals. A half that is not a Waker cannot be waited on: the
 // fallback is to step, polling, as without Waker.
 //
@@ -515,7 +515,7 @@ type Waker interface {
 	Wake() <-chan struct{}
 }
 
-// Rotator is an optional interface of a Scheduler: after an online weight
+// Rotator is an optional interface of a Planner: after an online weight
 // update, Rotate moves the connector to a new weights generation. From the
 // next Plan on no key of an older generation is looked up, loaded or saved,
 // in the scheduler half or in any worker (the Metadata carries the
@@ -559,13 +559,13 @@ type KVEvent struct {
 	Medium string
 }
 
-// EventSource is an optional interface of a Scheduler: TakeEvents appends the
+// EventSource is an optional interface of a Planner: TakeEvents appends the
 // KV events since the last call to dst and returns it.
 type EventSource interface {
 	TakeEvents(dst []KVEvent) []KVEvent
 }
 
-// Unsaved names blocks of one request that a Scheduler planned to save and
+// Unsaved names blocks of one request that a Planner planned to save and
 // that no Update has yet reported stored or failed for good: saves in
 // flight in the workers, and out-of-space retries waiting for their step.
 type Unsaved struct {
@@ -575,7 +575,7 @@ type Unsaved struct {
 	Hashes []hashing.BlockHash // the blocks, consecutive from First
 }
 
-// UnsavedReporter is an optional interface of a Scheduler: Unsaved
+// UnsavedReporter is an optional interface of a Planner: Unsaved
 // appends to dst every block whose save the half planned and no Update
 // has reported, ordered by request, group and first block, and returns
 // it. An engine that stops (scheduler.Scheduler.Drain) calls it once its
@@ -589,7 +589,7 @@ type UnsavedReporter interface {
 	Unsaved(dst []Unsaved) []Unsaved
 }
 
-// Namespacer is an optional interface of a Scheduler: Namespace returns
+// Namespacer is an optional interface of a Planner: Namespace returns
 // the namespace of the identity the half was opened with (Env.Identity),
 // at its current generation. An engine's scheduler compares it with its
 // own (scheduler.New), so that it never drives a connector opened for

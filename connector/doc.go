@@ -2,7 +2,7 @@
 // a KV connector: the two role interfaces, the plain values that pass
 // between them, the kv_transfer_config format, and the registry of drivers.
 //
-// A connector has a scheduler half ([Scheduler]), driven by the engine's
+// A connector has a scheduler half ([Planner]), driven by the engine's
 // scheduling loop, and a worker half ([Worker]), one per worker (tensor
 // parallel rank), which owns that worker's KV memory and moves its blocks.
 // The halves talk through values the engine ships: [Metadata] from the
@@ -20,7 +20,7 @@
 //
 //	cfg, err := connector.ParseConfig(kvTransferConfigJSON)
 //	env := connector.Env{Identity: id, Store: st}
-//	sched, err := connector.OpenScheduler(cfg, env)
+//	sched, err := connector.OpenPlanner(cfg, env)
 //	env.Rank = rank
 //	w, err := connector.OpenWorker(cfg, env)
 //	err = w.Register(kv)
@@ -41,7 +41,7 @@
 // The package scheduler implements the engine side of this contract (block
 // pool, request lifecycle, step planner) for engines that want it. Its
 // scheduler.Scheduler is the engine's scheduler, which drives a
-// connector.Scheduler (this package's interface, the connector's scheduler
+// connector.Planner (this package's interface, the connector's scheduler
 // half); the two are never interchangeable.
 //
 // # Block tables
@@ -53,7 +53,7 @@
 // passes its one table: sched.Allocated(req, m.Tokens, blocks). A hybrid
 // model passes one per group: sched.Allocated(req, m.Tokens, full, swa,
 // state), or tables... from a [][]BlockID. The number of tables must equal
-// the number of groups ([CheckTables]); Finish and Preempt of a request
+// the number of groups (driver.CheckTables); Finish and Preempt of a request
 // that holds no blocks may pass none. A call that lists its tables makes Go
 // build a slice of them, which escapes through the interface: one small
 // allocation per call. An engine that counts allocations keeps a
@@ -92,7 +92,7 @@
 // retained. What a half hands out (the Metadata from Plan, the Progress
 // from Update, the Output from Poll) is the half's, read-only, and valid
 // until the next call of the same method. The connectors of this module
-// keep their own records apart from what they hand out ([PlanBuffer] hands
+// keep their own records apart from what they hand out (driver.PlanBuffer hands
 // out copies of a Metadata's blocks and hashes), so an engine that writes
 // into one corrupts nothing of their state, but what it wrote is what the
 // workers receive. Copy or encode a value to keep it longer.
@@ -128,7 +128,15 @@
 //
 // # Concurrency
 //
-// A Scheduler is used from one goroutine. A Worker is used from one
+// A Planner is used from one goroutine. A Worker is used from one
 // goroutine, and runs its transfers on goroutines it owns and joins in
-// Close. Register, OpenScheduler and OpenWorker are safe for concurrent use.
+// Close. Register, OpenPlanner and OpenWorker are safe for concurrent use.
+//
+// # For connector implementations
+//
+// An engine never calls these; a connector's halves do. Config.CheckExtra,
+// Config.ExtraString, Config.ExtraChoice, Config.ExtraInt, Config.ExtraBool
+// and Config.ExtraDuration read kv_connector_extra_config with errors that
+// name the key; KVCache.Spans gives the byte spans of a block. Package
+// connector/driver has the rest: Tally, PlanBuffer, CheckTables, Table.
 package connector

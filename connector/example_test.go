@@ -31,7 +31,7 @@ func Example() {
 	}
 	cfg := connector.Config{Connector: storeconn.Name, Role: connector.RoleBoth}
 	env := connector.Env{Identity: id, Store: st}
-	sched, err := connector.OpenScheduler(cfg, env) // the engine's scheduler goroutine
+	sched, err := connector.OpenPlanner(cfg, env) // the engine's scheduler goroutine
 	if err != nil {
 		panic(err)
 	}

@@ -11,6 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvconnect/kvconnect/connector"
+
+	"github.com/kvconnect/kvconnect/connector/driver"
 	"github.com/kvconnect/kvconnect/rdma"
 )
 
@@ -184,7 +186,7 @@ func TestCheckTables(t *testing.T) {
 		{"one too many", [][]connector.BlockID{a, b}, 1, true, `Allocated("r"): 2 block tables, want 1`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			err := connector.CheckTables("Allocated", "r", tt.tables, tt.groups, tt.allowEmpty)
+			err := driver.CheckTables("Allocated", "r", tt.tables, tt.groups, tt.allowEmpty)
 			switch {
 			case tt.want == "" && err != nil:
 				t.Errorf("CheckTables = %v, want nil", err)
@@ -193,10 +195,10 @@ func TestCheckTables(t *testing.T) {
 			}
 		})
 	}
-	if got := connector.Table(nil, 0); got != nil {
+	if got := driver.Table(nil, 0); got != nil {
 		t.Errorf("Table(nil, 0) = %v, want nil", got)
 	}
-	if got := connector.Table([][]connector.BlockID{a, b}, 1); len(got) != 1 || got[0] != 2 {
+	if got := driver.Table([][]connector.BlockID{a, b}, 1); len(got) != 1 || got[0] != 2 {
 		t.Errorf("Table(tables, 1) = %v, want [2]", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/connector/driver"
 )
 
 func TestLedger(t *testing.T) {
@@ -75,7 +76,7 @@ func TestLedger(t *testing.T) {
 		t.Fatalf("Lost(0) (-want +got):\n%s", diff)
 	}
 	// What Lost writes is what a Tally accepts: each transfer ends once.
-	tl := connector.NewTally[string](2)
+	tl := driver.NewTally[string](2)
 	tl.Add(11, 3, "x")
 	if err := l.Shipped(&connector.Metadata{Loads: []connector.Transfer{{ID: 11, Blocks: make([]connector.BlockID, 3)}}}); err != nil {
 		t.Fatal(err)

@@ -60,14 +60,14 @@ func driverFor(cfg *Config) (Driver, error) {
 	return lookup(cfg.Connector)
 }
 
-// OpenScheduler opens the scheduler half of the connector cfg.Connector
+// OpenPlanner opens the scheduler half of the connector cfg.Connector
 // names. cfg is validated first.
-func OpenScheduler(cfg Config, env Env) (Scheduler, error) {
+func OpenPlanner(cfg Config, env Env) (Planner, error) {
 	d, err := driverFor(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	return d.OpenScheduler(cfg, env)
+	return d.OpenPlanner(cfg, env)
 }
 
 // OpenWorker opens the worker half of the connector cfg.Connector names.

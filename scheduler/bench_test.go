@@ -49,7 +49,7 @@ type stepBench struct {
 func newStepBench(tb testing.TB, running, waiting int, withConn, hybrid bool) *stepBench {
 	const bs, prompt, maxGen = 16, 64, 128
 	slots, maxRunning := running+waiting, running
-	var conn connector.Scheduler
+	var conn connector.Planner
 	if withConn {
 		conn = &stubConn{}
 		slots, maxRunning = running, 0

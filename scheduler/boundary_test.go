@@ -17,7 +17,7 @@ func TestNewConnectorOfAnotherIdentity(t *testing.T) {
 	id := e2eIdentity(4)
 	other := id
 	other.WeightsVersion = "v2"
-	conn, err := connector.OpenScheduler(connector.Config{Connector: storeconn.Name}, connector.Env{Identity: other, Store: st})
+	conn, err := connector.OpenPlanner(connector.Config{Connector: storeconn.Name}, connector.Env{Identity: other, Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestNewConnectorOfAnotherIdentity(t *testing.T) {
 	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), connNS.String()) || !strings.Contains(err.Error(), wantNS.String()) {
 		t.Errorf("New with a connector of another identity = %v, want ErrConfig naming %s and %s", err, connNS, wantNS)
 	}
-	same, err := connector.OpenScheduler(connector.Config{Connector: storeconn.Name}, connector.Env{Identity: id, Store: st})
+	same, err := connector.OpenPlanner(connector.Config{Connector: storeconn.Name}, connector.Env{Identity: id, Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 // Package scheduler is the engine side of the connector contract, for Go
 // inference engines: a paged KV block pool with a local prefix cache, the
 // lifecycle of every request, and a reference step planner, which together
-// call a [connector.Scheduler] in the order its contract asks and act on
+// call a [connector.Planner] in the order its contract asks and act on
 // everything it reports. An engine that adopts it gets right, once, the
 // rules that are easy to get wrong on the engine side: blocks that a
 // connector keeps for a running save are not reused until it releases them;
@@ -75,7 +75,7 @@
 // unless a running request is still short of blocks, it admits waiting
 // requests in arrival order: the local prefix cache is
 // looked up first, the connector is asked only for tokens beyond that hit
-// ([connector.Scheduler.Match]; a Pending answer skips the request for this
+// ([connector.Planner.Match]; a Pending answer skips the request for this
 // step without holding up the others), and the request gets the blocks of
 // its hit plus exactly the blocks that its external KV, or else its first
 // chunk, needs. A request with external KV is parked (Loading) until the

@@ -27,7 +27,7 @@ func ExampleScheduler_Drain() {
 	}
 	defer st.Close()
 	env := connector.Env{Identity: id, Store: st, Blocks: 16}
-	conn, err := storeconn.OpenScheduler(connector.Config{}, env)
+	conn, err := storeconn.OpenPlanner(connector.Config{}, env)
 	if err != nil {
 		panic(err)
 	}

@@ -161,7 +161,7 @@ func newFakeConn(l hashing.Layout, mems []*kvMem) *fakeConn {
 	return c
 }
 
-var _ connector.Scheduler = (*fakeConn)(nil)
+var _ connector.Planner = (*fakeConn)(nil)
 var _ connector.Rotator = (*fakeConn)(nil)
 
 func (c *fakeConn) breach(format string, args ...any) error {

@@ -102,7 +102,7 @@ func newHarness(t tb, cfg Config, kind int) *harness {
 		}
 		h.mems = append(h.mems, newKVMem(cfg.poolSize(g), vals))
 	}
-	var conn connector.Scheduler
+	var conn connector.Planner
 	if kind != noConn {
 		h.conn = newFakeConn(l, h.mems)
 		conn = h.conn

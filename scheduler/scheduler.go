@@ -11,7 +11,7 @@ import (
 
 // Scheduler is the engine side of the connector contract: a block pool
 // with a local prefix cache, the lifecycle of every request, and a
-// reference step planner, driving a [connector.Scheduler] (or none) in the
+// reference step planner, driving a [connector.Planner] (or none) in the
 // order the contract asks.
 //
 // It is deterministic: the same calls, with the same connector answers,
@@ -23,13 +23,13 @@ type Scheduler struct {
 	ns       hashing.Namespace
 	bs       int // tokens per block
 	groups   []group
-	pools    []*Pool             // pools[g] is group g's
-	plain    bool                // one full-attention group: the layout without groups
-	align    bool                // a state group: prefill chunks end at block boundaries
-	conn     connector.Scheduler // nil: local prefix cache only
-	detached bool                // Invalidate found no Rotator: no more lookups or saves
-	busy     *busy               // the sliding-window blocks unfinished transfers name; nil without such groups or a connector
-	ranks    *ranks              // what each worker rank owes, and its last Output; nil without a connector
+	pools    []*Pool           // pools[g] is group g's
+	plain    bool              // one full-attention group: the layout without groups
+	align    bool              // a state group: prefill chunks end at block boundaries
+	conn     connector.Planner // nil: local prefix cache only
+	detached bool              // Invalidate found no Rotator: no more lookups or saves
+	busy     *busy             // the sliding-window blocks unfinished transfers name; nil without such groups or a connector
+	ranks    *ranks            // what each worker rank owes, and its last Output; nil without a connector
 
 	reqs    map[connector.RequestID]*request
 	waiting queue // Waiting and LookupPending, in arrival order
@@ -167,7 +167,7 @@ type group struct {
 // scheduler works with its local prefix cache only. The scheduler does not
 // close conn. A conn that is a [connector.Namespacer] must have been
 // opened with cfg.Identity: another namespace is an error naming both.
-func New(cfg Config, conn connector.Scheduler) (*Scheduler, error) {
+func New(cfg Config, conn connector.Planner) (*Scheduler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

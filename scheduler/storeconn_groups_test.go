@@ -56,11 +56,11 @@ func newHybridEngine(t *testing.T, st store.Store, cfg Config) *hybridEngine {
 		}
 		e.mems = append(e.mems, mems)
 	}
-	var conn connector.Scheduler
+	var conn connector.Planner
 	if st != nil {
 		ccfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
 		env := connector.Env{Identity: cfg.Identity, Store: st}
-		sc, err := connector.OpenScheduler(ccfg, env)
+		sc, err := connector.OpenPlanner(ccfg, env)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,7 +29,7 @@ import (
 // transfer touched it, changes the output, and is reported by name.
 type miniEngine struct {
 	loop
-	conn connector.Scheduler // nil: no connector
+	conn connector.Planner // nil: no connector
 	mems []*rdma.HostMemory
 	kv   connector.KVCache
 	bs   int
@@ -120,7 +120,7 @@ func newMiniEngineConn(t *testing.T, st store.Store, cfg Config, ccfg connector.
 	}
 	if st != nil {
 		env := connector.Env{Identity: cfg.Identity, Store: st}
-		sc, err := connector.OpenScheduler(ccfg, env)
+		sc, err := connector.OpenPlanner(ccfg, env)
 		if err != nil {
 			t.Fatal(err)
 		}

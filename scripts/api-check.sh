@@ -37,7 +37,7 @@ export PATH="$PATH:/usr/local/go/bin"
 # by every copy of the module.
 export GOFLAGS="${GOFLAGS:-} -trimpath"
 
-packages=(connector store hashing rdma scheduler)
+packages=(connector connector/driver store hashing rdma scheduler)
 record=api
 
 usage() {

@@ -69,11 +69,11 @@ func open(broken string) connectortest.OpenFunc {
 		case "state-unchecked":
 			senv.Store = presentGroup{env.Store, groupOf(env.Identity, hashing.RecurrentState)}
 		}
-		s, err := connector.OpenScheduler(cfg, senv)
+		s, err := connector.OpenPlanner(cfg, senv)
 		if err != nil {
 			return p, err
 		}
-		inner := s.(*storeconn.Scheduler)
+		inner := s.(*storeconn.Planner)
 		switch broken {
 		case "wrapped":
 			s = &passScheduler{inner}
@@ -86,9 +86,9 @@ func open(broken string) connectortest.OpenFunc {
 		case "inverted-policy":
 			s = invertedPolicy{inner}
 		case "hits-at-match":
-			s = &hitsAtMatch{Scheduler: inner, bs: env.Identity.Layout.BlockSize}
+			s = &hitsAtMatch{Planner: inner, bs: env.Identity.Layout.BlockSize}
 		case "announces-failed":
-			s = &announcesFailed{Scheduler: inner, workers: env.Identity.Layout.TPSize, bs: env.Identity.Layout.BlockSize, saves: make(map[uint64]*planned)}
+			s = &announcesFailed{Planner: inner, workers: env.Identity.Layout.TPSize, bs: env.Identity.Layout.BlockSize, saves: make(map[uint64]*planned)}
 		case "valid-off-by-one":
 			s = validOffByOne{inner, env.Identity.Layout.BlockSize}
 		case "never-wakes":
@@ -106,7 +106,7 @@ func open(broken string) connectortest.OpenFunc {
 		case "never-releases":
 			s = neverReleases{inner}
 		case "plan-reset-by-update":
-			s = &resetsPlan{Scheduler: inner}
+			s = &resetsPlan{Planner: inner}
 		case "health-never-fails":
 			s = healthNeverFails{inner}
 		case "health-stays-failing":
@@ -126,7 +126,7 @@ func open(broken string) connectortest.OpenFunc {
 		case "writes-noblock-neighbour":
 			s = newLoadRewriter(inner, loadsNoBlockNeighbour(groupOf(env.Identity, hashing.RecurrentState)))
 		}
-		p.Scheduler = s
+		p.Planner = s
 		wenv := env
 		if broken == "ignores-short" {
 			wenv.Store = fullLength{env.Store}
@@ -180,14 +180,14 @@ func closePair(p connectortest.Pair) {
 	for _, w := range p.Workers {
 		w.Close()
 	}
-	if p.Scheduler != nil {
-		p.Scheduler.Close()
+	if p.Planner != nil {
+		p.Planner.Close()
 	}
 }
 
 // passScheduler and passWorker wrap the halves and pass everything on:
 // wrappers as such break nothing.
-type passScheduler struct{ *storeconn.Scheduler }
+type passScheduler struct{ *storeconn.Planner }
 type passWorker struct{ *storeconn.Worker }
 
 // earlyLoad reports every load done at once, and never runs it.
@@ -225,12 +225,12 @@ func (w dropsFailed) Poll() *connector.Output {
 // lastToken matches the block holding the last prompt token too, when the
 // store has it.
 type lastToken struct {
-	*storeconn.Scheduler
+	*storeconn.Planner
 	bs int
 }
 
 func (s lastToken) Match(r *connector.Request, computed int) (connector.Match, error) {
-	m, err := s.Scheduler.Match(r, computed)
+	m, err := s.Planner.Match(r, computed)
 	if err == nil && m.Tokens > 0 && r.Prompt%s.bs == 0 && computed+m.Tokens == r.Prompt-s.bs {
 		m.Tokens += s.bs
 	}
@@ -239,12 +239,12 @@ func (s lastToken) Match(r *connector.Request, computed int) (connector.Match, e
 
 // shortMatch matches one block less than the store holds.
 type shortMatch struct {
-	*storeconn.Scheduler
+	*storeconn.Planner
 	bs int
 }
 
 func (s shortMatch) Match(r *connector.Request, computed int) (connector.Match, error) {
-	m, err := s.Scheduler.Match(r, computed)
+	m, err := s.Planner.Match(r, computed)
 	if err == nil && m.Tokens > 0 {
 		m.Tokens -= s.bs
 	}
@@ -252,15 +252,15 @@ func (s shortMatch) Match(r *connector.Request, computed int) (connector.Match, 
 }
 
 // ignoresRotation accepts Rotate and does nothing.
-type ignoresRotation struct{ connector.Scheduler }
+type ignoresRotation struct{ connector.Planner }
 
 func (ignoresRotation) Rotate(uint64) error { return nil }
 
 // invertedPolicy reports Fail the other way round.
-type invertedPolicy struct{ *storeconn.Scheduler }
+type invertedPolicy struct{ *storeconn.Planner }
 
 func (s invertedPolicy) Update(outs []*connector.Output) (*connector.Progress, error) {
-	p, err := s.Scheduler.Update(outs)
+	p, err := s.Planner.Update(outs)
 	if p != nil {
 		for i := range p.Failed {
 			p.Failed[i].Fail = !p.Failed[i].Fail
@@ -272,19 +272,19 @@ func (s invertedPolicy) Update(outs []*connector.Output) (*connector.Progress, e
 // hitsAtMatch counts Stats.HitBlocks where it answers a match, also one
 // the engine has no room for and asks again.
 type hitsAtMatch struct {
-	*storeconn.Scheduler
+	*storeconn.Planner
 	bs   int
 	hits int64
 }
 
 func (s *hitsAtMatch) Match(r *connector.Request, computed int) (connector.Match, error) {
-	m, err := s.Scheduler.Match(r, computed)
+	m, err := s.Planner.Match(r, computed)
 	s.hits += int64(m.Tokens / s.bs)
 	return m, err
 }
 
 func (s *hitsAtMatch) Stats() connector.Stats {
-	st := s.Scheduler.Stats()
+	st := s.Planner.Stats()
 	st.HitBlocks = s.hits
 	return st
 }
@@ -293,7 +293,7 @@ func (s *hitsAtMatch) Stats() connector.Stats {
 // worker, once every worker reported the save done (those after the
 // save's first block, whose parent the save names).
 type announcesFailed struct {
-	*storeconn.Scheduler
+	*storeconn.Planner
 	workers int
 	bs      int
 	saves   map[uint64]*planned
@@ -308,7 +308,7 @@ type planned struct {
 }
 
 func (s *announcesFailed) Plan() *connector.Metadata {
-	m := s.Scheduler.Plan()
+	m := s.Planner.Plan()
 	for _, t := range m.Saves {
 		s.saves[t.ID] = &planned{gen: m.Generation, hashes: append([]hashing.BlockHash(nil), t.Hashes...), failed: map[int]bool{}, left: s.workers}
 	}
@@ -335,11 +335,11 @@ func (s *announcesFailed) Update(outs []*connector.Output) (*connector.Progress,
 			}
 		}
 	}
-	return s.Scheduler.Update(outs)
+	return s.Planner.Update(outs)
 }
 
 func (s *announcesFailed) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
-	dst = s.Scheduler.TakeEvents(dst)
+	dst = s.Planner.TakeEvents(dst)
 	dst = append(dst, s.events...)
 	s.events = s.events[:0]
 	return dst
@@ -350,7 +350,7 @@ var never = make(chan struct{})
 
 // neverWakesScheduler and neverWakesWorker are connector.Wakers whose
 // channel never receives.
-type neverWakesScheduler struct{ *storeconn.Scheduler }
+type neverWakesScheduler struct{ *storeconn.Planner }
 
 func (neverWakesScheduler) Wake() <-chan struct{} { return never }
 
@@ -360,13 +360,13 @@ func (neverWakesWorker) Wake() <-chan struct{} { return never }
 
 // rewritesEvents changes every BlockStored event with edit.
 type rewritesEvents struct {
-	*storeconn.Scheduler
+	*storeconn.Planner
 	edit func(*connector.KVEvent)
 }
 
 func (s rewritesEvents) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
 	n := len(dst)
-	dst = s.Scheduler.TakeEvents(dst)
+	dst = s.Planner.TakeEvents(dst)
 	for i := n; i < len(dst); i++ {
 		if dst[i].Kind == connector.BlockStored {
 			s.edit(&dst[i])
@@ -377,12 +377,12 @@ func (s rewritesEvents) TakeEvents(dst []connector.KVEvent) []connector.KVEvent 
 
 // validOffByOne counts the first failed block as valid.
 type validOffByOne struct {
-	*storeconn.Scheduler
+	*storeconn.Planner
 	bs int
 }
 
 func (s validOffByOne) Update(outs []*connector.Output) (*connector.Progress, error) {
-	p, err := s.Scheduler.Update(outs)
+	p, err := s.Planner.Update(outs)
 	if p != nil {
 		for i := range p.Failed {
 			p.Failed[i].Valid += s.bs
@@ -392,27 +392,27 @@ func (s validOffByOne) Update(outs []*connector.Output) (*connector.Progress, er
 }
 
 // freesEarly never keeps a finished request's blocks.
-type freesEarly struct{ *storeconn.Scheduler }
+type freesEarly struct{ *storeconn.Planner }
 
 func (s freesEarly) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	_, err := s.Scheduler.Finish(r, tables...)
+	_, err := s.Planner.Finish(r, tables...)
 	return false, err
 }
 
 // neverReleases keeps the blocks of every request it knows when it ends,
 // and never releases them.
-type neverReleases struct{ *storeconn.Scheduler }
+type neverReleases struct{ *storeconn.Planner }
 
 func (s neverReleases) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	keep, err := s.Scheduler.Finish(r, tables...)
+	keep, err := s.Planner.Finish(r, tables...)
 	return keep || err == nil, err
 }
 
 // neverReportsLoad never lists a load as loaded.
-type neverReportsLoad struct{ *storeconn.Scheduler }
+type neverReportsLoad struct{ *storeconn.Planner }
 
 func (s neverReportsLoad) Update(outs []*connector.Output) (*connector.Progress, error) {
-	p, err := s.Scheduler.Update(outs)
+	p, err := s.Planner.Update(outs)
 	if p != nil {
 		p.Loaded = p.Loaded[:0]
 	}
@@ -440,17 +440,17 @@ func (s oneShard) Exists(ctx context.Context, keys []string, res []store.Result)
 // connector that reuses one Metadata and clears it when the step's
 // outputs come in would.
 type resetsPlan struct {
-	*storeconn.Scheduler
+	*storeconn.Planner
 	last *connector.Metadata
 }
 
 func (s *resetsPlan) Plan() *connector.Metadata {
-	s.last = s.Scheduler.Plan()
+	s.last = s.Planner.Plan()
 	return s.last
 }
 
 func (s *resetsPlan) Update(outs []*connector.Output) (*connector.Progress, error) {
-	p, err := s.Scheduler.Update(outs)
+	p, err := s.Planner.Update(outs)
 	if s.last != nil {
 		s.last.Reset()
 	}
@@ -458,16 +458,16 @@ func (s *resetsPlan) Update(outs []*connector.Output) (*connector.Progress, erro
 }
 
 // healthNeverFails's Health reports no failure, ever.
-type healthNeverFails struct{ *storeconn.Scheduler }
+type healthNeverFails struct{ *storeconn.Planner }
 
 func (healthNeverFails) Health() connector.Health { return connector.Health{} }
 
 // healthStaysFailing's Health never resets ConsecutiveFailures: every
 // failure counts as consecutive.
-type healthStaysFailing struct{ *storeconn.Scheduler }
+type healthStaysFailing struct{ *storeconn.Planner }
 
 func (s healthStaysFailing) Health() connector.Health {
-	h := s.Scheduler.Health()
+	h := s.Planner.Health()
 	h.ConsecutiveFailures = h.Failures
 	return h
 }
@@ -624,14 +624,14 @@ func (s presentGroup) Exists(ctx context.Context, keys []string, res []store.Res
 // swaAsFull needs every sliding-window block from the local hit on, as full
 // attention does: its match stops at the first one the store lacks.
 type swaAsFull struct {
-	*storeconn.Scheduler
+	*storeconn.Planner
 	st  store.Store
 	ns  hashing.Namespace
 	swa int
 }
 
 func (s swaAsFull) Match(r *connector.Request, computed int) (connector.Match, error) {
-	m, err := s.Scheduler.Match(r, computed)
+	m, err := s.Planner.Match(r, computed)
 	if err != nil || m.Tokens == 0 || s.swa < 0 {
 		return m, err
 	}
@@ -653,7 +653,7 @@ func (s swaAsFull) Match(r *connector.Request, computed int) (connector.Match, e
 // loadRewriter rewrites the loads of each Plan with edit, which sees the
 // block tables and hashes that each request's Allocated passed.
 type loadRewriter struct {
-	*storeconn.Scheduler
+	*storeconn.Planner
 	reqs map[connector.RequestID]allocated
 	edit func(m *connector.Metadata, reqs map[connector.RequestID]allocated)
 }
@@ -663,12 +663,12 @@ type allocated struct {
 	hashes []hashing.BlockHash
 }
 
-func newLoadRewriter(s *storeconn.Scheduler, edit func(*connector.Metadata, map[connector.RequestID]allocated)) *loadRewriter {
-	return &loadRewriter{Scheduler: s, reqs: make(map[connector.RequestID]allocated), edit: edit}
+func newLoadRewriter(s *storeconn.Planner, edit func(*connector.Metadata, map[connector.RequestID]allocated)) *loadRewriter {
+	return &loadRewriter{Planner: s, reqs: make(map[connector.RequestID]allocated), edit: edit}
 }
 
 func (s *loadRewriter) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
-	err := s.Scheduler.Allocated(r, external, tables...)
+	err := s.Planner.Allocated(r, external, tables...)
 	if err == nil {
 		a := allocated{hashes: slices.Clone(r.Hashes)}
 		for _, t := range tables {
@@ -680,7 +680,7 @@ func (s *loadRewriter) Allocated(r *connector.Request, external int, tables ...[
 }
 
 func (s *loadRewriter) Plan() *connector.Metadata {
-	m := s.Scheduler.Plan()
+	m := s.Planner.Plan()
 	s.edit(m, s.reqs)
 	return m
 }
@@ -795,9 +795,9 @@ func openP2P(broken string) (prod, cons connectortest.OpenFunc) {
 			if err != nil {
 				return connectortest.Pair{}, errors.Join(err, closeEngines())
 			}
-			p := connectortest.Pair{Scheduler: s, Close: closeEngines}
+			p := connectortest.Pair{Planner: s, Close: closeEngines}
 			if r == connector.RoleConsumer && broken == "p2p-last-token" {
-				p.Scheduler = lastTokenP2P{s, env.Identity.Layout.BlockSize}
+				p.Planner = lastTokenP2P{s, env.Identity.Layout.BlockSize}
 			}
 			for _, w := range ws {
 				var cw connector.Worker = w
@@ -815,12 +815,12 @@ func openP2P(broken string) (prod, cons connectortest.OpenFunc) {
 // lastTokenP2P matches the block holding the last prompt token too, when
 // the producer offered it.
 type lastTokenP2P struct {
-	*p2p.Scheduler
+	*p2p.Planner
 	bs int
 }
 
 func (s lastTokenP2P) Match(r *connector.Request, computed int) (connector.Match, error) {
-	m, err := s.Scheduler.Match(r, computed)
+	m, err := s.Planner.Match(r, computed)
 	if err == nil && m.Tokens > 0 && r.Prompt%s.bs == 0 && computed+m.Tokens == r.Prompt-s.bs {
 		m.Tokens += s.bs
 	}
@@ -839,16 +839,16 @@ func openP2PShm(broken string) (prod, cons connectortest.OpenFunc) {
 			cfg.Connector, cfg.Role = p2p.Name, r
 			cfg.EngineID = fmt.Sprintf("%s-%d-%d", r, os.Getpid(), n)
 			cfg.Extra = map[string]any{"transfer": p2p.TransferShm, "keep_timeout": "1s"}
-			s, err := connector.OpenScheduler(cfg, env)
+			s, err := connector.OpenPlanner(cfg, env)
 			if err != nil {
 				return connectortest.Pair{}, err
 			}
-			p := connectortest.Pair{Scheduler: s}
+			p := connectortest.Pair{Planner: s}
 			if broken == "p2p-xproc-finds-offers" {
 				if r == connector.RoleProducer {
-					p.Scheduler = publishesOffers{s.(*p2p.Scheduler)}
+					p.Planner = publishesOffers{s.(*p2p.Planner)}
 				} else {
-					p.Scheduler = findsOffers{s.(*p2p.Scheduler)}
+					p.Planner = findsOffers{s.(*p2p.Planner)}
 				}
 			}
 			for rank := range env.Identity.Layout.TPSize {
@@ -878,7 +878,7 @@ var offersInProcess struct {
 
 // publishesOffers is a producer that also leaves its offers' transfer
 // parameters in offersInProcess.
-type publishesOffers struct{ *p2p.Scheduler }
+type publishesOffers struct{ *p2p.Planner }
 
 func (s publishesOffers) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
 	if len(r.Hashes) > 0 {
@@ -889,11 +889,11 @@ func (s publishesOffers) Finish(r *connector.Request, tables ...[]connector.Bloc
 		offersInProcess.first[r.ID] = r.Hashes[0]
 		offersInProcess.Unlock()
 	}
-	return s.Scheduler.Finish(r, tables...)
+	return s.Planner.Finish(r, tables...)
 }
 
 func (s publishesOffers) TransferParams(id connector.RequestID) ([]byte, error) {
-	p, err := s.Scheduler.TransferParams(id)
+	p, err := s.Planner.TransferParams(id)
 	if err == nil {
 		offersInProcess.Lock()
 		if offersInProcess.params == nil {
@@ -908,7 +908,7 @@ func (s publishesOffers) TransferParams(id connector.RequestID) ([]byte, error) 
 // findsOffers is a consumer that ignores the transfer parameters it is
 // handed and takes those offersInProcess holds for the prompt: right
 // within one process, nothing across processes.
-type findsOffers struct{ *p2p.Scheduler }
+type findsOffers struct{ *p2p.Planner }
 
 func (s findsOffers) Match(r *connector.Request, computed int) (connector.Match, error) {
 	if len(r.Hashes) > 0 {
@@ -916,7 +916,7 @@ func (s findsOffers) Match(r *connector.Request, computed int) (connector.Match,
 		r.TransferParams = offersInProcess.params[r.Hashes[0]]
 		offersInProcess.Unlock()
 	}
-	return s.Scheduler.Match(r, computed)
+	return s.Planner.Match(r, computed)
 }
 
 // TestStoreConnector runs the harness on the reference connector: it must

@@ -10,9 +10,9 @@
 //	func TestConnector(t *testing.T) {
 //		open := func(cfg connector.Config, env connector.Env) (connectortest.Pair, error) {
 //			cfg.Connector = mine.Name // the harness set the load failure policy
-//			s, err := connector.OpenScheduler(cfg, env)
+//			s, err := connector.OpenPlanner(cfg, env)
 //			... one connector.OpenWorker per rank, env.Rank set ...
-//			return connectortest.Pair{Scheduler: s, Workers: workers}, nil
+//			return connectortest.Pair{Planner: s, Workers: workers}, nil
 //		}
 //		connectortest.Run(t, open, connectortest.Options{NewStore: newStore})
 //	}
@@ -133,7 +133,7 @@
 //
 // # Promises and the checks that prove them
 //
-// Of connector.Scheduler: Match never covers the last prompt token, is a
+// Of connector.Planner: Match never covers the last prompt token, is a
 // whole number of blocks, 0 while Pending, and the longest prefix the
 // store held in every shard before the request's first Match (the
 // recorder's record; SharedPrefix, Shards, StateMachine); Allocated and

@@ -795,7 +795,7 @@ func (e *engine) admit(r *freq) bool {
 		r.snap = e.w.rec.seqNow()
 	}
 	r.matched = true
-	m, err := e.pair.Scheduler.Match(&r.conn, local*bs)
+	m, err := e.pair.Planner.Match(&r.conn, local*bs)
 	if err != nil {
 		e.t.Fatalf("Match(%s, %d): %v", r.conn.ID, local*bs, err)
 	}
@@ -859,7 +859,7 @@ func (e *engine) admit(r *freq) bool {
 			r.tables[g][i] = b
 		}
 	}
-	if err := e.pair.Scheduler.Allocated(&r.conn, m.Tokens, r.tables...); err != nil {
+	if err := e.pair.Planner.Allocated(&r.conn, m.Tokens, r.tables...); err != nil {
 		e.t.Fatalf("Allocated(%s, %d blocks, %d): %v", r.conn.ID, len(r.tables[0]), m.Tokens, err)
 	}
 	e.admits++
@@ -1066,7 +1066,7 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		}
 		e.sweep(r)
 		computed = append(computed, e.prepare(r, r.computed, to)...)
-		if err := e.pair.Scheduler.Scheduled(&r.conn, to, r.tables...); err != nil {
+		if err := e.pair.Planner.Scheduled(&r.conn, to, r.tables...); err != nil {
 			e.t.Fatalf("Scheduled(%s, %d): %v", r.conn.ID, to, err)
 		}
 		r.computed = to
@@ -1076,7 +1076,7 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 	for _, c := range computed {
 		blocks[gblock{c.g, c.r.tables[c.g][c.i]}] = true
 	}
-	meta := e.pair.Scheduler.Plan()
+	meta := e.pair.Planner.Plan()
 	e.checkPlan(meta, blocks)
 	planned, err := meta.MarshalBinary()
 	if err != nil {
@@ -1737,7 +1737,7 @@ func (e *engine) update() bool {
 			progress = true
 		}
 	}
-	p, err := e.pair.Scheduler.Update(e.outs)
+	p, err := e.pair.Planner.Update(e.outs)
 	if err != nil {
 		e.t.Fatalf("%s: Update: %v", e.label, err)
 	}
@@ -1850,7 +1850,7 @@ func (e *engine) update() bool {
 		e.stats.released++
 		progress = true
 	}
-	if src, ok := e.pair.Scheduler.(connector.EventSource); ok {
+	if src, ok := e.pair.Planner.(connector.EventSource); ok {
 		e.events = src.TakeEvents(e.events[:0])
 		e.w.checkEvents(e, e.events)
 	}
@@ -1886,10 +1886,10 @@ func (e *engine) finish(r *freq, preempted bool) {
 	e.t.Helper()
 	var keep bool
 	var err error
-	if p, ok := e.pair.Scheduler.(connector.Preempter); ok && preempted {
+	if p, ok := e.pair.Planner.(connector.Preempter); ok && preempted {
 		keep, err = p.Preempt(&r.conn, r.tables...)
 	} else {
-		keep, err = e.pair.Scheduler.Finish(&r.conn, r.tables...)
+		keep, err = e.pair.Planner.Finish(&r.conn, r.tables...)
 	}
 	if err != nil {
 		e.t.Fatalf("%s: Finish(%s): %v", e.label, r.conn.ID, err)
@@ -1909,7 +1909,7 @@ func (e *engine) finish(r *freq, preempted bool) {
 	}
 	if keep {
 		e.kept[r.conn.ID] = r
-		if src, ok := e.pair.Scheduler.(connector.TransferParamsSource); ok && !preempted && !r.failed && r.computed == len(r.tokens) {
+		if src, ok := e.pair.Planner.(connector.TransferParamsSource); ok && !preempted && !r.failed && r.computed == len(r.tokens) {
 			if p, err := src.TransferParams(r.conn.ID); err == nil {
 				e.offers = append(e.offers, offer{prompt: slices.Clone(r.tokens[:r.conn.Prompt]), params: p})
 			}
@@ -2053,7 +2053,7 @@ func (e *engine) stuck() []string {
 // isOffer reports whether x is a producer's offer: a save of a request
 // that ended, whose blocks its connector keeps for another instance.
 func (e *engine) isOffer(x *xfer) bool {
-	_, ok := e.pair.Scheduler.(connector.TransferParamsSource)
+	_, ok := e.pair.Planner.(connector.TransferParamsSource)
 	return ok && !x.load && e.kept[x.req] != nil
 }
 
@@ -2069,7 +2069,7 @@ func later(a, b time.Time) time.Time {
 // discarded blocks, each worker's loaded, failed and corrupt blocks.
 func (e *engine) checkStats() {
 	e.t.Helper()
-	if sr, ok := e.pair.Scheduler.(connector.StatsReporter); ok {
+	if sr, ok := e.pair.Planner.(connector.StatsReporter); ok {
 		st := sr.Stats()
 		for _, c := range []struct {
 			name      string
@@ -2133,8 +2133,8 @@ func (e *engine) close(check bool) {
 	for rank, w := range e.pair.Workers {
 		closeTwice(fmt.Sprintf("worker %d", rank), w)
 	}
-	if e.pair.Scheduler != nil {
-		closeTwice("scheduler half", e.pair.Scheduler)
+	if e.pair.Planner != nil {
+		closeTwice("scheduler half", e.pair.Planner)
 	}
 	if e.pair.Close != nil {
 		if err := e.pair.Close(); err != nil && check {

@@ -19,7 +19,7 @@ import (
 func ExampleRun() {
 	open := func(cfg connector.Config, env connector.Env) (p connectortest.Pair, err error) {
 		cfg.Connector = storeconn.Name
-		p.Scheduler, err = connector.OpenScheduler(cfg, env)
+		p.Planner, err = connector.OpenPlanner(cfg, env)
 		for env.Rank = 0; err == nil && env.Rank < env.Identity.Layout.TPSize; env.Rank++ {
 			var w connector.Worker
 			w, err = connector.OpenWorker(cfg, env)

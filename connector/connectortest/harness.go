@@ -20,8 +20,8 @@ import (
 // Pair is the two halves of a connector: one scheduler half and one worker
 // half per tensor-parallel rank, in rank order.
 type Pair struct {
-	Scheduler connector.Scheduler
-	Workers   []connector.Worker
+	Planner connector.Planner
+	Workers []connector.Worker
 
 	// Close, when not nil, releases what the OpenFunc opened for the pair
 	// besides its halves (transfer engines, say). The harness calls it
@@ -419,7 +419,7 @@ func health(t *testing.T, open OpenFunc, opts Options) {
 		hr   connector.HealthReporter
 	}
 	var halves []half
-	if hr, ok := e.pair.Scheduler.(connector.HealthReporter); ok {
+	if hr, ok := e.pair.Planner.(connector.HealthReporter); ok {
 		halves = append(halves, half{"the scheduler half", hr})
 	}
 	for rank, wk := range e.pair.Workers {
@@ -538,7 +538,7 @@ func rotation(t *testing.T, open OpenFunc, opts Options) {
 	const bs = 4
 	s := spec{label: "t0", open: open, tenant: "tenant0", order: connector.BlockMajor, tp: 2, repl: 1, bs: bs, blocks: 64}
 	e := w.open(s)
-	rot, ok := e.pair.Scheduler.(connector.Rotator)
+	rot, ok := e.pair.Planner.(connector.Rotator)
 	if !ok {
 		t.Fatalf("the scheduler half does not implement connector.Rotator (set Options.NoRotation)")
 	}
@@ -696,7 +696,7 @@ func stateMachine(t *rapid.T, open OpenFunc, opts Options, c *counts) {
 				t.Skip("no rotation")
 			}
 			e := pick(t)
-			rot, ok := e.pair.Scheduler.(connector.Rotator)
+			rot, ok := e.pair.Planner.(connector.Rotator)
 			if !ok {
 				t.Fatalf("the scheduler half does not implement connector.Rotator (set Options.NoRotation)")
 			}
@@ -743,7 +743,7 @@ func openPD(w *world, open OpenFunc, s spec) (prod, cons *engine) {
 	prod = w.open(s)
 	s.label, s.open = "c", w.opts.OpenConsumer
 	cons = w.open(s)
-	if _, ok := prod.pair.Scheduler.(connector.TransferParamsSource); !ok {
+	if _, ok := prod.pair.Planner.(connector.TransferParamsSource); !ok {
 		w.t.Fatalf("the producer's scheduler half does not implement connector.TransferParamsSource")
 	}
 	return prod, cons

@@ -88,7 +88,7 @@ func crossHandoff(t *testing.T, name string, open OpenFunc, opts Options, order 
 	s := spec{label: "p", open: open, tenant: "tenant0", order: order, tp: tp, repl: repl, bs: bs, blocks: 64, policy: connector.PolicyRecompute}
 	c := startConsumer(t, name)
 	prod := w.open(s)
-	if _, ok := prod.pair.Scheduler.(connector.TransferParamsSource); !ok {
+	if _, ok := prod.pair.Planner.(connector.TransferParamsSource); !ok {
 		t.Fatalf("the producer's scheduler half does not implement connector.TransferParamsSource")
 	}
 	// Two prompts sharing their first three blocks: the consumer loads 5

@@ -162,10 +162,10 @@ func (w *world) open(s spec) *engine {
 		closeHalves(pair)
 		w.t.Fatalf("open %s: %v", s.label, err)
 	}
-	if pair.Scheduler == nil || len(pair.Workers) != s.tp || slices.Contains(pair.Workers, nil) {
-		w.t.Fatalf("open %s returned %d workers (scheduler %v), want %d, none nil", s.label, len(pair.Workers), pair.Scheduler != nil, s.tp)
+	if pair.Planner == nil || len(pair.Workers) != s.tp || slices.Contains(pair.Workers, nil) {
+		w.t.Fatalf("open %s returned %d workers (scheduler %v), want %d, none nil", s.label, len(pair.Workers), pair.Planner != nil, s.tp)
 	}
-	for _, half := range append([]any{pair.Scheduler}, anys(pair.Workers)...) {
+	for _, half := range append([]any{pair.Planner}, anys(pair.Workers)...) {
 		if p := packageOf(half); p != "" && !slices.Contains(w.pkgs, p) {
 			w.pkgs = append(w.pkgs, p)
 		}
@@ -189,8 +189,8 @@ func closeHalves(pair Pair) {
 			_ = wk.Close() // the open failed already
 		}
 	}
-	if pair.Scheduler != nil {
-		_ = pair.Scheduler.Close()
+	if pair.Planner != nil {
+		_ = pair.Planner.Close()
 	}
 	if pair.Close != nil {
 		_ = pair.Close()
@@ -341,7 +341,7 @@ func wakesOf(es []*engine) []<-chan struct{} {
 		if !e.busy() {
 			continue
 		}
-		halves := []any{e.pair.Scheduler}
+		halves := []any{e.pair.Planner}
 		for _, wk := range e.pair.Workers {
 			halves = append(halves, wk)
 		}
@@ -408,7 +408,7 @@ func describe(es []*engine) string {
 // Health (connector.HealthReporter) reports one: a lookup that failed or
 // timed out is a miss, and a miss is then no error.
 func (e *engine) storeFailure() string {
-	if hr, ok := e.pair.Scheduler.(connector.HealthReporter); ok {
+	if hr, ok := e.pair.Planner.(connector.HealthReporter); ok {
 		if h := hr.Health(); h.Failures > 0 {
 			return fmt.Sprint(h.LastError)
 		}

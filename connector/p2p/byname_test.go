@@ -21,7 +21,7 @@ import (
 // instance is one engine instance whose halves were opened by name, with
 // the transfer engines the workers opened themselves.
 type instance struct {
-	sched   connector.Scheduler
+	sched   connector.Planner
 	workers []connector.Worker
 	kv      []connector.KVCache
 	free    []func() error
@@ -42,9 +42,9 @@ func openInstanceExtra(t *testing.T, id hashing.Identity, role connector.Role, e
 	t.Helper()
 	kind, _ := extra["transfer"].(string)
 	cfg := connector.Config{Connector: p2p.Name, Role: role, EngineID: engineID, Extra: extra}
-	s, err := connector.OpenScheduler(cfg, connector.Env{Identity: id})
+	s, err := connector.OpenPlanner(cfg, connector.Env{Identity: id})
 	if err != nil {
-		t.Fatalf("OpenScheduler(%s): %v", engineID, err)
+		t.Fatalf("OpenPlanner(%s): %v", engineID, err)
 	}
 	in := &instance{sched: s}
 	t.Cleanup(func() { in.close(t, engineID) })
@@ -226,7 +226,7 @@ func TestTransferMisuse(t *testing.T) {
 	}
 	defer e.Close()
 	cfg := connector.Config{Connector: p2p.Name, Role: connector.RoleConsumer, EngineID: "transfer-misuse", Extra: map[string]any{"transfer": "loopback"}}
-	s, err := connector.OpenScheduler(cfg, connector.Env{Identity: id})
+	s, err := connector.OpenPlanner(cfg, connector.Env{Identity: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestMailboxSlotsMismatch(t *testing.T) {
 		Layout: hashing.Layout{Layers: 2, KVHeads: 4, HeadDim: 8, BlockSize: 4, TPSize: 1, Replication: 1},
 	}
 	cfg := connector.Config{Connector: p2p.Name, Role: connector.RoleProducer, EngineID: "slots", Extra: map[string]any{"transfer": p2p.TransferLoopback, "mailbox_slots": 1}}
-	s, err := connector.OpenScheduler(cfg, connector.Env{Identity: id})
+	s, err := connector.OpenPlanner(cfg, connector.Env{Identity: id})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,11 +24,11 @@ func openRoleByName(kind string, n *int, role connector.Role) connectortest.Open
 		cfg.Connector, cfg.Role = p2p.Name, role
 		cfg.EngineID = fmt.Sprintf("%s-%d-%d", role, os.Getpid(), *n)
 		cfg.Extra = map[string]any{"transfer": kind}
-		s, err := connector.OpenScheduler(cfg, env)
+		s, err := connector.OpenPlanner(cfg, env)
 		if err != nil {
 			return connectortest.Pair{}, err
 		}
-		p := connectortest.Pair{Scheduler: s}
+		p := connectortest.Pair{Planner: s}
 		for rank := range env.Identity.Layout.TPSize {
 			env.Rank = rank
 			w, err := connector.OpenWorker(cfg, env)

@@ -39,7 +39,7 @@ func openRole(f *rdma.Fabric, n *int, role connector.Role) connectortest.OpenFun
 		if err != nil {
 			return connectortest.Pair{}, errors.Join(err, closeEngines())
 		}
-		p := connectortest.Pair{Scheduler: s, Close: closeEngines}
+		p := connectortest.Pair{Planner: s, Close: closeEngines}
 		for _, w := range ws {
 			p.Workers = append(p.Workers, w)
 		}

@@ -7,7 +7,7 @@
 // processes and hosts. No store is involved and no byte is staged.
 //
 // Open the halves with [New], giving it the transfer engines, or by name
-// ("P2PConnector", [Name]) from kv_transfer_config: connector.OpenScheduler
+// ("P2PConnector", [Name]) from kv_transfer_config: connector.OpenPlanner
 // first, then connector.OpenWorker for each rank, with the same engine_id,
 // in the same process. A worker opened by name uses the transfer engine in
 // Env.Engine, or opens one itself by kv_connector_extra_config
@@ -160,7 +160,7 @@
 // reported (its transport may keep them pending), and a request that
 // Finish kept for such a load would stay kept. The engine, once it knows
 // the producer is gone (its router or orchestrator says so), calls
-// [Scheduler.Forget] with the producer's engine id (its kv_transfer_config
+// [Planner.Forget] with the producer's engine id (its kv_transfer_config
 // engine_id, Params.Engine): in the next Update every load from it is
 // failed from its first block, as any failed load is, the requests kept
 // for them are released, and later reports of those loads are ignored.
@@ -212,7 +212,7 @@
 // instance, the workers of the scheduler half's process hand it their
 // memory when they register, and arm each offer as Finish makes it;
 // workers in another process hand their memory over with
-// [Worker.Handshake] and [Scheduler.SetHandshake], and arm an offer when
+// [Worker.Handshake] and [Planner.SetHandshake], and arm an offer when
 // they start the Metadata that carries it.
 //
 // # Configuration

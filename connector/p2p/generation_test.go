@@ -18,7 +18,7 @@ func TestRotateGeneration(t *testing.T) {
 	o := opts(1, 1, 4, connector.BlockMajor)
 	o.gen = 2
 	p, c := pair(t, o, o)
-	for _, s := range []*Scheduler{p.sched, c.sched} {
+	for _, s := range []*Planner{p.sched, c.sched} {
 		for _, gen := range []uint64{2, 1, 0} {
 			err := s.Rotate(gen)
 			if !errors.Is(err, connector.ErrGeneration) {

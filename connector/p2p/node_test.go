@@ -40,7 +40,7 @@ type node struct {
 	unsettled bool
 	id        hashing.Identity
 	ns        hashing.Namespace
-	sched     *Scheduler
+	sched     *Planner
 	workers   []*Worker
 	engines   []rdma.Engine
 	kv        []connector.KVCache

@@ -15,24 +15,24 @@ import (
 // Name is the name the connector registers under, for kv_connector.
 const Name = "P2PConnector"
 
-func init() { connector.Register(Name, driver{}) }
+func init() { connector.Register(Name, registered{}) }
 
 // driver is the registry's entry. The halves it opens are linked in
-// process, as New links them: OpenScheduler opens the scheduler half under
+// process, as New links them: OpenPlanner opens the scheduler half under
 // the config's engine_id, and OpenWorker, given the rank's transfer engine
 // in Env.Engine or opening the one kv_connector_extra_config "transfer"
 // names, joins the scheduler half of the same engine_id, which must be
 // open in this process. Closing the scheduler half frees the engine_id.
-type driver struct{}
+type registered struct{}
 
 // opened holds the scheduler halves the registry opened, by engine_id.
 var opened struct {
 	sync.Mutex
-	m      map[string]*Scheduler
+	m      map[string]*Planner
 	fabric *rdma.Fabric // the loopback engines' ("transfer": "loopback"), from first use
 }
 
-func (driver) OpenScheduler(cfg connector.Config, env connector.Env) (connector.Scheduler, error) {
+func (registered) OpenPlanner(cfg connector.Config, env connector.Env) (connector.Planner, error) {
 	opt, err := parseOptions(cfg)
 	if err != nil {
 		return nil, err
@@ -64,13 +64,13 @@ func (driver) OpenScheduler(cfg connector.Config, env connector.Env) (connector.
 		opened.Unlock()
 	}
 	if opened.m == nil {
-		opened.m = make(map[string]*Scheduler)
+		opened.m = make(map[string]*Planner)
 	}
 	opened.m[id] = s
 	return s, nil
 }
 
-func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Worker, error) {
+func (registered) OpenWorker(cfg connector.Config, env connector.Env) (connector.Worker, error) {
 	opt, err := parseOptions(cfg)
 	if err != nil {
 		return nil, err
@@ -196,11 +196,11 @@ func parseOptions(cfg connector.Config) (options, error) {
 // close the engines.
 //
 // A producer (kv_producer, or kv_both) offers the full blocks of each
-// request that ends ([Scheduler.Finish] keeps them) and returns their
-// transfer parameters ([Scheduler.TransferParams]); a consumer
+// request that ends ([Planner.Finish] keeps them) and returns their
+// transfer parameters ([Planner.TransferParams]); a consumer
 // (kv_consumer, or kv_both) takes parameters for a request
-// ([Scheduler.SetParams]) before its first Match.
-func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Scheduler, []*Worker, error) {
+// ([Planner.SetParams]) before its first Match.
+func New(cfg connector.Config, env connector.Env, engines ...rdma.Engine) (*Planner, []*Worker, error) {
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err

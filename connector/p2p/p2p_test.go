@@ -394,8 +394,8 @@ func TestBadInput(t *testing.T) {
 	if _, _, err := New(connector.Config{Connector: Name, Extra: map[string]any{"keep_timeout": "-1s"}}, connector.Env{Identity: c.id}, c.engines...); !errors.Is(err, connector.ErrConfig) {
 		t.Errorf("New with keep_timeout -1s = %v, want ErrConfig", err)
 	}
-	if _, err := connector.OpenScheduler(connector.Config{Connector: Name}, connector.Env{Identity: c.id}); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "engine_id is empty") {
-		t.Errorf("OpenScheduler(%s) without engine_id = %v, want ErrConfig naming engine_id", Name, err)
+	if _, err := connector.OpenPlanner(connector.Config{Connector: Name}, connector.Env{Identity: c.id}); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "engine_id is empty") {
+		t.Errorf("OpenPlanner(%s) without engine_id = %v, want ErrConfig naming engine_id", Name, err)
 	}
 	hybrid := c.id
 	hybrid.Layout.Groups = []hashing.Group{

@@ -31,11 +31,11 @@ func openByName(f *rdma.Fabric, n *int, role connector.Role) connectortest.OpenF
 			}
 			return errors.Join(errs...)
 		}
-		s, err := connector.OpenScheduler(cfg, env)
+		s, err := connector.OpenPlanner(cfg, env)
 		if err != nil {
 			return connectortest.Pair{}, err
 		}
-		p := connectortest.Pair{Scheduler: s, Close: closeEngines}
+		p := connectortest.Pair{Planner: s, Close: closeEngines}
 		for rank := range env.Identity.Layout.TPSize {
 			e, err := f.NewEngine(fmt.Sprintf("%s-rank%d", cfg.EngineID, rank), nil)
 			if err != nil {
@@ -87,15 +87,15 @@ func TestOpenByNameMisuse(t *testing.T) {
 	}
 	noID := cfg
 	noID.EngineID = ""
-	_, err = connector.OpenScheduler(noID, connector.Env{Identity: id})
+	_, err = connector.OpenPlanner(noID, connector.Env{Identity: id})
 	want("no engine_id", err, "engine_id is empty")
 	_, err = connector.OpenWorker(cfg, connector.Env{Identity: id, Engine: e})
 	want("worker first", err, `no scheduler half of engine_id "misuse-1" is open in this process`)
-	s, err := connector.OpenScheduler(cfg, connector.Env{Identity: id})
+	s, err := connector.OpenPlanner(cfg, connector.Env{Identity: id})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = connector.OpenScheduler(cfg, connector.Env{Identity: id})
+	_, err = connector.OpenPlanner(cfg, connector.Env{Identity: id})
 	want("twice", err, `a scheduler half of engine_id "misuse-1" is already open`)
 	_, err = connector.OpenWorker(cfg, connector.Env{Identity: id})
 	want("no engine", err, "set Env.Engine")
@@ -116,7 +116,7 @@ func TestOpenByNameMisuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Closing the scheduler half frees the engine_id.
-	s, err = connector.OpenScheduler(cfg, connector.Env{Identity: id})
+	s, err = connector.OpenPlanner(cfg, connector.Env{Identity: id})
 	if err != nil {
 		t.Fatalf("open after Close: %v", err)
 	}

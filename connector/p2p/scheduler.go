@@ -7,11 +7,13 @@ import (
 	"slices"
 
 	"github.com/kvconnect/kvconnect/connector"
+
+	"github.com/kvconnect/kvconnect/connector/driver"
 	"github.com/kvconnect/kvconnect/hashing"
 )
 
-// Scheduler is the scheduler half of the P2P connector. It implements
-// connector.Scheduler, connector.Rotator and connector.StatsReporter.
+// Planner is the scheduler half of the P2P connector. It implements
+// connector.Planner, connector.Rotator and connector.StatsReporter.
 //
 // As a producer it offers, when a request ends, the full blocks the
 // request computed: Finish keeps them and the offer's parameters wait in
@@ -24,7 +26,7 @@ import (
 // own, never the last prompt token; the workers read those blocks straight
 // into the blocks the engine allocated, and a block that fails to arrive
 // is a failed block (Progress.Failed, with the load failure policy).
-type Scheduler struct {
+type Planner struct {
 	cfg     connector.Config
 	opt     options
 	log     *slog.Logger
@@ -35,10 +37,10 @@ type Scheduler struct {
 	board   *board
 
 	reqs      map[connector.RequestID]*request
-	transfers *connector.Tally[*transfer]
+	transfers *driver.Tally[*transfer]
 	slots     []bool // producer mailbox slots in use
 	nextID    uint64
-	plans     connector.PlanBuffer // Plan hands out one Metadata while the next fills
+	plans     driver.PlanBuffer // Plan hands out one Metadata while the next fills
 	meta      *connector.Metadata
 	progress  connector.Progress
 	released  []connector.RequestID
@@ -54,10 +56,10 @@ type Scheduler struct {
 }
 
 var (
-	_ connector.Scheduler     = (*Scheduler)(nil)
-	_ connector.Preempter     = (*Scheduler)(nil)
-	_ connector.Rotator       = (*Scheduler)(nil)
-	_ connector.StatsReporter = (*Scheduler)(nil)
+	_ connector.Planner       = (*Planner)(nil)
+	_ connector.Preempter     = (*Planner)(nil)
+	_ connector.Rotator       = (*Planner)(nil)
+	_ connector.StatsReporter = (*Planner)(nil)
 )
 
 // request is the scheduler half's state of one request.
@@ -101,8 +103,8 @@ type transfer struct {
 	done   int    // ranks that reported it done so far
 }
 
-func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns hashing.Namespace, log *slog.Logger, b *board) *Scheduler {
-	s := &Scheduler{
+func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns hashing.Namespace, log *slog.Logger, b *board) *Planner {
+	s := &Planner{
 		cfg:       cfg,
 		opt:       opt,
 		log:       log,
@@ -112,7 +114,7 @@ func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns has
 		workers:   id.Layout.TPSize,
 		board:     b,
 		reqs:      make(map[connector.RequestID]*request),
-		transfers: connector.NewTally[*transfer](id.Layout.TPSize),
+		transfers: driver.NewTally[*transfer](id.Layout.TPSize),
 		slots:     make([]bool, opt.slots),
 		// Ids (transfers' and offers') start at a random point: parameters
 		// that name an offer of an instance that restarted under the same
@@ -132,7 +134,7 @@ func newScheduler(cfg connector.Config, opt options, id hashing.Identity, ns has
 // SetHandshake gives the scheduler half the memory of the worker of rank
 // rank, as the worker's Handshake returned it: for a worker in another
 // process. Workers from New hand it over themselves when they register.
-func (s *Scheduler) SetHandshake(rank int, data []byte) error {
+func (s *Planner) SetHandshake(rank int, data []byte) error {
 	if rank < 0 || rank >= s.workers {
 		return fmt.Errorf("p2p: SetHandshake: rank %d, want [0, %d)", rank, s.workers)
 	}
@@ -153,7 +155,7 @@ func (s *Scheduler) SetHandshake(rank int, data []byte) error {
 // wrapping [ErrIdentity]; malformed ones or ones that do not fit this
 // connector (block size, number of ranks) with [ErrParams]. A refused
 // request simply matches nothing.
-func (s *Scheduler) SetParams(id connector.RequestID, data []byte) error {
+func (s *Planner) SetParams(id connector.RequestID, data []byte) error {
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -184,7 +186,7 @@ func (s *Scheduler) SetParams(id connector.RequestID, data []byte) error {
 }
 
 // checkParams decodes parameters and checks they fit this consumer.
-func (s *Scheduler) checkParams(data []byte) (Params, error) {
+func (s *Planner) checkParams(data []byte) (Params, error) {
 	p, err := DecodeParams(data)
 	if err != nil {
 		return p, err
@@ -212,7 +214,7 @@ func (s *Scheduler) checkParams(data []byte) (Params, error) {
 // Finish kept for an offer (see [EncodeParams]), until the request is
 // released: what the engine returns with the request, for the consumer's
 // SetParams.
-func (s *Scheduler) TransferParams(id connector.RequestID) ([]byte, error) {
+func (s *Planner) TransferParams(id connector.RequestID) ([]byte, error) {
 	q := s.reqs[id]
 	if q == nil || q.encoded == nil {
 		return nil, fmt.Errorf("%w: TransferParams(%q): no offer (not a producer, no full block computed, workers not registered, or already released)", connector.ErrUnknownRequest, id)
@@ -220,10 +222,10 @@ func (s *Scheduler) TransferParams(id connector.RequestID) ([]byte, error) {
 	return slices.Clone(q.encoded), nil
 }
 
-// Match implements connector.Scheduler: without parameters, nothing;
+// Match implements connector.Planner: without parameters, nothing;
 // with them, the run of the producer's blocks that are the request's own
 // blocks, from the engine's local hit on, never the last prompt token.
-func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, error) {
+func (s *Planner) Match(r *connector.Request, computed int) (connector.Match, error) {
 	if s.closed {
 		return connector.Match{}, connector.ErrClosed
 	}
@@ -268,11 +270,11 @@ func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, 
 	return connector.Match{Tokens: (limit - q.from) * s.bs}, nil
 }
 
-// Allocated implements connector.Scheduler: it plans the load of the
+// Allocated implements connector.Planner: it plans the load of the
 // matched blocks into blocks, or, when the engine loads none, a notice to
 // the producer that it may free them.
-func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
-	if err := connector.CheckTables("p2p: Allocated", r.ID, tables, 1, false); err != nil {
+func (s *Planner) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
+	if err := driver.CheckTables("p2p: Allocated", r.ID, tables, 1, false); err != nil {
 		return err
 	}
 	blocks := tables[0]
@@ -320,7 +322,7 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 
 // notify plans a notice to the producer of q's parameters that it may
 // free its blocks, unless one is planned or a load will tell it.
-func (s *Scheduler) notify(q *request) {
+func (s *Planner) notify(q *request) {
 	if q.params == nil || q.notified || q.load != 0 {
 		return
 	}
@@ -332,17 +334,17 @@ func (s *Scheduler) notify(q *request) {
 }
 
 // track records a planned transfer.
-func (s *Scheduler) track(q *request, id uint64, k kind, first, n, slot int) {
+func (s *Planner) track(q *request, id uint64, k kind, first, n, slot int) {
 	s.transfers.Add(id, n, &transfer{req: q, kind: k, first: first, n: n, slot: slot, gen: s.meta.Generation, failAt: -1})
 	if k != kindNotify {
 		q.inflight++
 	}
 }
 
-// Scheduled implements connector.Scheduler. A producer records the
+// Scheduled implements connector.Planner. A producer records the
 // request's computed full blocks, to offer them when it ends.
-func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
-	if err := connector.CheckTables("p2p: Scheduled", r.ID, tables, 1, false); err != nil {
+func (s *Planner) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
+	if err := driver.CheckTables("p2p: Scheduled", r.ID, tables, 1, false); err != nil {
 		return err
 	}
 	blocks := tables[0]
@@ -369,16 +371,16 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 	return nil
 }
 
-// Plan implements connector.Scheduler.
-func (s *Scheduler) Plan() *connector.Metadata {
+// Plan implements connector.Planner.
+func (s *Planner) Plan() *connector.Metadata {
 	s.meta.Step++
 	m := s.plans.HandOut()
 	s.meta = s.plans.Filling()
 	return m
 }
 
-// Update implements connector.Scheduler.
-func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error) {
+// Update implements connector.Planner.
+func (s *Planner) Update(outs []*connector.Output) (*connector.Progress, error) {
 	if s.closed {
 		return nil, connector.ErrClosed
 	}
@@ -418,7 +420,7 @@ func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error
 }
 
 // finishTransfer acts on a transfer every worker reported.
-func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
+func (s *Planner) finishTransfer(id uint64, x *transfer) {
 	q := x.req
 	switch x.kind {
 	case kindNotify:
@@ -475,7 +477,7 @@ func (s *Scheduler) finishTransfer(id uint64, x *transfer) {
 // error. A producer's own offers are not tied to a consumer: they end
 // when their consumer is done or after keep_timeout. Forget does not
 // block.
-func (s *Scheduler) Forget(engineID string) error {
+func (s *Planner) Forget(engineID string) error {
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -499,7 +501,7 @@ func (s *Scheduler) Forget(engineID string) error {
 
 // writeOff stops tracking transfer id, to finish it, failed, in the next
 // Update, and drops the workers' reports of it from then on.
-func (s *Scheduler) writeOff(id uint64) {
+func (s *Planner) writeOff(id uint64) {
 	x, ok := s.transfers.Get(id)
 	if !ok {
 		return
@@ -530,7 +532,7 @@ func (s *Scheduler) writeOff(id uint64) {
 
 // dropIgnored returns outs without the reports of written-off transfers,
 // and the ids of the Done reports it dropped (one per rank).
-func (s *Scheduler) dropIgnored(outs []*connector.Output) ([]*connector.Output, []uint64) {
+func (s *Planner) dropIgnored(outs []*connector.Output) ([]*connector.Output, []uint64) {
 	if len(s.ignore) == 0 {
 		return outs, nil
 	}
@@ -560,30 +562,30 @@ func (s *Scheduler) dropIgnored(outs []*connector.Output) ([]*connector.Output, 
 	return kept, ignored
 }
 
-// Finish implements connector.Scheduler. A producer offers the request's
+// Finish implements connector.Planner. A producer offers the request's
 // computed full blocks (keep is then true until the consumer is done or
 // the offer expires); a consumer that loaded nothing tells the producer
 // it may free its blocks.
-func (s *Scheduler) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	if err := connector.CheckTables("p2p: Finish", r.ID, tables, 1, true); err != nil {
+func (s *Planner) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	if err := driver.CheckTables("p2p: Finish", r.ID, tables, 1, true); err != nil {
 		return false, err
 	}
-	blocks := connector.Table(tables, 0)
+	blocks := driver.Table(tables, 0)
 	return s.end(r, blocks, true)
 }
 
 // Preempt implements connector.Preempter: like Finish, but a preempted
 // request's blocks are not offered, since no consumer will continue it.
-func (s *Scheduler) Preempt(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	if err := connector.CheckTables("p2p: Preempt", r.ID, tables, 1, true); err != nil {
+func (s *Planner) Preempt(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	if err := driver.CheckTables("p2p: Preempt", r.ID, tables, 1, true); err != nil {
 		return false, err
 	}
-	blocks := connector.Table(tables, 0)
+	blocks := driver.Table(tables, 0)
 	return s.end(r, blocks, false)
 }
 
 // end ends r; offer says whether a producer offers its blocks.
-func (s *Scheduler) end(r *connector.Request, blocks []connector.BlockID, offer bool) (bool, error) {
+func (s *Planner) end(r *connector.Request, blocks []connector.BlockID, offer bool) (bool, error) {
 	if s.closed {
 		return false, connector.ErrClosed
 	}
@@ -609,7 +611,7 @@ func (s *Scheduler) end(r *connector.Request, blocks []connector.BlockID, offer 
 }
 
 // offer plans the offer of q's computed blocks.
-func (s *Scheduler) offer(q *request, blocks []connector.BlockID) error {
+func (s *Planner) offer(q *request, blocks []connector.BlockID) error {
 	n := len(q.blocks)
 	if len(blocks) < n {
 		return fmt.Errorf("%w: Finish(%q): %d blocks, %d were computed", connector.ErrInvalidBlock, q.id, len(blocks), n)
@@ -668,7 +670,7 @@ func (s *Scheduler) offer(q *request, blocks []connector.BlockID) error {
 // already made stand until they are consumed or expire. Generations only
 // grow: gen must be newer than the current one, else Rotate returns an
 // error wrapping [connector.ErrGeneration] and changes nothing.
-func (s *Scheduler) Rotate(gen uint64) error {
+func (s *Planner) Rotate(gen uint64) error {
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -691,11 +693,11 @@ func (s *Scheduler) Rotate(gen uint64) error {
 }
 
 // Stats implements connector.StatsReporter.
-func (s *Scheduler) Stats() connector.Stats { return s.stats }
+func (s *Planner) Stats() connector.Stats { return s.stats }
 
-// Close implements connector.Scheduler. The scheduler half owns no
+// Close implements connector.Planner. The scheduler half owns no
 // goroutines.
-func (s *Scheduler) Close() error {
+func (s *Planner) Close() error {
 	if !s.closed && s.onClose != nil {
 		s.onClose()
 	}

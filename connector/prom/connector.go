@@ -147,7 +147,7 @@ var _ prometheus.Collector = (*Scheduler)(nil)
 // NewScheduler returns a collector of s, whose metrics carry the labels
 // of opts, role="scheduler" and rank="". It panics if opts.Labels names a label
 // the package sets (see [Options]).
-func NewScheduler(s connector.Scheduler, opts Options) *Scheduler {
+func NewScheduler(s connector.Planner, opts Options) *Scheduler {
 	c := &Scheduler{}
 	c.sr, _ = s.(connector.StatsReporter)
 	c.hr, _ = s.(connector.HealthReporter)

@@ -17,7 +17,7 @@ import (
 // Stats and Health they are given; their other methods are never called.
 type (
 	fakeScheduler struct {
-		connector.Scheduler
+		connector.Planner
 		st    connector.Stats
 		h     connector.Health
 		calls int // Stats calls

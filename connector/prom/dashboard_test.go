@@ -124,7 +124,7 @@ func liveScrape(t *testing.T) []*dto.MetricFamily {
 	}
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
 	env := connector.Env{Identity: id, Store: st}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@
 //
 //	st := prom.InstrumentStore(mem, prom.Options{})  // times every call to the store
 //	env := connector.Env{Store: st, ...}             // the connector calls the store through it
-//	sched, _ := connector.OpenScheduler(cfg, env)
+//	sched, _ := connector.OpenPlanner(cfg, env)
 //	sc := prom.NewScheduler(sched, prom.Options{})
 //	reg.MustRegister(st, prom.NewStoreStats(mem, prom.Options{}), sc)
 //	for rank, w := range workers {

@@ -35,7 +35,7 @@ func TestStoreConnectorInstrumented(t *testing.T) {
 	}
 	open := func(cfg connector.Config, env connector.Env) (p connectortest.Pair, err error) {
 		cfg.Connector = storeconn.Name
-		p.Scheduler, err = connector.OpenScheduler(cfg, env)
+		p.Planner, err = connector.OpenPlanner(cfg, env)
 		for env.Rank = 0; err == nil && env.Rank < env.Identity.Layout.TPSize; env.Rank++ {
 			var w connector.Worker
 			w, err = connector.OpenWorker(cfg, env)
@@ -45,7 +45,7 @@ func TestStoreConnectorInstrumented(t *testing.T) {
 			return p, err
 		}
 		reg := prometheus.NewPedanticRegistry()
-		sc := prom.NewScheduler(p.Scheduler, prom.Options{})
+		sc := prom.NewScheduler(p.Planner, prom.Options{})
 		sc.Refresh()
 		reg.MustRegister(sc)
 		for rank, w := range p.Workers {

@@ -64,7 +64,7 @@ func BenchmarkMatch32K(b *testing.B) {
 	if err := st.Put(context.Background(), keys, src, make([]store.Result, len(keys))); err != nil {
 		b.Fatal(err)
 	}
-	s, err := connector.OpenScheduler(connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}},
+	s, err := connector.OpenPlanner(connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}},
 		connector.Env{Identity: id, Store: st})
 	if err != nil {
 		b.Fatal(err)
@@ -94,7 +94,7 @@ func BenchmarkStep(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	s, err := connector.OpenScheduler(connector.Config{Connector: storeconn.Name, Role: connector.RoleBoth},
+	s, err := connector.OpenPlanner(connector.Config{Connector: storeconn.Name, Role: connector.RoleBoth},
 		connector.Env{Identity: benchIdentity(), Store: st})
 	if err != nil {
 		b.Fatal(err)
@@ -178,7 +178,7 @@ func benchWorker(b *testing.B, load bool) {
 	// worker's plumbing with the store; BenchmarkVerify times the check.
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync", "verify": "none"}}
 	env := connector.Env{Identity: id, Store: st}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func benchWorker(b *testing.B, load bool) {
 // request "seed" is saved, for timing loads of it again and again.
 type loadRig struct {
 	b   *testing.B
-	s   connector.Scheduler
+	s   connector.Planner
 	w   connector.Worker
 	mem *rdma.HostMemory
 	req *connector.Request
@@ -315,7 +315,7 @@ func newLoadRig(b *testing.B, st store.Store, tenant, verify string, nblocks, bl
 		cfg.Extra["verify_key"] = strings.Repeat("c3", 32)
 	}
 	env := connector.Env{Identity: id, Store: st}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		b.Fatal(err)
 	}

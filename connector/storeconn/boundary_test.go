@@ -42,8 +42,8 @@ func TestOptionBounds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{tc.key: tc.value}}
 			env := connector.Env{Identity: identity(1, 1), Store: st}
-			if _, err := connector.OpenScheduler(cfg, env); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("OpenScheduler(%s = %v) = %v, want ErrConfig containing %q", tc.key, tc.value, err, tc.want)
+			if _, err := connector.OpenPlanner(cfg, env); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("OpenPlanner(%s = %v) = %v, want ErrConfig containing %q", tc.key, tc.value, err, tc.want)
 			}
 			if _, err := connector.OpenWorker(cfg, env); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("OpenWorker(%s = %v) = %v, want ErrConfig containing %q", tc.key, tc.value, err, tc.want)
@@ -52,9 +52,9 @@ func TestOptionBounds(t *testing.T) {
 	}
 	// The bounds themselves are accepted.
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup_workers": 256, "transfer_workers": 256, "save_retries": 100, "failed_ttl": "0s"}}
-	s, err := connector.OpenScheduler(cfg, connector.Env{Identity: identity(1, 1), Store: st})
+	s, err := connector.OpenPlanner(cfg, connector.Env{Identity: identity(1, 1), Store: st})
 	if err != nil {
-		t.Fatalf("OpenScheduler at the bounds: %v", err)
+		t.Fatalf("OpenPlanner at the bounds: %v", err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ func TestBoundaryMisuse(t *testing.T) {
 	})
 	t.Run("block 999 with Env.Blocks", func(t *testing.T) {
 		cfg := connector.Config{Connector: storeconn.Name}
-		s, err := connector.OpenScheduler(cfg, connector.Env{Identity: identity(1, 1), Store: newMem(t), Blocks: 32})
+		s, err := connector.OpenPlanner(cfg, connector.Env{Identity: identity(1, 1), Store: newMem(t), Blocks: 32})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,7 +184,7 @@ func TestBlockBytesAgainstIdentity(t *testing.T) {
 
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
 	env := connector.Env{Identity: identity(1, 1), Store: st}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestBlockBytesAgainstIdentity(t *testing.T) {
 func TestOpenDirect(t *testing.T) {
 	st := newMem(t)
 	env := connector.Env{Identity: identity(1, 1), Store: st}
-	s, err := storeconn.OpenScheduler(connector.Config{}, env)
+	s, err := storeconn.OpenPlanner(connector.Config{}, env)
 	if err != nil {
 		t.Fatal(err)
 	}

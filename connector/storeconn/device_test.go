@@ -101,7 +101,7 @@ func newDeviceRigWith(t *testing.T, order connector.Order, st store.Store, cp co
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
 	maps.Copy(cfg.Extra, extra)
 	env := connector.Env{Identity: identity(1, 1), Store: st, Copier: cp}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		t.Fatal(err)
 	}

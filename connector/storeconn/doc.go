@@ -1,11 +1,11 @@
 // Package storeconn is the reference connector: it shares KV blocks through
 // any [store.Store], the embedded memstore or Mooncake Store alike. Import
 // it for its side effect of registering the driver under [Name]
-// ("StoreConnector") and open its halves by name (connector.OpenScheduler
-// and connector.OpenWorker), or open them directly with [OpenScheduler]
-// and [OpenWorker], which return the concrete [*Scheduler] and [*Worker].
+// ("StoreConnector") and open its halves by name (connector.OpenPlanner
+// and connector.OpenWorker), or open them directly with [OpenPlanner]
+// and [OpenWorker], which return the concrete [*Planner] and [*Worker].
 //
-// Besides connector.Scheduler, the *Scheduler is a connector.Rotator,
+// Besides connector.Planner, the *Planner is a connector.Rotator,
 // EventSource, StatsReporter, HealthReporter, Waker, UnsavedReporter and
 // Namespacer; the *Worker is a connector.LayerWorker, StatsReporter,
 // HealthReporter and Waker. Close of either half closes its Wake channel.

@@ -6,19 +6,19 @@ import (
 	"github.com/kvconnect/kvconnect/connector"
 )
 
-func init() { connector.Register(Name, driver{}) }
+func init() { connector.Register(Name, registered{}) }
 
-type driver struct{}
+type registered struct{}
 
-func (driver) OpenScheduler(cfg connector.Config, env connector.Env) (connector.Scheduler, error) {
-	s, err := openScheduler(cfg, env)
+func (registered) OpenPlanner(cfg connector.Config, env connector.Env) (connector.Planner, error) {
+	s, err := openPlanner(cfg, env)
 	if err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Worker, error) {
+func (registered) OpenWorker(cfg connector.Config, env connector.Env) (connector.Worker, error) {
 	w, err := openWorker(cfg, env)
 	if err != nil {
 		return nil, err
@@ -26,17 +26,17 @@ func (driver) OpenWorker(cfg connector.Config, env connector.Env) (connector.Wor
 	return w, nil
 }
 
-// OpenScheduler opens the scheduler half directly, as
-// connector.OpenScheduler does by name, and returns it with its concrete
+// OpenPlanner opens the scheduler half directly, as
+// connector.OpenPlanner does by name, and returns it with its concrete
 // type (a connector.Waker, UnsavedReporter, ... without assertions).
 // cfg.Connector is empty or [Name]; another name is an error naming it.
 // As by name, unset fields of cfg take their defaults (kv_role kv_both)
 // and cfg is validated first.
-func OpenScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) {
+func OpenPlanner(cfg connector.Config, env connector.Env) (*Planner, error) {
 	if err := checkDirect(&cfg); err != nil {
 		return nil, err
 	}
-	return openScheduler(cfg, env)
+	return openPlanner(cfg, env)
 }
 
 // OpenWorker opens the worker half of rank env.Rank directly, as

@@ -28,14 +28,14 @@ func Example() {
 	env := connector.Env{Identity: id, Store: st}
 
 	bad, _ := connector.ParseConfig([]byte(`{"kv_connector": "StoreConnector", "kv_connector_extra_config": {"lookup_wrokers": 4}}`))
-	_, err = connector.OpenScheduler(bad, env)
+	_, err = connector.OpenPlanner(bad, env)
 	fmt.Println(err)
 
 	cfg, err := connector.ParseConfig([]byte(`{"kv_connector": "StoreConnector", "kv_connector_extra_config": {"lookup": "sync"}}`))
 	if err != nil {
 		panic(err)
 	}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		panic(err)
 	}

@@ -75,7 +75,7 @@ func newHybridRigOn(t *testing.T, st store.Store, extra map[string]any) *hybridR
 	extra["lookup"] = "sync"
 	cfg := connector.Config{Connector: storeconn.Name, Extra: extra}
 	env := connector.Env{Identity: hybridIdentity(), Store: st}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,7 +490,7 @@ func TestGroupsFailedLoadAfterRematch(t *testing.T) {
 func TestGroupBlocks(t *testing.T) {
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
 	env := connector.Env{Identity: hybridIdentity(), Store: newMem(t), GroupBlocks: []int{32, 32, 8}}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +504,7 @@ func TestGroupBlocks(t *testing.T) {
 		t.Errorf("Scheduled within every pool = %v", err)
 	}
 	env.GroupBlocks = []int{32, 32}
-	if _, err := connector.OpenScheduler(cfg, env); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "Env.GroupBlocks has 2 entries, want one per KV cache group: 3") {
-		t.Errorf("OpenScheduler with 2 pool sizes for 3 groups = %v, want ErrConfig naming it", err)
+	if _, err := connector.OpenPlanner(cfg, env); !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), "Env.GroupBlocks has 2 entries, want one per KV cache group: 3") {
+		t.Errorf("OpenPlanner with 2 pool sizes for 3 groups = %v, want ErrConfig naming it", err)
 	}
 }

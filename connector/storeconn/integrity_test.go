@@ -106,7 +106,7 @@ func newRigLog(t *testing.T, st store.Store, id hashing.Identity, extra map[stri
 	t.Helper()
 	cfg := connector.Config{Connector: storeconn.Name, Extra: extra}
 	env := connector.Env{Identity: id, Store: st, Logger: log}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func ttftIdentity() hashing.Identity {
 // ttftRig is one engine instance: a scheduler half and a worker over st.
 type ttftRig struct {
 	b   *testing.B
-	s   connector.Scheduler
+	s   connector.Planner
 	w   connector.Worker
 	blk []connector.BlockID
 	req *connector.Request
@@ -49,7 +49,7 @@ type ttftRig struct {
 func newTTFTRig(b *testing.B, st store.Store, chunks int) *ttftRig {
 	cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync", "layer_chunks": chunks}}
 	env := connector.Env{Identity: ttftIdentity(), Store: st}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func lwIdentity() hashing.Identity {
 // × 64 bytes.
 type lwRig struct {
 	t    *testing.T
-	s    connector.Scheduler
+	s    connector.Planner
 	w    connector.LayerWorker
 	kv   connector.KVCache
 	mem  *rdma.HostMemory
@@ -42,7 +42,7 @@ func newLWRig(t *testing.T, st store.Store, order connector.Order, extra map[str
 	t.Helper()
 	cfg := connector.Config{Connector: storeconn.Name, Extra: extra}
 	env := connector.Env{Identity: lwIdentity(), Store: st}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		t.Fatal(err)
 	}

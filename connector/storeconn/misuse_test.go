@@ -27,59 +27,59 @@ func TestMisuse(t *testing.T) {
 	far := []connector.BlockID{0, 1, 2, 3, 32}
 	for _, tt := range []struct {
 		name string
-		call func(s connector.Scheduler) error
+		call func(s connector.Planner) error
 		want string
 	}{
-		{"Match empty ID", func(s connector.Scheduler) error {
+		{"Match empty ID", func(s connector.Planner) error {
 			_, err := s.Match(&connector.Request{Prompt: 9}, 0)
 			return err
 		}, "Request.ID is empty"},
-		{"Match empty prompt", func(s connector.Scheduler) error {
+		{"Match empty prompt", func(s connector.Planner) error {
 			_, err := s.Match(&connector.Request{ID: "x"}, 0)
 			return err
 		}, "Request.Prompt = 0"},
-		{"Match computed past the prompt", func(s connector.Scheduler) error {
+		{"Match computed past the prompt", func(s connector.Planner) error {
 			_, err := s.Match(ok, 8*bs)
 			return err
 		}, "computed = 32 is more than the 17-token prompt"},
-		{"Match computed not whole blocks", func(s connector.Scheduler) error {
+		{"Match computed not whole blocks", func(s connector.Planner) error {
 			_, err := s.Match(ok, 3)
 			return err
 		}, "computed = 3"},
-		{"Match too few hashes", func(s connector.Scheduler) error {
+		{"Match too few hashes", func(s connector.Planner) error {
 			_, err := s.Match(short, 0)
 			return err
 		}, "3 hashes for a 17-token prompt"},
-		{"Scheduled with too few tokens", func(s connector.Scheduler) error {
+		{"Scheduled with too few tokens", func(s connector.Planner) error {
 			few := *ok
 			few.ID, few.Tokens = "few", make([]hashing.Token, 3*bs)
 			return s.Scheduled(&few, few.Prompt, blocks(5))
 		}, "Request.Tokens holds 12 tokens, fewer than the 16 of its 4 full blocks"},
-		{"Match more hashes than the prompt", func(s connector.Scheduler) error {
+		{"Match more hashes than the prompt", func(s connector.Planner) error {
 			_, err := s.Match(long, 0)
 			return err
 		}, "4 hashes for a 8-token prompt"},
-		{"Allocated negative block", func(s connector.Scheduler) error {
+		{"Allocated negative block", func(s connector.Planner) error {
 			s.Match(ok, 0)
 			return s.Allocated(ok, 0, neg)
 		}, "blocks[1] = -1"},
-		{"Allocated block out of range", func(s connector.Scheduler) error {
+		{"Allocated block out of range", func(s connector.Planner) error {
 			s.Match(ok, 0)
 			return s.Allocated(ok, 0, far)
 		}, "blocks[4] = 32, want [0, 32)"},
-		{"Scheduled negative block", func(s connector.Scheduler) error { return s.Scheduled(ok, ok.Prompt, neg) }, "blocks[1] = -1"},
-		{"Scheduled duplicate block", func(s connector.Scheduler) error { return s.Scheduled(ok, ok.Prompt, dup) }, "block 1 is named twice"},
-		{"Scheduled block out of range", func(s connector.Scheduler) error { return s.Scheduled(ok, ok.Prompt, far) }, "blocks[4] = 32"},
-		{"Scheduled negative computed", func(s connector.Scheduler) error { return s.Scheduled(ok, -1, blocks(5)) }, "computed = -1"},
-		{"Scheduled empty ID", func(s connector.Scheduler) error {
+		{"Scheduled negative block", func(s connector.Planner) error { return s.Scheduled(ok, ok.Prompt, neg) }, "blocks[1] = -1"},
+		{"Scheduled duplicate block", func(s connector.Planner) error { return s.Scheduled(ok, ok.Prompt, dup) }, "block 1 is named twice"},
+		{"Scheduled block out of range", func(s connector.Planner) error { return s.Scheduled(ok, ok.Prompt, far) }, "blocks[4] = 32"},
+		{"Scheduled negative computed", func(s connector.Planner) error { return s.Scheduled(ok, -1, blocks(5)) }, "computed = -1"},
+		{"Scheduled empty ID", func(s connector.Planner) error {
 			return s.Scheduled(&connector.Request{Prompt: 9}, 8, blocks(3))
 		}, "Request.ID is empty"},
-		{"Rotate to the same generation", func(s connector.Scheduler) error { return s.(connector.Rotator).Rotate(0) }, "rotate to generation 0"},
+		{"Rotate to the same generation", func(s connector.Planner) error { return s.(connector.Rotator).Rotate(0) }, "rotate to generation 0"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			st := newMem(t)
 			cfg := connector.Config{Connector: storeconn.Name, Extra: map[string]any{"lookup": "sync"}}
-			s, err := connector.OpenScheduler(cfg, connector.Env{Identity: identity(1, 1), Store: st, Blocks: 32})
+			s, err := connector.OpenPlanner(cfg, connector.Env{Identity: identity(1, 1), Store: st, Blocks: 32})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -29,7 +29,7 @@ func TestHarnessWorkersOverRemote(t *testing.T) {
 	n := 0
 	open := func(cfg connector.Config, env connector.Env) (p connectortest.Pair, err error) {
 		cfg.Connector = storeconn.Name
-		p.Scheduler, err = connector.OpenScheduler(cfg, env)
+		p.Planner, err = connector.OpenPlanner(cfg, env)
 		if err != nil {
 			return p, err
 		}

@@ -12,14 +12,16 @@ import (
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+
+	"github.com/kvconnect/kvconnect/connector/driver"
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/store"
 )
 
-// Scheduler is the scheduler half of the store connector. It implements
-// connector.Scheduler, connector.Rotator, connector.EventSource and
+// Planner is the scheduler half of the store connector. It implements
+// connector.Planner, connector.Rotator, connector.EventSource and
 // connector.StatsReporter.
-type Scheduler struct {
+type Planner struct {
 	cfg      connector.Config
 	opt      options
 	st       store.Store
@@ -45,12 +47,12 @@ type Scheduler struct {
 	armed atomic.Bool
 
 	reqs        map[connector.RequestID]*request
-	transfers   *connector.Tally[*transfer]
+	transfers   *driver.Tally[*transfer]
 	saving      map[groupHash]int // blocks with a save in flight, this generation
 	retries     []retry           // out-of-space saves to plan again
 	nextID      uint64
-	plans       connector.PlanBuffer // Plan hands out one Metadata while the next fills
-	meta        *connector.Metadata  // the one filling: this step's plan
+	plans       driver.PlanBuffer   // Plan hands out one Metadata while the next fills
+	meta        *connector.Metadata // the one filling: this step's plan
 	progress    connector.Progress
 	events      []connector.KVEvent
 	held        map[groupHash][]connector.KVEvent // BlockStored events waiting for the save of their parent, by parent
@@ -84,14 +86,14 @@ type Scheduler struct {
 }
 
 var (
-	_ connector.HealthReporter  = (*Scheduler)(nil)
-	_ connector.Scheduler       = (*Scheduler)(nil)
-	_ connector.Rotator         = (*Scheduler)(nil)
-	_ connector.EventSource     = (*Scheduler)(nil)
-	_ connector.Waker           = (*Scheduler)(nil)
-	_ connector.StatsReporter   = (*Scheduler)(nil)
-	_ connector.UnsavedReporter = (*Scheduler)(nil)
-	_ connector.Namespacer      = (*Scheduler)(nil)
+	_ connector.HealthReporter  = (*Planner)(nil)
+	_ connector.Planner         = (*Planner)(nil)
+	_ connector.Rotator         = (*Planner)(nil)
+	_ connector.EventSource     = (*Planner)(nil)
+	_ connector.Waker           = (*Planner)(nil)
+	_ connector.StatsReporter   = (*Planner)(nil)
+	_ connector.UnsavedReporter = (*Planner)(nil)
+	_ connector.Namespacer      = (*Planner)(nil)
 )
 
 // groupHash names one block of one KV cache group.
@@ -138,7 +140,7 @@ type lookup struct {
 	ns     hashing.Namespace
 	groups int
 	// Results, written by the pool before it hands the lookup back under
-	// Scheduler.mu; read by the scheduler only once done is set.
+	// Planner.mu; read by the scheduler only once done is set.
 	picked atomic.Int64 // when a pool goroutine took it up, in UnixNano; 0 while queued
 	has    [][]bool     // per group, per block from `from`: present in every shard
 	all    bool         // every probed block of every group is present
@@ -183,12 +185,12 @@ type retry struct {
 	deferred bool
 }
 
-func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) {
+func openPlanner(cfg connector.Config, env connector.Env) (*Planner, error) {
 	opt, ns, log, err := open(cfg, env)
 	if err != nil {
 		return nil, err
 	}
-	s := &Scheduler{
+	s := &Planner{
 		cfg:       cfg,
 		opt:       opt,
 		st:        env.Store,
@@ -199,7 +201,7 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 		shards:    ns.Shards(),
 		groups:    ns.Groups(),
 		reqs:      make(map[connector.RequestID]*request),
-		transfers: connector.NewTally[*transfer](env.Identity.Layout.TPSize),
+		transfers: driver.NewTally[*transfer](env.Identity.Layout.TPSize),
 		saving:    make(map[groupHash]int),
 		h:         health{log: log},
 		failed:    failedKeys{m: make(map[groupHash]time.Time)},
@@ -251,7 +253,7 @@ func openScheduler(cfg connector.Config, env connector.Env) (*Scheduler, error) 
 	return s, nil
 }
 
-func (s *Scheduler) lookupLoop() {
+func (s *Planner) lookupLoop() {
 	defer s.wg.Done()
 	var sc probeScratch
 	for {
@@ -278,7 +280,7 @@ type probeScratch struct {
 
 // probe runs lk's batch exists over every shard of every probed block and
 // records the longest prefix present in all of them.
-func (s *Scheduler) probe(lk *lookup, sc *probeScratch) {
+func (s *Planner) probe(lk *lookup, sc *probeScratch) {
 	start := time.Now()
 	sc.kb.reset()
 	for g := range lk.groups {
@@ -334,7 +336,7 @@ func grow[T any](s []T, n int) []T {
 }
 
 // collect takes the lookups the pool finished since the last call.
-func (s *Scheduler) collect() {
+func (s *Planner) collect() {
 	s.mu.Lock()
 	done := s.mu.done
 	s.mu.done = nil
@@ -355,7 +357,7 @@ func (s *Scheduler) collect() {
 // answers a miss, for a deadline runs from when the pool took the lookup
 // up or, queued behind a stuck pool, from its last answer, both before
 // now.
-func (s *Scheduler) waitLookup() connector.Match {
+func (s *Planner) waitLookup() connector.Match {
 	if !s.armed.Swap(true) {
 		if s.timer == nil {
 			s.timer = time.AfterFunc(s.opt.storeTimeout, s.fire)
@@ -366,13 +368,13 @@ func (s *Scheduler) waitLookup() connector.Match {
 	return connector.Match{Pending: true}
 }
 
-func (s *Scheduler) fire() {
+func (s *Planner) fire() {
 	s.armed.Store(false)
 	s.signal()
 }
 
 // signal tells a waiting engine to call again (connector.Waker).
-func (s *Scheduler) signal() {
+func (s *Planner) signal() {
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
 	if s.wakeMu.closed {
@@ -387,17 +389,17 @@ func (s *Scheduler) signal() {
 // Wake implements connector.Waker: a value arrives once a lookup answered
 // or may have passed its deadline, and after an Update that leaves
 // out-of-space retries waiting for a later step. Close closes the channel.
-func (s *Scheduler) Wake() <-chan struct{} { return s.wake }
+func (s *Planner) Wake() <-chan struct{} { return s.wake }
 
 // stuck reports whether the pool has owed a lookup for longer than the
 // store timeout: the store hangs, ignoring its deadlines. New lookups then
 // answer a miss at once instead of joining the queue.
-func (s *Scheduler) stuck(now time.Time) bool {
+func (s *Planner) stuck(now time.Time) bool {
 	return s.pending > 0 && now.Sub(s.lastDone) > s.opt.storeTimeout
 }
 
-// Match implements connector.Scheduler.
-func (s *Scheduler) Match(r *connector.Request, computed int) (connector.Match, error) {
+// Match implements connector.Planner.
+func (s *Planner) Match(r *connector.Request, computed int) (connector.Match, error) {
 	if s.closed {
 		return connector.Match{}, connector.ErrClosed
 	}
@@ -544,7 +546,7 @@ const probeEvery = 16
 // slowLoads reports whether loads have run slower than the engine
 // prefills (prefill_tokens_per_s): a match then counts no block, as
 // recomputing them is faster, except one match in probeEvery.
-func (s *Scheduler) slowLoads() bool {
+func (s *Planner) slowLoads() bool {
 	if s.opt.prefillRate == 0 || s.loadRate == 0 || s.loadRate >= float64(s.opt.prefillRate) {
 		s.slowHeld = 0
 		return false
@@ -558,7 +560,7 @@ func (s *Scheduler) slowLoads() bool {
 }
 
 // measureLoad adds the load x, which ended whole, to the rate of loads.
-func (s *Scheduler) measureLoad(x *transfer) {
+func (s *Planner) measureLoad(x *transfer) {
 	d := time.Since(x.planned).Seconds()
 	if d <= 0 {
 		return
@@ -572,7 +574,7 @@ func (s *Scheduler) measureLoad(x *transfer) {
 }
 
 // newRequest starts tracking request id.
-func (s *Scheduler) newRequest(id connector.RequestID) *request {
+func (s *Planner) newRequest(id connector.RequestID) *request {
 	q := &request{id: id, saveNext: make([]int, len(s.groups)), noSave: make([]int, len(s.groups)), deferNext: make([]int, len(s.groups)), loadFail: -1}
 	if !s.plain {
 		q.held = make([][]connector.BlockID, len(s.groups))
@@ -585,7 +587,7 @@ func (s *Scheduler) newRequest(id connector.RequestID) *request {
 // request whose first from blocks are local can resume from with what lk
 // found: every group has what it needs at p (see [resumable]). With now
 // not zero, blocks whose loads failed lately count as absent.
-func (s *Scheduler) resumeEnd(lk *lookup, hashes []hashing.BlockHash, from, limit int, now time.Time) int {
+func (s *Planner) resumeEnd(lk *lookup, hashes []hashing.BlockHash, from, limit int, now time.Time) int {
 	limit = min(limit, lk.from+len(lk.hashes))
 	if limit <= from {
 		return from
@@ -616,7 +618,7 @@ func (s *Scheduler) resumeEnd(lk *lookup, hashes []hashing.BlockHash, from, limi
 
 // present reports whether lk found block i of group g (i at or after
 // lk.from), and, with now not zero, that its load has not failed lately.
-func (s *Scheduler) present(lk *lookup, g, i int, hashes []hashing.BlockHash, now time.Time) bool {
+func (s *Planner) present(lk *lookup, g, i int, hashes []hashing.BlockHash, now time.Time) bool {
 	k := i - lk.from
 	if k < 0 || k >= len(lk.hashes) || !lk.has[g][k] {
 		return false
@@ -631,7 +633,7 @@ func (s *Scheduler) present(lk *lookup, g, i int, hashes []hashing.BlockHash, no
 // tokens [p×B−W+1, p×B), the window before the token at p×B (which attends
 // to itself and the W−1 before it); a state group, the state after block
 // p−1.
-func (s *Scheduler) resumable(lk *lookup, p, from int, hashes []hashing.BlockHash, now time.Time, fullChecked bool) bool {
+func (s *Planner) resumable(lk *lookup, p, from int, hashes []hashing.BlockHash, now time.Time, fullChecked bool) bool {
 	for g, spec := range s.groups {
 		lo := from
 		switch spec.Kind {
@@ -666,7 +668,7 @@ func windowStart(p, bs, w int) int {
 
 // checkRequest refuses a request the connector cannot track: an empty ID
 // or an empty prompt.
-func (s *Scheduler) checkRequest(op string, r *connector.Request) error {
+func (s *Planner) checkRequest(op string, r *connector.Request) error {
 	if r.ID == "" {
 		return fmt.Errorf("storeconn: %s: Request.ID is empty", op)
 	}
@@ -684,7 +686,7 @@ func (s *Scheduler) checkRequest(op string, r *connector.Request) error {
 // full-attention table may not hold at all), a comparison each; and among
 // blocks[lo:hi], the blocks the call transfers, an id named twice and,
 // unless skip says the call passes over them, NoBlock.
-func (s *Scheduler) checkTable(op string, r *connector.Request, g int, blocks []connector.BlockID, lo, hi int, skip bool) error {
+func (s *Planner) checkTable(op string, r *connector.Request, g int, blocks []connector.BlockID, lo, hi int, skip bool) error {
 	name := func(i int) string {
 		if len(s.groups) == 1 {
 			return fmt.Sprintf("blocks[%d]", i)
@@ -730,7 +732,7 @@ func (s *Scheduler) checkTable(op string, r *connector.Request, g int, blocks []
 
 // loadRange returns the blocks [lo, p) of group g that a load resuming at
 // block boundary p moves, for a request whose first from blocks are local.
-func (s *Scheduler) loadRange(g, from, p int) (lo int) {
+func (s *Planner) loadRange(g, from, p int) (lo int) {
 	switch spec := s.groups[g]; spec.Kind {
 	case hashing.SlidingWindow:
 		return max(from, windowStart(p, s.bs, spec.Window))
@@ -740,19 +742,19 @@ func (s *Scheduler) loadRange(g, from, p int) (lo int) {
 	return from
 }
 
-// Allocated implements connector.Scheduler. The load fills, in each
+// Allocated implements connector.Planner. The load fills, in each
 // group's table, the entries that resuming at the matched point needs
 // beyond the local blocks: every block for full attention, the window
 // before the point for a sliding window, the state at the point for a
 // state group. Entries outside them are neither read nor written.
-func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
+func (s *Planner) Allocated(r *connector.Request, external int, tables ...[]connector.BlockID) error {
 	if s.closed {
 		return connector.ErrClosed
 	}
 	if err := s.checkRequest("Allocated", r); err != nil {
 		return err
 	}
-	if err := connector.CheckTables("storeconn: Allocated", r.ID, tables, len(s.groups), false); err != nil {
+	if err := driver.CheckTables("storeconn: Allocated", r.ID, tables, len(s.groups), false); err != nil {
 		return err
 	}
 	for g, t := range tables {
@@ -834,8 +836,8 @@ func (s *Scheduler) Allocated(r *connector.Request, external int, tables ...[]co
 }
 
 // track records a planned transfer. The record shares the Transfer's
-// blocks and hashes; Plan hands the engine copies (connector.PlanBuffer).
-func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries int) *transfer {
+// blocks and hashes; Plan hands the engine copies (driver.PlanBuffer).
+func (s *Planner) track(q *request, t *connector.Transfer, load bool, tries int) *transfer {
 	x := &transfer{
 		req:    q,
 		load:   load,
@@ -868,7 +870,7 @@ func (s *Scheduler) track(q *request, t *connector.Transfer, load bool, tries in
 // trackSave records a save that Scheduled planned for r, with what its
 // BlockStored events need: the parent hash and, if r has them, the
 // blocks' tokens (copied: the engine's Request is not kept).
-func (s *Scheduler) trackSave(q *request, r *connector.Request, t *connector.Transfer) {
+func (s *Planner) trackSave(q *request, r *connector.Request, t *connector.Transfer) {
 	x := s.track(q, t, false, 0)
 	if t.First > 0 {
 		x.prev = r.Hashes[t.First-1]
@@ -878,11 +880,11 @@ func (s *Scheduler) trackSave(q *request, r *connector.Request, t *connector.Tra
 	}
 }
 
-// Scheduled implements connector.Scheduler. In every group, the full
+// Scheduled implements connector.Planner. In every group, the full
 // blocks computed so far that the store lacks are saved, except entries
 // that are connector.NoBlock: sliding-window blocks the engine freed, and
 // block boundaries whose state it did not keep.
-func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
+func (s *Planner) Scheduled(r *connector.Request, computed int, tables ...[]connector.BlockID) error {
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -892,7 +894,7 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 	if computed < 0 {
 		return fmt.Errorf("storeconn: Scheduled(%q): computed = %d, want >= 0", r.ID, computed)
 	}
-	if err := connector.CheckTables("storeconn: Scheduled", r.ID, tables, len(s.groups), false); err != nil {
+	if err := driver.CheckTables("storeconn: Scheduled", r.ID, tables, len(s.groups), false); err != nil {
 		return err
 	}
 	for g, t := range tables {
@@ -998,7 +1000,7 @@ func (s *Scheduler) Scheduled(r *connector.Request, computed int, tables ...[]co
 // those of an earlier call: confirmLoad plans them once every worker
 // reported the load, a failed load drops them. Until then saveNext stays,
 // so a later call records them again.
-func (s *Scheduler) deferSaves(q *request, r *connector.Request, full int, tables [][]connector.BlockID) {
+func (s *Planner) deferSaves(q *request, r *connector.Request, full int, tables [][]connector.BlockID) {
 	q.deferred = q.deferred[:0]
 	q.deferStep = s.meta.Step + 1 // the next Plan's
 	for g, t := range tables {
@@ -1033,7 +1035,7 @@ func (s *Scheduler) deferSaves(q *request, r *connector.Request, full int, table
 // ended after the step's compute had read its blocks, so what the step
 // computed is void (the engine discards it and recomputes), and so are
 // the saves.
-func (s *Scheduler) confirmLoad(q *request) {
+func (s *Planner) confirmLoad(q *request) {
 	if len(q.deferred) == 0 {
 		return
 	}
@@ -1054,13 +1056,13 @@ func (s *Scheduler) confirmLoad(q *request) {
 
 // knownPresent reports whether the request's last lookup found block i of
 // group g.
-func (s *Scheduler) knownPresent(q *request, g, i int) bool {
+func (s *Planner) knownPresent(q *request, g, i int) bool {
 	lk := q.lk
 	return lk != nil && lk.done && lk.err == nil && lk.gen == s.meta.Generation && s.present(lk, g, i, nil, time.Time{})
 }
 
-// Plan implements connector.Scheduler.
-func (s *Scheduler) Plan() *connector.Metadata {
+// Plan implements connector.Planner.
+func (s *Planner) Plan() *connector.Metadata {
 	s.meta.Step++
 	// Out-of-space saves whose wait is over go out again.
 	kept := s.retries[:0]
@@ -1092,7 +1094,7 @@ func (s *Scheduler) Plan() *connector.Metadata {
 // table of rt's group still holds in their entries, as the engine last
 // passed it; the others count as failed saves: a block the engine freed
 // (NoBlock) may hold another request's KV by now.
-func (s *Scheduler) heldRuns(rt retry, plan func(first int, blocks []connector.BlockID, hashes []hashing.BlockHash, prev hashing.BlockHash, tokens []hashing.Token)) {
+func (s *Planner) heldRuns(rt retry, plan func(first int, blocks []connector.BlockID, hashes []hashing.BlockHash, prev hashing.BlockHash, tokens []hashing.Token)) {
 	var t []connector.BlockID
 	if rt.req.held != nil {
 		t = rt.req.held[rt.group]
@@ -1123,7 +1125,7 @@ func (s *Scheduler) heldRuns(rt retry, plan func(first int, blocks []connector.B
 
 // noteTables records, for q, the tables of its groups other than full
 // attention (see request.held).
-func (s *Scheduler) noteTables(q *request, tables [][]connector.BlockID) {
+func (s *Planner) noteTables(q *request, tables [][]connector.BlockID) {
 	if q.held == nil || len(tables) == 0 {
 		return
 	}
@@ -1134,8 +1136,8 @@ func (s *Scheduler) noteTables(q *request, tables [][]connector.BlockID) {
 	}
 }
 
-// Update implements connector.Scheduler.
-func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error) {
+// Update implements connector.Planner.
+func (s *Planner) Update(outs []*connector.Output) (*connector.Progress, error) {
 	if s.closed {
 		return nil, connector.ErrClosed
 	}
@@ -1160,7 +1162,7 @@ func (s *Scheduler) Update(outs []*connector.Output) (*connector.Progress, error
 }
 
 // failBlock records a block of x that a worker reported failed.
-func (s *Scheduler) failBlock(x *transfer, f connector.Failure) {
+func (s *Planner) failBlock(x *transfer, f connector.Failure) {
 	switch {
 	case x.load:
 		if x.failAt < 0 || f.Index < x.failAt {
@@ -1181,7 +1183,7 @@ func (s *Scheduler) failBlock(x *transfer, f connector.Failure) {
 }
 
 // finishTransfer acts on a transfer that every worker reported.
-func (s *Scheduler) finishTransfer(x *transfer) {
+func (s *Planner) finishTransfer(x *transfer) {
 	q := x.req
 	if x.load {
 		q.loads--
@@ -1302,7 +1304,7 @@ func parentAt(prev hashing.BlockHash, hashes []hashing.BlockHash, i int) hashing
 // save of the parent block is in flight the event waits for it (see
 // release), so that routers, which index a block under its parent, see
 // the parent first.
-func (s *Scheduler) stored(x *transfer, i, j int) {
+func (s *Planner) stored(x *transfer, i, j int) {
 	if x.gen != s.meta.Generation {
 		return
 	}
@@ -1325,7 +1327,7 @@ func (s *Scheduler) stored(x *transfer, i, j int) {
 // of b is in flight (it landed, stored or failed: a child whose parent
 // failed is announced all the same, after it), and in turn those held for
 // their blocks.
-func (s *Scheduler) release(b groupHash) {
+func (s *Planner) release(b groupHash) {
 	evs, ok := s.held[b]
 	if !ok || s.saving[b] > 0 {
 		return
@@ -1340,16 +1342,16 @@ func (s *Scheduler) release(b groupHash) {
 }
 
 // maybeRelease forgets a finished request once nothing touches its blocks.
-func (s *Scheduler) maybeRelease(q *request) {
+func (s *Planner) maybeRelease(q *request) {
 	if q.finished && q.inflight == 0 && q.retries == 0 {
 		delete(s.reqs, q.id)
 		s.released = append(s.released, q.id)
 	}
 }
 
-// Finish implements connector.Scheduler.
-func (s *Scheduler) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
-	if err := connector.CheckTables("storeconn: Finish", r.ID, tables, len(s.groups), true); err != nil {
+// Finish implements connector.Planner.
+func (s *Planner) Finish(r *connector.Request, tables ...[]connector.BlockID) (bool, error) {
+	if err := driver.CheckTables("storeconn: Finish", r.ID, tables, len(s.groups), true); err != nil {
 		return false, err
 	}
 	if s.closed {
@@ -1377,7 +1379,7 @@ func (s *Scheduler) Finish(r *connector.Request, tables ...[]connector.BlockID) 
 // request computed before the rotation is saved. Generations only move
 // forward: gen must be greater than the current one, or Rotate returns an
 // error wrapping [connector.ErrGeneration] and changes nothing.
-func (s *Scheduler) Rotate(gen uint64) error {
+func (s *Planner) Rotate(gen uint64) error {
 	if s.closed {
 		return connector.ErrClosed
 	}
@@ -1430,7 +1432,7 @@ func (s *Scheduler) Rotate(gen uint64) error {
 }
 
 // TakeEvents implements connector.EventSource.
-func (s *Scheduler) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
+func (s *Planner) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
 	if !s.closed {
 		s.drainWatch()
 	}
@@ -1441,7 +1443,7 @@ func (s *Scheduler) TakeEvents(dst []connector.KVEvent) []connector.KVEvent {
 }
 
 // Stats implements connector.StatsReporter.
-func (s *Scheduler) Stats() connector.Stats {
+func (s *Planner) Stats() connector.Stats {
 	s.collect()
 	st := s.stats
 	st.StoreErrors, st.StoreTimeouts = s.h.counts()
@@ -1450,10 +1452,10 @@ func (s *Scheduler) Stats() connector.Stats {
 
 // Health implements connector.HealthReporter: the store's answers to the
 // half's lookups.
-func (s *Scheduler) Health() connector.Health { return s.h.get() }
+func (s *Planner) Health() connector.Health { return s.h.get() }
 
-// Close implements connector.Scheduler. It does not close the store.
-func (s *Scheduler) Close() error {
+// Close implements connector.Planner. It does not close the store.
+func (s *Planner) Close() error {
 	if s.closed {
 		return nil
 	}
@@ -1478,12 +1480,12 @@ func (s *Scheduler) Close() error {
 
 // Namespace implements connector.Namespacer: the namespace of Env.Identity
 // at the current generation.
-func (s *Scheduler) Namespace() hashing.Namespace { return s.ns }
+func (s *Planner) Namespace() hashing.Namespace { return s.ns }
 
 // Unsaved implements connector.UnsavedReporter: the saves planned and not
 // reported by every worker, the out-of-space retries waiting for their
 // step, and the saves held back while their request's load runs.
-func (s *Scheduler) Unsaved(dst []connector.Unsaved) []connector.Unsaved {
+func (s *Planner) Unsaved(dst []connector.Unsaved) []connector.Unsaved {
 	n := len(dst)
 	for _, x := range s.transfers.All() {
 		if !x.load {
@@ -1505,7 +1507,7 @@ func (s *Scheduler) Unsaved(dst []connector.Unsaved) []connector.Unsaved {
 }
 
 // allFull reports whether every group is full attention.
-func (s *Scheduler) allFull() bool {
+func (s *Planner) allFull() bool {
 	for _, g := range s.groups {
 		if g.Kind != hashing.FullAttention {
 			return false

@@ -33,7 +33,7 @@ func identity(tp, repl int) hashing.Identity {
 type rig struct {
 	t       *testing.T
 	st      store.Store
-	s       connector.Scheduler
+	s       connector.Planner
 	ws      []connector.Worker
 	mem     []*rdma.HostMemory
 	kv      []connector.KVCache
@@ -45,7 +45,7 @@ func newRig(t *testing.T, st store.Store, id hashing.Identity, extra map[string]
 	t.Helper()
 	cfg := connector.Config{Connector: storeconn.Name, Extra: extra}
 	env := connector.Env{Identity: id, Store: st}
-	s, err := connector.OpenScheduler(cfg, env)
+	s, err := connector.OpenPlanner(cfg, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,9 +219,9 @@ func TestOptionsRejected(t *testing.T) {
 		{map[string]any{"colour": "blue"}, "colour is not a key of StoreConnector; its keys are batch_blocks, event_poll"},
 	} {
 		cfg := connector.Config{Connector: storeconn.Name, Extra: tt.extra}
-		_, err := connector.OpenScheduler(cfg, connector.Env{Identity: identity(1, 1), Store: st})
+		_, err := connector.OpenPlanner(cfg, connector.Env{Identity: identity(1, 1), Store: st})
 		if err == nil || !errors.Is(err, connector.ErrConfig) || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("OpenScheduler(%v) error = %v, want ErrConfig naming %q", tt.extra, err, tt.want)
+			t.Errorf("OpenPlanner(%v) error = %v, want ErrConfig naming %q", tt.extra, err, tt.want)
 		}
 	}
 	cfg := connector.Config{Connector: storeconn.Name}
@@ -233,8 +233,8 @@ func TestOptionsRejected(t *testing.T) {
 	}
 	bad := identity(1, 1)
 	bad.Tenant = ""
-	if _, err := connector.OpenScheduler(cfg, connector.Env{Identity: bad, Store: st}); err == nil || !strings.Contains(err.Error(), "Tenant") {
-		t.Errorf("OpenScheduler with an empty tenant: error = %v", err)
+	if _, err := connector.OpenPlanner(cfg, connector.Env{Identity: bad, Store: st}); err == nil || !strings.Contains(err.Error(), "Tenant") {
+		t.Errorf("OpenPlanner with an empty tenant: error = %v", err)
 	}
 }
 

@@ -82,7 +82,7 @@ func (w *watch) land(b groupHash) (whole bool) {
 
 // drainWatch turns the feed's events since the last call into KV events:
 // see keyEvent. Events the feed lost make an AllCleared.
-func (s *Scheduler) drainWatch() {
+func (s *Planner) drainWatch() {
 	w := s.w
 	if w == nil {
 		return
@@ -102,7 +102,7 @@ func (s *Scheduler) drainWatch() {
 // announced: the feed lost events (lost), or the half tracks too many
 // blocks. After lost events, blocks in flight count as gone when they
 // land: what happened to their keys is unknown.
-func (s *Scheduler) resync(lost bool) {
+func (s *Planner) resync(lost bool) {
 	w := s.w
 	s.stats.Resyncs++
 	s.events = append(s.events, connector.KVEvent{Kind: connector.AllCleared, Generation: s.meta.Generation})
@@ -116,7 +116,7 @@ func (s *Scheduler) resync(lost bool) {
 
 // keyEvent acts on one key event of the store. Keys of other namespaces
 // (another model, tenant or generation) are not the half's to announce.
-func (s *Scheduler) keyEvent(e store.KeyEvent) {
+func (s *Planner) keyEvent(e store.KeyEvent) {
 	k, err := hashing.ParseKey(e.Key)
 	if err != nil || k.Tenant != s.ns.Tenant() || k.Namespace != s.ns.ID() || k.Group >= len(s.groups) {
 		return
@@ -167,7 +167,7 @@ func (s *Scheduler) keyEvent(e store.KeyEvent) {
 
 // removed announces that block b left the medium, joining the previous
 // event when it is a removal of the same group and medium.
-func (s *Scheduler) removed(b groupHash, medium string) {
+func (s *Planner) removed(b groupHash, medium string) {
 	if n := len(s.events); n > 0 {
 		last := &s.events[n-1]
 		if last.Kind == connector.BlockRemoved && last.Group == b.g && last.Medium == medium && last.Generation == s.meta.Generation {
@@ -182,7 +182,7 @@ func (s *Scheduler) removed(b groupHash, medium string) {
 // worker stored its blocks. When watching, it remembers the blocks, and a
 // block that a key event took away while the save was in flight (or
 // whose events were lost) is announced removed right after.
-func (s *Scheduler) announce(ev connector.KVEvent) {
+func (s *Planner) announce(ev connector.KVEvent) {
 	w := s.w
 	if w != nil && len(w.stored)+len(ev.Hashes) > maxTracked {
 		s.resync(false)

@@ -274,9 +274,9 @@ func TestRouterIndexLostEvents(t *testing.T) {
 func TestWatchBufferRejected(t *testing.T) {
 	for _, v := range []int{0, store.MaxWatch + 1} {
 		cfg := connector.Config{Connector: "StoreConnector", Extra: map[string]any{"watch_buffer": v}}
-		_, err := connector.OpenScheduler(cfg, connector.Env{Identity: identity(1, 1), Store: newMem(t)})
+		_, err := connector.OpenPlanner(cfg, connector.Env{Identity: identity(1, 1), Store: newMem(t)})
 		if want := fmt.Sprintf("watch_buffer = %d", v); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("OpenScheduler(watch_buffer %d) error = %v, want one naming %q", v, err, want)
+			t.Errorf("OpenPlanner(watch_buffer %d) error = %v, want one naming %q", v, err, want)
 		}
 	}
 }

@@ -37,7 +37,7 @@ func engine(ctx context.Context, st store.Store, requests <-chan scheduler.Reque
 		return err
 	}
 	env := connector.Env{Identity: id, Store: st, Blocks: 4096}
-	conn, err := connector.OpenScheduler(cfg, env) // the connector's scheduler half
+	conn, err := connector.OpenPlanner(cfg, env) // the connector's scheduler half
 	if err != nil {
 		return err
 	}

@@ -128,7 +128,7 @@ func rankLost(sched *scheduler.Scheduler, results []scheduler.Result, outs []*co
 }
 
 // groups: a hybrid model's KV cache groups.
-func groups(id hashing.Identity, conn connector.Scheduler, w connector.Worker, req *connector.Request, m connector.Match,
+func groups(id hashing.Identity, conn connector.Planner, w connector.Worker, req *connector.Request, m connector.Match,
 	full, swa, state []connector.BlockID, computed int, fullKV, swaKV, stateKV connector.KVCache) error {
 	// guide:begin groups
 	id.Layout.Groups = []hashing.Group{

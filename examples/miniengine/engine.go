@@ -45,7 +45,7 @@ type EngineConfig struct {
 	// Conn and Worker, when not nil, are the two halves of a connector
 	// opened by the caller (the p2p connector of -pd, say); the engine
 	// registers its KV memory with Worker and closes both.
-	Conn   connector.Scheduler
+	Conn   connector.Planner
 	Worker connector.Worker
 
 	// Alloc, when not nil, allocates the KV memory instead of
@@ -68,7 +68,7 @@ type Memory interface {
 type Engine struct {
 	cfg    EngineConfig
 	sched  *scheduler.Scheduler
-	conn   connector.Scheduler
+	conn   connector.Planner
 	worker connector.Worker
 	mems   []Memory
 	kv     *KV       // the transformer's
@@ -131,7 +131,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	}
 	if cfg.Store != nil {
 		env := connector.Env{Identity: cfg.Identity, Store: cfg.Store}
-		if e.conn, err = connector.OpenScheduler(cfg.Connector, env); err != nil {
+		if e.conn, err = connector.OpenPlanner(cfg.Connector, env); err != nil {
 			e.Close()
 			return nil, err
 		}

@@ -206,7 +206,7 @@ func (c pdConfig) open() (*Engine, error) {
 	cc := connector.Config{Connector: p2p.Name, Role: role, EngineID: c.EngineID,
 		Extra: map[string]any{"transfer": c.Transfer, "keep_timeout": c.KeepTimeout.String()}}
 	env := connector.Env{Identity: o.identity(0)}
-	s, err := connector.OpenScheduler(cc, env)
+	s, err := connector.OpenPlanner(cc, env)
 	if err != nil {
 		return nil, err
 	}

@@ -312,7 +312,7 @@ func (e *Engine) openTP() (*Engine, error) {
 	env := connector.Env{Identity: cfg.Identity, Store: cfg.Store, Blocks: cfg.Blocks}
 	var err error
 	if cfg.Store != nil {
-		if e.conn, err = connector.OpenScheduler(cfg.Connector, env); err != nil {
+		if e.conn, err = connector.OpenPlanner(cfg.Connector, env); err != nil {
 			return nil, err
 		}
 	}

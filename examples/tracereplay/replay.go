@@ -109,7 +109,7 @@ type Result struct {
 // the KV it writes is a function of each position's token and place.
 type instance struct {
 	sched  *scheduler.Scheduler
-	conn   connector.Scheduler
+	conn   connector.Planner
 	worker connector.Worker
 	mem    *rdma.HostMemory
 	kv     []byte
@@ -129,7 +129,7 @@ func newInstance(su Setup, id hashing.Identity, st store.Store) (*instance, erro
 	in := &instance{mem: mem, kv: mem.Bytes()}
 	if !su.Off {
 		env := connector.Env{Identity: id, Store: st, Blocks: blocks}
-		if in.conn, err = connector.OpenScheduler(su.Connector, env); err != nil {
+		if in.conn, err = connector.OpenPlanner(su.Connector, env); err != nil {
 			in.close()
 			return nil, err
 		}

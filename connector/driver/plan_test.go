@@ -1,4 +1,4 @@
-package connector_test
+package driver_test
 
 import (
 	"testing"
@@ -6,11 +6,13 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvconnect/kvconnect/connector"
+
+	"github.com/kvconnect/kvconnect/connector/driver"
 	"github.com/kvconnect/kvconnect/hashing"
 )
 
 func TestPlanBuffer(t *testing.T) {
-	var pb connector.PlanBuffer
+	var pb driver.PlanBuffer
 	rec := []connector.BlockID{4, 5, 6}
 	recH := []hashing.BlockHash{{1}, {2}, {3}}
 	m := pb.Filling()
@@ -56,7 +58,7 @@ func TestPlanBuffer(t *testing.T) {
 }
 
 func TestPlanBufferDoesNotAllocate(t *testing.T) {
-	var pb connector.PlanBuffer
+	var pb driver.PlanBuffer
 	blocks := make([]connector.BlockID, 16)
 	hashes := make([]hashing.BlockHash, 16)
 	step := func() {

@@ -1,6 +1,10 @@
-package connector
+package driver
 
-import "github.com/kvconnect/kvconnect/hashing"
+import (
+	"github.com/kvconnect/kvconnect/hashing"
+
+	"github.com/kvconnect/kvconnect/connector"
+)
 
 // PlanBuffer holds the Metadata a scheduler half fills during a step and
 // hands out at its Plan, double-buffered, for connector implementations:
@@ -11,14 +15,14 @@ import "github.com/kvconnect/kvconnect/hashing"
 // in its own records of the transfers. The zero PlanBuffer is ready to
 // use. A PlanBuffer is not safe for concurrent use.
 type PlanBuffer struct {
-	bufs   [2]Metadata
+	bufs   [2]connector.Metadata
 	arenas [2]planArena
 	cur    int
 }
 
 // planArena holds the copies of one Metadata's blocks, hashes and params.
 type planArena struct {
-	blocks []BlockID
+	blocks []connector.BlockID
 	hashes []hashing.BlockHash
 	params []byte
 }
@@ -26,16 +30,16 @@ type planArena struct {
 // Filling returns the Metadata of the step being planned, for the
 // connector to append its transfers to and to set its Step and
 // Generation. It is the same Metadata until HandOut.
-func (b *PlanBuffer) Filling() *Metadata { return &b.bufs[b.cur] }
+func (b *PlanBuffer) Filling() *connector.Metadata { return &b.bufs[b.cur] }
 
 // HandOut returns the filled Metadata, its blocks and hashes copied, and
 // starts the next one, empty, with the same Step and Generation. After
 // the first steps it does not allocate.
-func (b *PlanBuffer) HandOut() *Metadata {
+func (b *PlanBuffer) HandOut() *connector.Metadata {
 	m := &b.bufs[b.cur]
 	a := &b.arenas[b.cur]
 	a.blocks, a.hashes, a.params = a.blocks[:0], a.hashes[:0], a.params[:0]
-	for _, list := range [2][]Transfer{m.Loads, m.Saves} {
+	for _, list := range [2][]connector.Transfer{m.Loads, m.Saves} {
 		for i := range list {
 			t := &list[i]
 			nb, nh, np := len(a.blocks), len(a.hashes), len(a.params)

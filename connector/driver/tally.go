@@ -1,7 +1,8 @@
-package connector
+package driver
 
 import (
 	"fmt"
+	"github.com/kvconnect/kvconnect/connector"
 	"iter"
 )
 
@@ -70,13 +71,13 @@ func (t *Tally[T]) undo(err error) error {
 // It then calls failed for each failed block, and done, once, for each
 // transfer that every worker has now reported, which it stops tracking.
 // prefix begins the errors ("storeconn: Update").
-func (t *Tally[T]) Apply(prefix string, outs []*Output, failed func(T, Failure), done func(uint64, T)) error {
+func (t *Tally[T]) Apply(prefix string, outs []*connector.Output, failed func(T, connector.Failure), done func(uint64, T)) error {
 	for i, o := range outs {
 		if o == nil {
 			return t.undo(fmt.Errorf("%s: outs[%d] is nil", prefix, i))
 		}
 		if o.Rank < 0 || o.Rank >= t.workers {
-			return t.undo(fmt.Errorf("%s: Output.Rank = %d, want [0, %d)", prefix, o.Rank, t.workers))
+			return t.undo(fmt.Errorf("%s: connector.Output.Rank = %d, want [0, %d)", prefix, o.Rank, t.workers))
 		}
 		for _, f := range o.Failed {
 			x := t.m[f.Transfer]

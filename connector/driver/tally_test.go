@@ -1,10 +1,12 @@
-package connector_test
+package driver_test
 
 import (
 	"strings"
 	"testing"
 
 	"github.com/kvconnect/kvconnect/connector"
+
+	"github.com/kvconnect/kvconnect/connector/driver"
 )
 
 func TestTally(t *testing.T) {
@@ -12,8 +14,8 @@ func TestTally(t *testing.T) {
 		name  string
 		fails []int
 	}
-	newTally := func() (*connector.Tally[*rec], *rec, *rec) {
-		tl := connector.NewTally[*rec](2)
+	newTally := func() (*driver.Tally[*rec], *rec, *rec) {
+		tl := driver.NewTally[*rec](2)
 		a, b := &rec{name: "a"}, &rec{name: "b"}
 		tl.Add(1, 3, a)
 		tl.Add(2, 1, b)
