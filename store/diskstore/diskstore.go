@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvconnect/kvconnect/internal/regset"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -40,7 +41,7 @@ type Store struct {
 	seed   maphash.Seed
 	direct bool // the file system takes O_DIRECT reads
 	feeds  store.Feeds
-	regs   registry
+	regs   regset.Set
 	hdrs   sync.Pool // *[]byte of maxHeader bytes
 
 	// writev is the vectored write of a segment; tests replace it to
@@ -976,7 +977,7 @@ func (s *Store) Register(r rdma.Region) error {
 		return err
 	}
 	defer s.exit()
-	return s.regs.add(r)
+	return s.regs.Add(r)
 }
 
 // Unregister forgets a region recorded by Register.
@@ -985,7 +986,7 @@ func (s *Store) Unregister(r rdma.Region) error {
 		return err
 	}
 	defer s.exit()
-	return s.regs.remove(r)
+	return s.regs.Remove(r)
 }
 
 // Stats returns the store's counters. Keys and Bytes count the values the

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvconnect/kvconnect/internal/mapped"
+	"github.com/kvconnect/kvconnect/internal/regset"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
 )
@@ -36,7 +37,7 @@ type Store struct {
 	seed       maphash.Seed
 	shards     []shard
 	clock      atomic.Uint64 // LRU clock: one tick per key put or read
-	regs       registry
+	regs       regset.Set
 	counters   counters
 	groups     groupPool
 	feeds      store.Feeds // store.Watcher: KeyEvicted and KeyRemoved
@@ -672,7 +673,7 @@ func (s *Store) Register(r rdma.Region) error {
 		return err
 	}
 	defer s.exit()
-	return s.regs.add(r)
+	return s.regs.Add(r)
 }
 
 // Unregister forgets a region recorded by Register; r must equal it. The
@@ -682,7 +683,7 @@ func (s *Store) Unregister(r rdma.Region) error {
 		return err
 	}
 	defer s.exit()
-	return s.regs.remove(r)
+	return s.regs.Remove(r)
 }
 
 // Stats returns a snapshot of the store's counters. Keys and Bytes are
