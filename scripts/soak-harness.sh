@@ -14,6 +14,8 @@
 #   ./connector/connectortest:^TestStoreConnector$   storeconn over memstore
 #   ./connector/p2p:^TestConnectorTest$              p2p, producer and consumer
 #   ./store/remote:^TestConformance$                 storetest over remote clients of memstores
+#   ./store/diskstore:^TestConformance$              storetest over the disk store
+#   ./store/tiered:^TestConformance$                 storetest over RAM and disk in tiers
 #   ./rdma:^TestLoopbackConformance$                 rdmatest over loopback engines
 #   ./rdma/shm:^TestConformance$                     rdmatest over shared-memory engines
 #   ./rdma/mooncake:^TestConformanceFake$            rdmatest over the fake Mooncake Transfer Engine
@@ -46,6 +48,8 @@ if [[ ${#targets[@]} -eq 0 ]]; then
     "./connector/connectortest:^TestStoreConnector\$"
     "./connector/p2p:^TestConnectorTest\$"
     "./store/remote:^TestConformance\$"
+    "./store/diskstore:^TestConformance\$"
+    "./store/tiered:^TestConformance\$"
     "./rdma:^TestLoopbackConformance\$"
     "./rdma/shm:^TestConformance\$"
     "./rdma/mooncake:^TestConformanceFake\$"
