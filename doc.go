@@ -27,7 +27,8 @@
 //     connector, over any store.
 //   - [github.com/kvconnect/kvconnect/store/memstore]: the embedded store;
 //     store/mooncake is Mooncake Store, store/remote serves a store to
-//     other processes.
+//     other processes, store/diskstore keeps blocks on a local disk across
+//     restarts, and store/tiered stacks stores (RAM over disk over remote).
 //
 // docs/engine.md in the repository has the complete loop: every rank's
 // worker, requests, compute, and the drain.
@@ -35,7 +36,8 @@
 // A store author implements [github.com/kvconnect/kvconnect/store].Store
 // and runs store/storetest's conformance harness. A connector author
 // implements connector.Planner and connector.Worker, registers a
-// connector.Driver, and runs connector/connectortest. A transfer engine
+// connector.Driver, and runs connector/connectortest; connector/driver has
+// the helpers only connector implementations need. A transfer engine
 // author implements [github.com/kvconnect/kvconnect/rdma].Engine and runs
 // rdma/rdmatest.
 //
