@@ -238,12 +238,16 @@
 // values a block is stored as, for layer-wise transfers; see Layer-wise
 // transfers), "watch_buffer" (65536, at most store.MaxWatch: the key
 // events of a watched store held between two steps; see KV events),
+// "event_buffer" (65536, at most 2^24: the KV events held for TakeEvents;
+// past it they are dropped and replaced by one AllCleared, counted in
+// Stats.Resyncs, so an engine that never takes them holds a bounded
+// number),
 // "prefill_tokens_per_s" (0; see Loads slower than
 // prefill). Any other key is an error naming it, with the nearest known
 // key. Every count has an upper bound as well (lookup_workers and
 // transfer_workers 256, lookup_queue and batch_blocks 65536, save_retries
 // 100, retry_steps 1048576, verify_chunk 1 GiB, layer_chunks 1024,
-// watch_buffer store.MaxWatch; store_timeout
+// watch_buffer store.MaxWatch, event_buffer 2^24; store_timeout
 // and failed_ttl 24h, event_poll 1s): a value outside is an error naming
 // the key, the value and the bounds.
 //

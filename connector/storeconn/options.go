@@ -18,6 +18,12 @@ const Name = "StoreConnector"
 // store.Watcher that the scheduler half holds between two steps.
 const DefaultWatchBuffer = 1 << 16
 
+// DefaultEventBuffer is the default of event_buffer: the KV events the
+// scheduler half holds for TakeEvents. Past it they are dropped and
+// replaced by one AllCleared (Stats.Resyncs), so an engine that never
+// takes them holds a bounded number.
+const DefaultEventBuffer = 1 << 16
+
 // options are the connector's settings, read from kv_connector_extra_config.
 type options struct {
 	syncLookup     bool          // "lookup": "sync" runs exists probes inside Match
@@ -35,6 +41,7 @@ type options struct {
 	verifyChunk    int           // "verify_chunk": bytes per verified load call over a gathering store; 0: batch_blocks
 	layerChunks    int           // "layer_chunks": values per block, each a range of its layers, for layer-wise transfers
 	watchBuffer    int           // "watch_buffer": key events of a store.Watcher held between two steps
+	eventBuffer    int           // "event_buffer": KV events held for TakeEvents
 	prefillRate    int           // "prefill_tokens_per_s": the engine's prefill speed; 0: every block found counts
 }
 
@@ -62,7 +69,7 @@ func open(cfg connector.Config, env connector.Env) (options, hashing.Namespace, 
 // extraKeys are the kv_connector_extra_config keys the connector reads;
 // any other key is an error.
 var extraKeys = []string{
-	"batch_blocks", "event_poll", "failed_ttl", "layer_chunks", "lookup", "lookup_queue", "lookup_workers",
+	"batch_blocks", "event_buffer", "event_poll", "failed_ttl", "layer_chunks", "lookup", "lookup_queue", "lookup_workers",
 	"prefill_tokens_per_s", "retry_steps", "save_retries", "store_timeout", "transfer_workers", "verify", "verify_chunk", "verify_key", "watch_buffer",
 }
 
@@ -102,6 +109,7 @@ func parseOptions(cfg connector.Config) (options, error) {
 		{"verify_chunk", &o.verifyChunk, 1 << 20, 0, 1 << 30},
 		{"layer_chunks", &o.layerChunks, 1, 1, 1 << 10},
 		{"watch_buffer", &o.watchBuffer, DefaultWatchBuffer, 1, store.MaxWatch},
+		{"event_buffer", &o.eventBuffer, DefaultEventBuffer, 1, 1 << 24},
 		{"prefill_tokens_per_s", &o.prefillRate, 0, 0, math.MaxInt}, // a speed, not a count of anything held
 	}
 	for _, f := range ints {

@@ -1158,7 +1158,27 @@ func (s *Planner) Update(outs []*connector.Output) (*connector.Progress, error) 
 		// Only steps bring a retry's turn: no reason to wait.
 		s.signal()
 	}
+	s.boundEvents()
 	return &s.progress, nil
+}
+
+// boundEvents keeps the KV events held for TakeEvents within event_buffer:
+// an engine that never takes them (it publishes none) must not hold them
+// all. Past the bound the events held are dropped and replaced by one
+// AllCleared, counted in Stats.Resyncs, so that a reader who takes them
+// late starts again from nothing rather than from a picture with holes.
+func (s *Planner) boundEvents() {
+	if len(s.events) <= s.opt.eventBuffer {
+		return
+	}
+	clear(s.events)
+	s.events = s.events[:0]
+	if s.w != nil {
+		s.resync(false)
+		return
+	}
+	s.stats.Resyncs++
+	s.events = append(s.events, connector.KVEvent{Kind: connector.AllCleared, Generation: s.meta.Generation})
 }
 
 // failBlock records a block of x that a worker reported failed.

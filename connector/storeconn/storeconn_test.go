@@ -216,7 +216,7 @@ func TestOptionsRejected(t *testing.T) {
 		{map[string]any{"batch_blocks": "many"}, "batch_blocks"},
 		{map[string]any{"event_poll": "soon"}, "event_poll"},
 		{map[string]any{"lookup_wrokers": 4}, `lookup_wrokers is not a key of StoreConnector (did you mean "lookup_workers"?)`},
-		{map[string]any{"colour": "blue"}, "colour is not a key of StoreConnector; its keys are batch_blocks, event_poll"},
+		{map[string]any{"colour": "blue"}, "colour is not a key of StoreConnector; its keys are batch_blocks, event_buffer, event_poll"},
 	} {
 		cfg := connector.Config{Connector: storeconn.Name, Extra: tt.extra}
 		_, err := connector.OpenPlanner(cfg, connector.Env{Identity: identity(1, 1), Store: st})

@@ -447,3 +447,54 @@ func TestWatchTiers(t *testing.T) {
 		t.Errorf("events of the tiers' key events (-want +got):\n%s", diff)
 	}
 }
+
+// TestEventBufferBounded: an engine that never takes the half's KV events
+// holds at most event_buffer of them (and the AllCleared that replaced
+// the rest), counted in Stats.Resyncs.
+func TestEventBufferBounded(t *testing.T) {
+	const limit = 4
+	r := newRig(t, memFactory(t, 1<<20), identity(2, 1), map[string]any{"event_buffer": limit})
+	for round := range 6 {
+		var reqs []*connector.Request
+		for k := range 4 {
+			toks := make([]hashing.Token, 3*bs+1)
+			for i := range toks {
+				toks[i] = hashing.Token((round*4+k)*1000 + i)
+			}
+			hs, err := hashing.HashBlocks(bs, toks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := &connector.Request{ID: connector.RequestID(fmt.Sprint("e", round, k)), Prompt: len(toks), Hashes: hs}
+			if err := r.s.Scheduled(req, req.Prompt, blocks(len(hs)+1)); err != nil {
+				t.Fatalf("Scheduled(%s): %v", req.ID, err)
+			}
+			reqs = append(reqs, req)
+		}
+		r.step(connector.Ready)
+		pending := map[connector.RequestID]bool{}
+		for _, req := range reqs {
+			keep, err := r.s.Finish(req, nil)
+			if err != nil {
+				t.Fatalf("Finish(%s): %v", req.ID, err)
+			}
+			if keep {
+				pending[req.ID] = true
+			}
+		}
+		r.until(fmt.Sprintf("release of round %d's requests", round), func(p *connector.Progress) bool {
+			for _, id := range p.Released {
+				delete(pending, id)
+			}
+			return len(pending) == 0
+		})
+	}
+	evs := r.s.(connector.EventSource).TakeEvents(nil)
+	resyncs := r.s.(connector.StatsReporter).Stats().Resyncs
+	if len(evs) > limit+1 || resyncs == 0 {
+		t.Fatalf("after 24 requests saved with event_buffer %d and no TakeEvents: %d events held, %d resyncs; want at most %d and at least 1", limit, len(evs), resyncs, limit+1)
+	}
+	if !slices.ContainsFunc(evs, func(e connector.KVEvent) bool { return e.Kind == connector.AllCleared }) {
+		t.Errorf("the events held after the bound %v have no AllCleared: a late reader would not know it missed some", evs)
+	}
+}
