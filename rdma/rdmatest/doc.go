@@ -29,9 +29,12 @@
 //     for byte and nowhere else: ReadWrite, Submits (every byte of both
 //     regions compared; guards around every region).
 //   - Open of a name twice returns the same handle: ReadWrite. An unknown
-//     name, and CloseSegment of an unknown handle: BadInput. Not yet
-//     checked: requests already submitted to a handle that CloseSegment
-//     forgets run to their end.
+//     name, and CloseSegment of an unknown handle: BadInput. Requests
+//     already submitted to a handle that CloseSegment forgets run to
+//     their end, byte for byte; Submit then refuses the handle
+//     (ErrUnknownSegment) and moves nothing, CloseSegment of it again is
+//     ErrUnknownSegment, and Open of the name again gives a handle that
+//     works: ClosedSegment (8 reads of 4 MiB submitted just before).
 //   - Local-side errors (bad opcode, length, wrapping address, unknown
 //     segment, unregistered or foreign local memory) are returned by
 //     Submit, name the request, and submit nothing (Len unchanged, no

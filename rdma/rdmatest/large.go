@@ -304,3 +304,89 @@ func (s *suite) busy(t testing.TB) {
 	checkGuards(t, "local", am, 0x77)
 	t.Logf("busy: %v", outcomes)
 }
+
+// closedSegment checks CloseSegment right after a Submit of 32 MiB of reads
+// from the segment: the requests already submitted run to their end, with
+// every byte in place; the handle is then unknown to Submit, which moves
+// nothing; and Open of the name again gives a handle that works.
+func (s *suite) closedSegment(t testing.TB) {
+	a, b := s.open(t)
+	const n, size, k = regionSize, 4 << 20, 8
+	am, ar := s.guarded(t, a, n, 0x35)
+	bm, br := s.guarded(t, b, n, 0x46)
+	fillPattern(br.Bytes(), 8)
+	want := bytes.Clone(br.Bytes())
+	seg := openSeg(t, a, b.Segment())
+	reqs := make([]rdma.Request, k)
+	for i := range reqs {
+		l, _ := ar.Sub(i*size, size)
+		reqs[i] = rdma.Request{Op: rdma.Read, Local: l, Segment: seg, Remote: br.Addr + uintptr(i*size)}
+	}
+	batch, err := a.NewBatch(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := batch.Submit(reqs); err != nil {
+		t.Fatalf("Submit = %v", err)
+	}
+	if err := a.CloseSegment(seg); err != nil {
+		t.Fatalf("CloseSegment with %d requests submitted = %v, want nil", k, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	if err := batch.Wait(ctx); err != nil {
+		t.Fatalf("Wait after CloseSegment = %v", err)
+	}
+	for i, req := range reqs {
+		r := batch.Result(i)
+		checkBytes(t, fmt.Sprintf("request %d, submitted before CloseSegment", i), req, r)
+		switch {
+		case r.Status != rdma.Completed:
+			t.Errorf("request %d (%d bytes), submitted before CloseSegment, ended %+v: requests already submitted to a handle run to their end", i, size, r)
+		case !bytes.Equal(ar.Bytes()[i*size:(i+1)*size], want[i*size:(i+1)*size]):
+			t.Errorf("request %d, submitted before CloseSegment, completed, but its block differs from the peer's", i)
+		}
+	}
+	if err := batch.Release(); err != nil {
+		t.Errorf("Release = %v", err)
+	}
+
+	// The handle is forgotten: Submit refuses it and moves nothing.
+	clear(ar.Bytes())
+	after, err := a.NewBatch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := ar.Sub(0, size)
+	err = after.Submit([]rdma.Request{{Op: rdma.Read, Local: l, Segment: seg, Remote: br.Addr}})
+	if !errors.Is(err, rdma.ErrUnknownSegment) {
+		t.Errorf("Submit naming a handle CloseSegment forgot = %v, want an error wrapping ErrUnknownSegment", err)
+	}
+	if got := after.Len(); got != 0 {
+		t.Errorf("Len after a refused Submit = %d, want 0", got)
+	}
+	if err == nil {
+		if err := after.Wait(ctx); err != nil {
+			t.Errorf("Wait = %v", err)
+		}
+	}
+	if err := after.Release(); err != nil {
+		t.Errorf("Release = %v", err)
+	}
+	if !bytes.Equal(ar.Bytes()[:size], make([]byte, size)) {
+		t.Errorf("a request naming a forgotten handle moved bytes")
+	}
+	if err := a.CloseSegment(seg); !errors.Is(err, rdma.ErrUnknownSegment) {
+		t.Errorf("CloseSegment of a handle already closed = %v, want an error wrapping ErrUnknownSegment", err)
+	}
+
+	// Open again: a handle that works.
+	again := openSeg(t, a, b.Segment())
+	req := rdma.Request{Op: rdma.Read, Local: l, Segment: again, Remote: br.Addr + uintptr(size)}
+	r := runBatch(t, a, req)[0]
+	if r.Status != rdma.Completed || !bytes.Equal(ar.Bytes()[:size], want[size:2*size]) {
+		t.Errorf("a read through the handle of a second Open = %+v, or its bytes differ: want completed, the peer's bytes", r)
+	}
+	checkGuards(t, "local", am, 0x35)
+	checkGuards(t, "peer", bm, 0x46)
+}

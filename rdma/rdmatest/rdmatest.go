@@ -83,6 +83,7 @@ func run(t tester, open PairFunc, opts Options, only string) {
 		{"RemoteOutOfRange", s.remote},
 		{"Submits", s.submits},
 		{"Busy", s.busy},
+		{"ClosedSegment", s.closedSegment},
 		{"Batch", s.batch},
 		{"Concurrent", s.concurrent},
 		{"Closed", s.closed},

@@ -104,6 +104,7 @@ func TestRunCatchesBrokenEngines(t *testing.T) {
 		{"UnregisterQueued", bugDoorbellUnregister, "Busy", "Poll after Unregister returned nil"},
 		{"WaitFirstSubmit", bugWaitFirst, "Submits", "after Wait after submits 1 and 2: request 2"},
 		{"MisplacedPastMiB", bugMisplaced, "ReadWrite", "differs from the expected bytes"},
+		{"CloseSegmentDropsQueued", bugDoorbellCloseSegment, "ClosedSegment", "submitted before CloseSegment, ended"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := runRecorded(t, loopbackPair(tc.bug), Options{}, tc.caught)
@@ -131,17 +132,18 @@ const (
 	// and hands them to its transport (rings the doorbell) at the next
 	// Poll or Wait; without a bug, Poll and Wait ring before they look,
 	// and Release and Unregister count queued requests as pending.
-	bugDoorbell           = "queues requests until Poll or Wait (correct)"
-	bugDoorbellPoll       = "Poll reports done from the transport before it rings the doorbell"
-	bugDoorbellRelease    = "Release frees a batch whose queued requests were never rung"
-	bugDoorbellUnregister = "Unregister ignores requests queued in batches"
-	bugWaitFirst          = "Wait rings the doorbell only if nothing was rung before"
+	bugDoorbell             = "queues requests until Poll or Wait (correct)"
+	bugDoorbellPoll         = "Poll reports done from the transport before it rings the doorbell"
+	bugDoorbellRelease      = "Release frees a batch whose queued requests were never rung"
+	bugDoorbellUnregister   = "Unregister ignores requests queued in batches"
+	bugWaitFirst            = "Wait rings the doorbell only if nothing was rung before"
+	bugDoorbellCloseSegment = "CloseSegment drops the requests queued for the handle"
 )
 
 // doorbell reports whether bug is of an engine that queues requests.
 func doorbell(bug string) bool {
 	switch bug {
-	case bugDoorbell, bugDoorbellPoll, bugDoorbellRelease, bugDoorbellUnregister, bugWaitFirst:
+	case bugDoorbell, bugDoorbellPoll, bugDoorbellRelease, bugDoorbellUnregister, bugWaitFirst, bugDoorbellCloseSegment:
 		return true
 	}
 	return false
@@ -151,7 +153,7 @@ func doorbell(bug string) bool {
 // that queues requests until Poll or Wait: the harness asks no more than
 // the contract does.
 func TestRunDoorbell(t *testing.T) {
-	for _, only := range []string{"ReadWrite", "Submits", "Busy", "Settled"} {
+	for _, only := range []string{"ReadWrite", "Submits", "Busy", "ClosedSegment", "Settled"} {
 		got := runRecorded(t, loopbackPair(bugDoorbell), Options{}, only)
 		if failed := got.FailedUnder("Run"); len(failed) > 0 {
 			t.Errorf("Run failed %v for a correct engine that queues requests until Poll or Wait; it recorded:\n%s", failed, got)
@@ -166,7 +168,26 @@ type brokenEngine struct {
 	mu  struct {
 		sync.Mutex
 		batches []*brokenBatch
+		closed  map[rdma.SegmentID]bool // handles CloseSegment forgot
 	}
+}
+
+// Open of a doorbell engine knows the handle again.
+func (e *brokenEngine) Open(ctx context.Context, name string) (rdma.SegmentID, error) {
+	id, err := e.Engine.Open(ctx, name)
+	if err == nil {
+		e.mu.Lock()
+		delete(e.mu.closed, id)
+		e.mu.Unlock()
+	}
+	return id, err
+}
+
+// forgotten reports whether CloseSegment forgot the handle id.
+func (e *brokenEngine) forgotten(id rdma.SegmentID) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.mu.closed[id]
 }
 
 func (e *brokenEngine) NewBatch(n int) (rdma.Batch, error) {
@@ -174,7 +195,7 @@ func (e *brokenEngine) NewBatch(n int) (rdma.Batch, error) {
 	if err != nil {
 		return nil, err
 	}
-	bb := &brokenBatch{Batch: b, bug: e.bug}
+	bb := &brokenBatch{Batch: b, bug: e.bug, e: e}
 	e.mu.Lock()
 	e.mu.batches = append(e.mu.batches, bb)
 	e.mu.Unlock()
@@ -202,6 +223,43 @@ func (e *brokenEngine) Unregister(r rdma.Region) error {
 	return e.Engine.Unregister(r)
 }
 
+// CloseSegment of a doorbell engine first hands the requests queued for
+// the handle to the transport, which resolved the handle when they were
+// submitted (but for bugDoorbellCloseSegment, which drops them).
+func (e *brokenEngine) CloseSegment(id rdma.SegmentID) error {
+	if doorbell(e.bug) {
+		e.mu.Lock()
+		batches := e.mu.batches
+		e.mu.Unlock()
+		for _, b := range batches {
+			b.mu.Lock()
+			if e.bug == bugDoorbellCloseSegment {
+				kept := b.queue[:0]
+				for _, q := range b.queue {
+					if q.Segment != id {
+						kept = append(kept, q)
+					}
+				}
+				b.queue = kept
+			} else if err := b.ring(); err != nil {
+				b.mu.Unlock()
+				return err
+			}
+			b.mu.Unlock()
+		}
+	}
+	err := e.Engine.CloseSegment(id)
+	if err == nil {
+		e.mu.Lock()
+		if e.mu.closed == nil {
+			e.mu.closed = make(map[rdma.SegmentID]bool)
+		}
+		e.mu.closed[id] = true
+		e.mu.Unlock()
+	}
+	return err
+}
+
 // ring hands the queued requests to the transport; b.mu is held.
 func (b *brokenBatch) ring() error {
 	q := b.queue
@@ -215,6 +273,7 @@ func (b *brokenBatch) ring() error {
 type brokenBatch struct {
 	rdma.Batch
 	bug string
+	e   *brokenEngine
 
 	// Of doorbell engines: requests submitted and not rung yet.
 	queue []rdma.Request
@@ -242,6 +301,9 @@ func (b *brokenBatch) Submit(reqs []rdma.Request) error {
 		for i, r := range reqs {
 			if err := rdma.CheckRequest(i, r); err != nil {
 				return err
+			}
+			if b.e.forgotten(r.Segment) {
+				return fmt.Errorf("broken: request %d: segment %d: %w", i, r.Segment, rdma.ErrUnknownSegment)
 			}
 		}
 		b.queue = append(b.queue, reqs...)
