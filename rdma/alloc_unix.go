@@ -8,9 +8,13 @@ import (
 )
 
 // mapAnon maps size bytes (a multiple of the page size) of private,
-// anonymous, readable and writable memory.
+// anonymous, readable and writable memory, advised as KV memory (advise).
 func mapAnon(size int) ([]byte, error) {
-	return syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err == nil {
+		advise(mem)
+	}
+	return mem, err
 }
 
 // unmap releases a mapping returned by mapAnon.
