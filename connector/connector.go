@@ -451,7 +451,7 @@ type Stats struct {
 	SaveFailures   int64 // blocks whose save failed for good
 	SaveRetries    int64 // blocks requeued after an out-of-space put
 	StagedBytes    int64 // bytes copied through a staging buffer
-	LookupNanos    int64 // time spent in lookups
+	LookupNanos    int64 // time spent in lookups' store calls (a call several lookups share counts once)
 	TransferNanos  int64 // time spent in loads and saves
 	StaleDiscarded int64 // blocks of transfers of an old generation dropped
 	Corrupt        int64 // blocks whose loaded bytes failed verification (also in LoadFailures)

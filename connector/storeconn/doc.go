@@ -21,6 +21,9 @@
 // hybrid layout, the longest point every group can resume from: see KV
 // cache groups), never the last prompt token, so every rank of a
 // tensor-parallel group sees the same hit. The result is kept per request: a pending answer is not asked twice.
+// The lookups queued while the pool waits on the store share its next
+// call (up to 4096 keys): over a store whose calls are round trips, the
+// requests matched in one step cost one call, not one each.
 //
 // Loads go straight from the store into the engine's blocks, or through a
 // registered staging buffer where the memory's shape or the store needs it

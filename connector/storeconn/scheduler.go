@@ -256,20 +256,45 @@ func openPlanner(cfg connector.Config, env connector.Env) (*Planner, error) {
 func (s *Planner) lookupLoop() {
 	defer s.wg.Done()
 	var sc probeScratch
+	var batch []*lookup
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case lk := <-s.jobs:
-			lk.picked.Store(time.Now().UnixNano())
-			s.probe(lk, &sc)
+			// Every lookup queued behind this one joins its store call,
+			// up to lookupBatchKeys keys: over a store whose calls are
+			// round trips, a step's lookups cost one call, not one each.
+			batch = append(batch[:0], lk)
+			keys := len(lk.hashes) * s.perBlock
+		drain:
+			for keys < lookupBatchKeys {
+				select {
+				case more := <-s.jobs:
+					batch = append(batch, more)
+					keys += len(more.hashes) * s.perBlock
+				default:
+					break drain
+				}
+			}
+			now := time.Now().UnixNano()
+			for _, lk := range batch {
+				lk.picked.Store(now)
+			}
+			s.probe(batch, &sc)
 			s.mu.Lock()
-			s.mu.done = append(s.mu.done, lk)
+			s.mu.done = append(s.mu.done, batch...)
 			s.mu.Unlock()
+			clear(batch)
 			s.signal()
 		}
 	}
 }
+
+// lookupBatchKeys is how many keys a lookup goroutine gathers at most into
+// one Exists call from the lookups queued behind the one it took up (a
+// single lookup of more keys is never split).
+const lookupBatchKeys = 4096
 
 // probeScratch is reusable space for probes.
 type probeScratch struct {
@@ -278,18 +303,21 @@ type probeScratch struct {
 	res  []store.Result
 }
 
-// probe runs lk's batch exists over every shard of every probed block and
-// records the longest prefix present in all of them.
-func (s *Planner) probe(lk *lookup, sc *probeScratch) {
+// probe runs one batch exists over every shard of every probed block of
+// the lookups lks and records, for each, the longest prefix present in all
+// of them. A failed call fails every lookup of the batch.
+func (s *Planner) probe(lks []*lookup, sc *probeScratch) {
 	start := time.Now()
 	sc.kb.reset()
-	for g := range lk.groups {
-		shards := lk.ns.GroupShards(g)
-		cs := s.chunks[g]
-		for _, h := range lk.hashes {
-			for sh := 0; sh < shards; sh++ {
-				for c := range cs {
-					sc.kb.addChunk(lk.ns, g, sh, h, cs, c)
+	for _, lk := range lks {
+		for g := range lk.groups {
+			shards := lk.ns.GroupShards(g)
+			cs := s.chunks[g]
+			for _, h := range lk.hashes {
+				for sh := 0; sh < shards; sh++ {
+					for c := range cs {
+						sc.kb.addChunk(lk.ns, g, sh, h, cs, c)
+					}
 				}
 			}
 		}
@@ -302,12 +330,21 @@ func (s *Planner) probe(lk *lookup, sc *probeScratch) {
 	cancel()
 	if err != nil {
 		s.h.record("exists", err)
-		lk.err = err
 	} else {
 		s.h.record("exists", firstKeyFailure(res))
+	}
+	nanos := time.Since(start).Nanoseconds()
+	k := 0
+	for i, lk := range lks {
+		if i == 0 { // the call is counted once in Stats.LookupNanos
+			lk.nanos = nanos
+		}
+		if err != nil {
+			lk.err = err
+			continue
+		}
 		lk.has = make([][]bool, lk.groups)
 		lk.all = true
-		k := 0
 		for g := range lk.groups {
 			n := lk.ns.GroupShards(g) * len(s.chunks[g]) // every chunk of every shard
 			has := make([]bool, len(lk.hashes))
@@ -324,7 +361,6 @@ func (s *Planner) probe(lk *lookup, sc *probeScratch) {
 			lk.has[g] = has
 		}
 	}
-	lk.nanos = time.Since(start).Nanoseconds()
 	clear(keys) // drop the batch's string
 }
 
@@ -477,7 +513,7 @@ func (s *Planner) Match(r *connector.Request, computed int) (connector.Match, er
 		s.stats.Lookups++
 		s.stats.LookupKeys += int64(len(lk.hashes) * s.perBlock)
 		if s.opt.syncLookup {
-			s.probe(lk, &s.syncScratch)
+			s.probe([]*lookup{lk}, &s.syncScratch)
 			lk.done = true
 			s.stats.LookupNanos += lk.nanos
 		} else {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/storetest"
 )
@@ -153,4 +154,105 @@ func TestSchedulerWakesForRetries(t *testing.T) {
 // none of the Plans since has retried: with retry_steps 3 they wait.
 func retriesWaiting(r *rig) bool {
 	return r.s.(connector.StatsReporter).Stats().SaveRetries == 0 && len(r.outs) > 0 && len(r.outs[0].Failed) > 0
+}
+
+// gatedExists is a store whose first exists probe waits for release, and
+// which counts its exists calls and the keys they asked about.
+type gatedExists struct {
+	store.Store
+	entered chan struct{} // closed once the first probe is in the store
+	release chan struct{}
+	mu      sync.Mutex
+	calls   []int // keys per call
+}
+
+func (s *gatedExists) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	s.mu.Lock()
+	first := len(s.calls) == 0
+	s.calls = append(s.calls, len(keys))
+	s.mu.Unlock()
+	if first {
+		close(s.entered)
+		<-s.release
+	}
+	return s.Store.Exists(ctx, keys, res)
+}
+
+// TestLookupsShareACall: the lookups queued while the pool's goroutine
+// waits on the store are probed together, in one exists call, and each
+// is answered from its own part of it.
+func TestLookupsShareACall(t *testing.T) {
+	st := &gatedExists{Store: newMem(t), entered: make(chan struct{}), release: make(chan struct{})}
+	var once sync.Once
+	release := func() { once.Do(func() { close(st.release) }) }
+	r := newRig(t, st, identity(1, 1), map[string]any{"lookup": "async", "lookup_workers": 1})
+	t.Cleanup(release) // before the rig closes: cleanups run last first
+	// Four requests of distinct prompts; the store holds the first 2
+	// blocks of "c".
+	distinct := func(id string, n int, seed hashing.Token) *connector.Request {
+		toks := make([]hashing.Token, n)
+		for i := range toks {
+			toks[i] = seed*1000003 + hashing.Token(i)
+		}
+		hs, err := hashing.HashBlocks(bs, toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &connector.Request{ID: connector.RequestID(id), Prompt: n, Hashes: hs}
+	}
+	a, b, c, d := distinct("a", 4*bs+1, 1), distinct("b", 4*bs+1, 2), distinct("c", 4*bs+1, 3), distinct("d", 8*bs+1, 4)
+	saver := distinct("saver", 2*bs, 3)
+	if saver.Hashes[1] != c.Hashes[1] {
+		t.Fatal("the saver's blocks are not c's")
+	}
+	r.saveAll(saver)
+	st.mu.Lock()
+	st.calls = nil // the saves' probes do not count
+	st.mu.Unlock()
+
+	reqs := []*connector.Request{a, b, c, d}
+	m, err := r.s.Match(reqs[0], 0)
+	if err != nil || !m.Pending {
+		t.Fatalf("Match(a) = %+v, %v: want Pending", m, err)
+	}
+	select {
+	case <-st.entered:
+	case <-time.After(waitBound):
+		t.Fatalf("the first lookup did not reach the store in %v", waitBound)
+	}
+	for _, req := range reqs[1:] {
+		if m, err := r.s.Match(req, 0); err != nil || !m.Pending {
+			t.Fatalf("Match(%s) = %+v, %v: want Pending", req.ID, m, err)
+		}
+	}
+	release()
+	want := map[connector.RequestID]int{"a": 0, "b": 0, "c": 2 * bs, "d": 0}
+	wake := r.s.(connector.Waker).Wake()
+	for d := newDeadline(t, "every lookup answered"); len(want) > 0; d.tick() {
+		for _, req := range reqs {
+			w, ok := want[req.ID]
+			if !ok {
+				continue
+			}
+			m, err := r.s.Match(req, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Pending {
+				continue
+			}
+			if m.Tokens != w {
+				t.Errorf("Match(%s) = %d tokens, want %d", req.ID, m.Tokens, w)
+			}
+			delete(want, req.ID)
+		}
+		if len(want) > 0 {
+			awaitWake(t, wake, fmt.Sprintf("%d lookups pending", len(want)))
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.calls) != 2 || st.calls[1] != 4+4+8 {
+		t.Errorf("exists calls asked for %v keys, want [4 16]: the 3 lookups queued behind the first share one call", st.calls)
+	}
 }
