@@ -92,10 +92,11 @@ func fillScale(b *testing.B, n int) *scaleStore {
 }
 
 // existsPerKey returns the mean time per key of batch exists of 256
-// random present keys, over rounds batches.
-func (ss *scaleStore) existsPerKey(b *testing.B, rounds int) time.Duration {
+// random present keys, over rounds batches: wall-clock time, and the CPU
+// time of the calling thread (locked to it by the caller).
+func (ss *scaleStore) existsPerKey(b *testing.B, rounds int) (wall, cpu time.Duration) {
 	res := make([]store.Result, 256)
-	start := time.Now()
+	start, startCPU := time.Now(), threadCPU()
 	for r := range rounds {
 		keys := ss.sampleKeys[r%len(ss.sampleKeys)]
 		if err := ss.s.Exists(b.Context(), keys, res); err != nil {
@@ -105,7 +106,8 @@ func (ss *scaleStore) existsPerKey(b *testing.B, rounds int) time.Duration {
 			b.Fatalf("Exists of a present key = %+v, want N 64", res[0])
 		}
 	}
-	return time.Since(start) / time.Duration(rounds*256)
+	n := time.Duration(rounds * 256)
+	return time.Since(start) / n, (threadCPU() - startCPU) / n
 }
 
 // BenchmarkIndexScale fills one store with 10,000 keys and one with
@@ -126,16 +128,23 @@ func BenchmarkIndexScale(b *testing.B) {
 	defer small.s.Close()
 	large := fillScale(b, 6_000_000)
 	defer large.s.Close()
-	var ts, tl time.Duration
+	var ts, tl, cs, cl time.Duration
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	b.ReportAllocs()
 	for b.Loop() {
-		ts += small.existsPerKey(b, 16)
-		tl += large.existsPerKey(b, 16)
+		w, c := small.existsPerKey(b, 16)
+		ts, cs = ts+w, cs+c
+		w, c = large.existsPerKey(b, 16)
+		tl, cl = tl+w, cl+c
 	}
 	n := time.Duration(b.N)
 	b.ReportMetric(float64(ts/n), "exists-ns/key-10K")
 	b.ReportMetric(float64(tl/n), "exists-ns/key-6M")
 	b.ReportMetric(float64(tl)/float64(ts), "exists-6M/10K")
+	b.ReportMetric(float64(cs/n), "exists-cpu-ns/key-10K")
+	b.ReportMetric(float64(cl/n), "exists-cpu-ns/key-6M")
+	b.ReportMetric(float64(cl)/float64(cs), "exists-cpu-6M/10K")
 	b.ReportMetric(float64(large.heap-uint64(large.keyBytes))/float64(large.n), "index-B/key")
 	b.ReportMetric(float64(large.heap)/float64(large.n), "index-B/key-with-key")
 	b.ReportMetric(float64(large.putPerKey), "put-ns/key-6M")
