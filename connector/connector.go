@@ -461,28 +461,22 @@ type Stats struct {
 	Refused        int64 // transfer parameters refused (p2p): malformed, of another identity, forged, or unverifiable
 	Resyncs        int64 // AllCleared events announced because the store's feed of key events (store.Watcher) lost events: routers rebuild from nothing
 	SlowSkipped    int64 // blocks a lookup found but not matched: loads ran slower than the engine's prefill (storeconn's prefill_tokens_per_s); with a store in tiers, loads from the tier that holds them
-	// LoadTokens are, in a worker, the tokens of the blocks it loaded
-	// (Loads × Layout.BlockSize), by the medium of the store tier that
-	// served them: the tokens each tier actually delivered, where
-	// HitTokens counts those a match promised. Only a store that says
-	// which tier served a key (store.Layered, as store/tiered) fills it;
-	// from any other it is zero. A block stored in several values (layer
-	// chunks) counts in the medium of the lowest tier that served one.
-	LoadTokens MediumTokens
-}
 
-// MediumTokens count tokens by the medium of the store tier they came
-// from, in vLLM's KV-event vocabulary (store.KeyEvent.Medium). It is a
-// value of fixed size, so that a [Stats] copies whole and shares nothing.
-type MediumTokens struct {
-	CPU     int64 // "CPU": host memory (store/memstore)
-	Disk    int64 // "DISK": local disk (store/diskstore)
-	Storage int64 // "STORAGE": a remote store (store/remote, store/mooncake)
-	Other   int64 // a tier of any other medium
+	// The LoadTokens fields are, in a worker, the tokens of the blocks it
+	// loaded (Loads × Layout.BlockSize) by the medium of the store tier
+	// that served them, in vLLM's KV-event vocabulary
+	// (store.KeyEvent.Medium): the tokens each tier actually delivered,
+	// where HitTokens counts those a match promised. Only a store that
+	// says which tier served a key (store.Layered, as store/tiered) fills
+	// them; from any other they are zero. A block stored in several
+	// values (layer chunks) counts in the medium of the lowest tier that
+	// served one. Like every field of Stats they are int64 counts, so a
+	// Stats copies whole, shares nothing, and sums field by field.
+	LoadTokensCPU     int64 // "CPU": host memory (store/memstore)
+	LoadTokensDisk    int64 // "DISK": local disk (store/diskstore)
+	LoadTokensStorage int64 // "STORAGE": a remote store (store/remote, store/mooncake)
+	LoadTokensOther   int64 // a tier of any other medium
 }
-
-// Total returns the tokens of every medium.
-func (m MediumTokens) Total() int64 { return m.CPU + m.Disk + m.Storage + m.Other }
 
 // Health is a connector half's view of the store or transport it depends
 // on, from the optional [HealthReporter]. Inference goes on while it is

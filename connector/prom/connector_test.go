@@ -45,7 +45,7 @@ func stats(base int64) connector.Stats {
 		StagedBytes: base + 13, LookupNanos: 1_500_000_000, TransferNanos: 250_000_000,
 		StaleDiscarded: base + 14, Corrupt: base + 15, StoreErrors: base + 20, StoreTimeouts: base + 16,
 		FailedSkipped: base + 17, Refused: base + 18, Resyncs: base + 19, SlowSkipped: base + 21,
-		LoadTokens: connector.MediumTokens{CPU: base + 22, Disk: base + 23, Storage: base + 24, Other: base + 25},
+		LoadTokensCPU: base + 22, LoadTokensDisk: base + 23, LoadTokensStorage: base + 24, LoadTokensOther: base + 25,
 	}
 }
 
@@ -88,7 +88,7 @@ kvconnect_connector_hit_tokens_total{engine="e1",rank="3",role="worker"} 4
 # HELP kvconnect_connector_last_failure_timestamp_seconds Unix time of the latest failure (Health.LastErrorTime); absent before the first.
 # TYPE kvconnect_connector_last_failure_timestamp_seconds gauge
 kvconnect_connector_last_failure_timestamp_seconds{engine="e1",rank="3",role="worker"} 1.7648352e+09
-# HELP kvconnect_connector_load_tokens_total Tokens of the blocks loaded, by the medium of the store tier that served them: CPU, DISK, STORAGE or other; counted only over a store that says which tier served a block (Stats.LoadTokens).
+# HELP kvconnect_connector_load_tokens_total Tokens of the blocks loaded, by the medium of the store tier that served them: CPU, DISK, STORAGE or other; counted only over a store that says which tier served a block (Stats.LoadTokensCPU, LoadTokensDisk, LoadTokensStorage, LoadTokensOther).
 # TYPE kvconnect_connector_load_tokens_total counter
 kvconnect_connector_load_tokens_total{engine="e1",medium="CPU",rank="3",role="worker"} 22
 kvconnect_connector_load_tokens_total{engine="e1",medium="DISK",rank="3",role="worker"} 23

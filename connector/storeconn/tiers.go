@@ -12,7 +12,8 @@ import (
 )
 
 // The store's tiers, when it is a store.Layered (store/tiered): the
-// workers count the tokens each tier served (Stats.LoadTokens), and the
+// workers count the tokens each tier served (the LoadTokens fields of
+// connector.Stats), and the
 // scheduler half measures each tier's load rate for the prefill_tokens_per_s
 // gate. A store that is not Layered is one tier, numbered 0.
 
@@ -44,7 +45,7 @@ func (ti *tierInfo) clamp(t int) int {
 	return t
 }
 
-// Slots of connector.MediumTokens.
+// Slots of the LoadTokens fields of connector.Stats.
 const (
 	slotCPU = iota
 	slotDisk
@@ -68,8 +69,12 @@ func mediumSlot(m string) int {
 // mediumTokens are a worker's LoadTokens, by slot.
 type mediumTokens [nSlots]atomic.Int64
 
-func (m *mediumTokens) get() connector.MediumTokens {
-	return connector.MediumTokens{CPU: m[slotCPU].Load(), Disk: m[slotDisk].Load(), Storage: m[slotStorage].Load(), Other: m[slotOther].Load()}
+// fill sets the LoadTokens fields of st.
+func (m *mediumTokens) fill(st *connector.Stats) {
+	st.LoadTokensCPU = m[slotCPU].Load()
+	st.LoadTokensDisk = m[slotDisk].Load()
+	st.LoadTokensStorage = m[slotStorage].Load()
+	st.LoadTokensOther = m[slotOther].Load()
 }
 
 // get is the worker's Get: with a Layered store it also writes each

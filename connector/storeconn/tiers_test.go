@@ -53,15 +53,15 @@ func TestLoadTokensByTier(t *testing.T) {
 		st, ram := ramOver(t, newMemUnowned(t))
 		r := newRig(t, st, identity(1, 1), map[string]any{"lookup": "sync", "layer_chunks": chunks})
 		onlyLow(r, ram)
-		got := r.ws[0].(connector.StatsReporter).Stats().LoadTokens
-		if want := (connector.MediumTokens{Disk: 4 * bs}); got != want {
+		got := loadTokens(r.ws[0])
+		if want := (tokens{Disk: 4 * bs}); got != want {
 			t.Errorf("layer_chunks %d: after a load of 4 blocks from the lower tier, LoadTokens = %+v, want %+v", chunks, got, want)
 		}
 		// 4 blocks from the top tier (promoted by the last load), 4 from
 		// the lower one.
 		r.loadOnce(request("c", 8*bs+1))
-		got = r.ws[0].(connector.StatsReporter).Stats().LoadTokens
-		if want := (connector.MediumTokens{CPU: 4 * bs, Disk: 8 * bs}); got != want {
+		got = loadTokens(r.ws[0])
+		if want := (tokens{CPU: 4 * bs, Disk: 8 * bs}); got != want {
 			t.Errorf("layer_chunks %d: after a load of 4 blocks from each tier, LoadTokens = %+v, want %+v", chunks, got, want)
 		}
 	}
@@ -69,7 +69,7 @@ func TestLoadTokensByTier(t *testing.T) {
 	r2 := newRig(t, newMem(t), identity(1, 1), map[string]any{"lookup": "sync"})
 	r2.saveAll(request("a", 4*bs+1))
 	r2.loadOnce(request("b", 4*bs+1))
-	if got := r2.ws[0].(connector.StatsReporter).Stats().LoadTokens; got != (connector.MediumTokens{}) {
+	if got := loadTokens(r2.ws[0]); got != (tokens{}) {
 		t.Errorf("over a memstore, LoadTokens = %+v, want none", got)
 	}
 }
@@ -109,4 +109,12 @@ func newMemUnowned(t *testing.T) *memstore.Store {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// tokens are a worker's Stats.LoadTokens fields.
+type tokens struct{ CPU, Disk, Storage, Other int64 }
+
+func loadTokens(w connector.Worker) tokens {
+	st := w.(connector.StatsReporter).Stats()
+	return tokens{st.LoadTokensCPU, st.LoadTokensDisk, st.LoadTokensStorage, st.LoadTokensOther}
 }

@@ -29,7 +29,7 @@ type Worker struct {
 	id   hashing.Identity
 	rank int
 	// tiers are the store's tiers, when it says which served a key
-	// (store.Layered): Stats.LoadTokens counts by them.
+	// (store.Layered): the LoadTokens fields of Stats count by them.
 	tiers tierInfo
 
 	kv        connector.KVCache
@@ -1485,7 +1485,7 @@ type saveItem struct{ c, i int }
 // Stats implements connector.StatsReporter.
 func (w *Worker) Stats() connector.Stats {
 	errs, timeouts := w.h.counts()
-	return connector.Stats{
+	st := connector.Stats{
 		Loads:          w.stats.loads.Load(),
 		LoadBytes:      w.stats.loadBytes.Load(),
 		LoadFailures:   w.stats.loadFailures.Load(),
@@ -1496,10 +1496,11 @@ func (w *Worker) Stats() connector.Stats {
 		TransferNanos:  w.stats.nanos.Load(),
 		StaleDiscarded: w.stats.stale.Load(),
 		Corrupt:        w.stats.corrupt.Load(),
-		LoadTokens:     w.stats.tokens.get(),
 		StoreErrors:    errs,
 		StoreTimeouts:  timeouts,
 	}
+	w.stats.tokens.fill(&st)
+	return st
 }
 
 // Health implements connector.HealthReporter: the store's answers to the
