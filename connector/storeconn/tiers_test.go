@@ -118,3 +118,37 @@ func loadTokens(w connector.Worker) tokens {
 	st := w.(connector.StatsReporter).Stats()
 	return tokens{st.LoadTokensCPU, st.LoadTokensDisk, st.LoadTokensStorage, st.LoadTokensOther}
 }
+
+// TestSlowTierNotMatchedGroups: with KV cache groups, the match over a
+// store in tiers ends at the last point the request can resume from
+// without the blocks only the slow tier holds: there the full-attention
+// blocks, the window before it and the state at it are all in the fast
+// tier.
+func TestSlowTierNotMatchedGroups(t *testing.T) {
+	slow := storetest.NewFaulty(newMemUnowned(t), storetest.FaultOptions{Bandwidth: 2 << 10})
+	st, ram := ramOver(t, slow)
+	h := newHybridRigOn(t, st, map[string]any{"prefill_tokens_per_s": 1000})
+	h.fill(3)
+	h.save(request("a", 8*bs+1), blocks(9), blocks(9), blocks(9))
+	if _, err := ram.RemoveAll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Resuming at block 4 loads the full-attention blocks 0..3, the
+	// window's blocks 2 and 3, and the state after block 3, all from the
+	// slow tier, which promotes them.
+	if _, loaded, fails := h.load(request("b", 4*bs+1), 4*bs, blocks(5), blocks(5), blocks(5)); !loaded || len(fails) > 0 {
+		t.Fatalf("load from the slow tier: loaded %v, failures %+v", loaded, fails)
+	}
+	matched := map[int]int{} // blocks counted: matches
+	for i := range 16 {
+		m, err := h.s.Match(request(string(rune('c'+i)), 8*bs+1), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		matched[m.Tokens/bs]++
+	}
+	skipped := h.s.(connector.StatsReporter).Stats().SlowSkipped
+	if matched[4] != 15 || matched[8] != 1 || skipped != 15*4 {
+		t.Errorf("matches of 8 blocks, resumable at block 4 from the top tier: counted blocks %v (blocks: matches), SlowSkipped %d; want 15 matches of 4 blocks, 1 of 8 (the probe), and 60 skipped", matched, skipped)
+	}
+}
