@@ -81,11 +81,14 @@ func TestLoadTokensByTier(t *testing.T) {
 // one match in 16 (which measures it again), while the blocks before them
 // that the fast top tier holds still count.
 func TestSlowTierNotMatched(t *testing.T) {
-	// 4 values of about 300 bytes at 2 KiB/s: a load of 16 tokens from the
-	// lower tier takes half a second at least, 32 tokens/s at most.
+	// Values of 256 bytes and more at 2 KiB/s: a load of 4 blocks (16
+	// tokens) from the lower tier takes half a second at least, so it runs
+	// at 32 tokens/s at most, however fast the machine; the top tier's
+	// loads are never measured. A store call may take a while over the
+	// slow link: store_timeout leaves it minutes.
 	slow := storetest.NewFaulty(newMemUnowned(t), storetest.FaultOptions{Bandwidth: 2 << 10})
 	st, ram := ramOver(t, slow)
-	r := newRig(t, st, identity(1, 1), map[string]any{"lookup": "sync", "prefill_tokens_per_s": 1000})
+	r := newRig(t, st, identity(1, 1), map[string]any{"lookup": "sync", "prefill_tokens_per_s": 1000, "store_timeout": "2m"})
 	onlyLow(r, ram)
 	matched := map[int]int{} // blocks counted: matches
 	for i := range 16 {
@@ -127,7 +130,7 @@ func loadTokens(w connector.Worker) tokens {
 func TestSlowTierNotMatchedGroups(t *testing.T) {
 	slow := storetest.NewFaulty(newMemUnowned(t), storetest.FaultOptions{Bandwidth: 2 << 10})
 	st, ram := ramOver(t, slow)
-	h := newHybridRigOn(t, st, map[string]any{"prefill_tokens_per_s": 1000})
+	h := newHybridRigOn(t, st, map[string]any{"prefill_tokens_per_s": 1000, "store_timeout": "2m"})
 	h.fill(3)
 	h.save(request("a", 8*bs+1), blocks(9), blocks(9), blocks(9))
 	if _, err := ram.RemoveAll(context.Background()); err != nil {
