@@ -5,17 +5,16 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvconnect/kvconnect/hashing"
-
 	"github.com/kvconnect/kvconnect/connector"
+	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/store"
 )
 
 // The store's tiers, when it is a store.Layered (store/tiered): the
 // workers count the tokens each tier served (the LoadTokens fields of
-// connector.Stats), and the
-// scheduler half measures each tier's load rate for the prefill_tokens_per_s
-// gate. A store that is not Layered is one tier, numbered 0.
+// connector.Stats), and the scheduler half measures each tier's load rate
+// for the prefill_tokens_per_s gate. A store that is not Layered is one
+// tier, numbered 0.
 
 // tierInfo is what a half knows of the store's tiers.
 type tierInfo struct {
