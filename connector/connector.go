@@ -460,7 +460,22 @@ type Stats struct {
 	FailedSkipped  int64 // blocks a lookup found but not matched: their load failed lately
 	Refused        int64 // transfer parameters refused (p2p): malformed, of another identity, forged, or unverifiable
 	Resyncs        int64 // AllCleared events announced because the store's feed of key events (store.Watcher) lost events: routers rebuild from nothing
-	SlowSkipped    int64 // blocks a lookup found but not matched: loads ran slower than the engine's prefill (storeconn's prefill_tokens_per_s)
+	SlowSkipped    int64 // blocks a lookup found but not matched: loads ran slower than the engine's prefill (storeconn's prefill_tokens_per_s); with a store in tiers, loads from the tier that holds them
+
+	// The LoadTokens fields are, in a worker, the tokens of the blocks it
+	// loaded (Loads × Layout.BlockSize) by the medium of the store tier
+	// that served them, in vLLM's KV-event vocabulary
+	// (store.KeyEvent.Medium): the tokens each tier actually delivered,
+	// where HitTokens counts those a match promised. Only a store that
+	// says which tier served a key (store.Layered, as store/tiered) fills
+	// them; from any other they are zero. A block stored in several
+	// values (layer chunks) counts in the medium of the lowest tier that
+	// served one. Like every field of Stats they are int64 counts, so a
+	// Stats copies whole, shares nothing, and sums field by field.
+	LoadTokensCPU     int64 // "CPU": host memory (store/memstore)
+	LoadTokensDisk    int64 // "DISK": local disk (store/diskstore)
+	LoadTokensStorage int64 // "STORAGE": a remote store (store/remote, store/mooncake)
+	LoadTokensOther   int64 // a tier of any other medium
 }
 
 // Health is a connector half's view of the store or transport it depends

@@ -21,6 +21,7 @@ type connMetrics struct {
 	stale, failedSkipped, corrupt, storeFails *prometheus.Desc
 	refused                                   *prometheus.Desc
 	resyncs                                   *prometheus.Desc
+	slowSkipped, loadTokens                   *prometheus.Desc
 	lookupSeconds, transferSeconds            *prometheus.Desc
 
 	healthy, consecutive, failedCalls, lastFailure *prometheus.Desc
@@ -44,6 +45,8 @@ func newConnMetrics(labels prometheus.Labels, stats, health bool) *connMetrics {
 		retries:         d("save_retries_total", "Blocks requeued after an out-of-space put (Stats.SaveRetries)."),
 		stale:           d("stale_discarded_total", "Transfers of an old weights generation dropped (Stats.StaleDiscarded)."),
 		failedSkipped:   d("failed_skipped_blocks_total", "Blocks a lookup found but did not match because their load failed lately (Stats.FailedSkipped)."),
+		slowSkipped:     d("slow_skipped_blocks_total", "Blocks a lookup found but did not match because loads from the store (or from the tier holding them) ran slower than the engine's prefill (Stats.SlowSkipped)."),
+		loadTokens:      d("load_tokens_total", "Tokens of the blocks loaded, by the medium of the store tier that served them: CPU, DISK, STORAGE or other; counted only over a store that says which tier served a block (Stats.LoadTokensCPU, LoadTokensDisk, LoadTokensStorage, LoadTokensOther).", "medium"),
 		resyncs:         d("event_resyncs_total", "AllCleared events announced because the store's feed of key events lost events (Stats.Resyncs)."),
 		corrupt:         d("corrupt_blocks_total", "Loaded blocks whose bytes failed verification; also counted in blocks_total{operation=\"load\",status=\"failed\"} (Stats.Corrupt)."),
 		refused:         d("refused_params_total", "Transfer parameters refused: malformed, of another identity, forged, or unverifiable (Stats.Refused)."),
@@ -63,6 +66,7 @@ func (m *connMetrics) describe(ch chan<- *prometheus.Desc) {
 		for _, d := range []*prometheus.Desc{
 			m.lookups, m.lookupKeys, m.hitBlocks, m.hitTokens, m.blocks, m.bytes, m.staged, m.retries,
 			m.stale, m.failedSkipped, m.corrupt, m.refused, m.storeFails, m.lookupSeconds, m.transferSeconds, m.resyncs,
+			m.slowSkipped, m.loadTokens,
 		} {
 			ch <- d
 		}
@@ -93,6 +97,11 @@ func (m *connMetrics) collectStats(ch chan<- prometheus.Metric, st connector.Sta
 	counter(m.retries, st.SaveRetries)
 	counter(m.stale, st.StaleDiscarded)
 	counter(m.failedSkipped, st.FailedSkipped)
+	counter(m.slowSkipped, st.SlowSkipped)
+	counter(m.loadTokens, st.LoadTokensCPU, "CPU")
+	counter(m.loadTokens, st.LoadTokensDisk, "DISK")
+	counter(m.loadTokens, st.LoadTokensStorage, "STORAGE")
+	counter(m.loadTokens, st.LoadTokensOther, "other")
 	counter(m.resyncs, st.Resyncs)
 	counter(m.corrupt, st.Corrupt)
 	counter(m.refused, st.Refused)

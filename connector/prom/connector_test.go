@@ -44,7 +44,8 @@ func stats(base int64) connector.Stats {
 		SaveBytes: base + 9, SaveSkipped: base + 10, SaveFailures: base + 11, SaveRetries: base + 12,
 		StagedBytes: base + 13, LookupNanos: 1_500_000_000, TransferNanos: 250_000_000,
 		StaleDiscarded: base + 14, Corrupt: base + 15, StoreErrors: base + 20, StoreTimeouts: base + 16,
-		FailedSkipped: base + 17, Refused: base + 18, Resyncs: base + 19,
+		FailedSkipped: base + 17, Refused: base + 18, Resyncs: base + 19, SlowSkipped: base + 21,
+		LoadTokensCPU: base + 22, LoadTokensDisk: base + 23, LoadTokensStorage: base + 24, LoadTokensOther: base + 25,
 	}
 }
 
@@ -87,6 +88,12 @@ kvconnect_connector_hit_tokens_total{engine="e1",rank="3",role="worker"} 4
 # HELP kvconnect_connector_last_failure_timestamp_seconds Unix time of the latest failure (Health.LastErrorTime); absent before the first.
 # TYPE kvconnect_connector_last_failure_timestamp_seconds gauge
 kvconnect_connector_last_failure_timestamp_seconds{engine="e1",rank="3",role="worker"} 1.7648352e+09
+# HELP kvconnect_connector_load_tokens_total Tokens of the blocks loaded, by the medium of the store tier that served them: CPU, DISK, STORAGE or other; counted only over a store that says which tier served a block (Stats.LoadTokensCPU, LoadTokensDisk, LoadTokensStorage, LoadTokensOther).
+# TYPE kvconnect_connector_load_tokens_total counter
+kvconnect_connector_load_tokens_total{engine="e1",medium="CPU",rank="3",role="worker"} 22
+kvconnect_connector_load_tokens_total{engine="e1",medium="DISK",rank="3",role="worker"} 23
+kvconnect_connector_load_tokens_total{engine="e1",medium="STORAGE",rank="3",role="worker"} 24
+kvconnect_connector_load_tokens_total{engine="e1",medium="other",rank="3",role="worker"} 25
 # HELP kvconnect_connector_lookup_keys_total Keys probed by lookups (Stats.LookupKeys).
 # TYPE kvconnect_connector_lookup_keys_total counter
 kvconnect_connector_lookup_keys_total{engine="e1",rank="3",role="worker"} 2
@@ -102,6 +109,9 @@ kvconnect_connector_refused_params_total{engine="e1",rank="3",role="worker"} 18
 # HELP kvconnect_connector_save_retries_total Blocks requeued after an out-of-space put (Stats.SaveRetries).
 # TYPE kvconnect_connector_save_retries_total counter
 kvconnect_connector_save_retries_total{engine="e1",rank="3",role="worker"} 12
+# HELP kvconnect_connector_slow_skipped_blocks_total Blocks a lookup found but did not match because loads from the store (or from the tier holding them) ran slower than the engine's prefill (Stats.SlowSkipped).
+# TYPE kvconnect_connector_slow_skipped_blocks_total counter
+kvconnect_connector_slow_skipped_blocks_total{engine="e1",rank="3",role="worker"} 21
 # HELP kvconnect_connector_staged_bytes_total Bytes copied through a staging buffer (Stats.StagedBytes).
 # TYPE kvconnect_connector_staged_bytes_total counter
 kvconnect_connector_staged_bytes_total{engine="e1",rank="3",role="worker"} 13

@@ -77,6 +77,15 @@
 //	kvconnect_connector_stale_discarded_total             transfers of an old generation dropped (StaleDiscarded)
 //	kvconnect_connector_failed_skipped_blocks_total       blocks found but not matched: their load failed
 //	                                                      lately (FailedSkipped)
+//	kvconnect_connector_slow_skipped_blocks_total         blocks found but not matched: loads (from the
+//	                                                      tier holding them) ran slower than prefill
+//	                                                      (SlowSkipped)
+//	kvconnect_connector_load_tokens_total{medium}         tokens of the blocks loaded, by the medium of the
+//	                                                      store tier that served them: CPU, DISK, STORAGE,
+//	                                                      other (LoadTokensCPU, LoadTokensDisk,
+//	                                                      LoadTokensStorage, LoadTokensOther; a worker's,
+//	                                                      over a store.Layered store such as store/tiered;
+//	                                                      zero otherwise)
 //	kvconnect_connector_refused_params_total              transfer parameters refused: malformed, of another
 //	                                                      identity, forged, or unverifiable (Refused)
 //	kvconnect_connector_event_resyncs_total               AllCleared events announced because the store's
@@ -174,8 +183,9 @@
 //
 // An engine that runs one process per rank registers that rank's Worker
 // in each; the series are the same. Summed over ranks, blocks_total
-// counts block shards (each rank moves its own shard of every block) and
-// bytes_total every byte moved.
+// counts block shards (each rank moves its own shard of every block),
+// bytes_total every byte moved, and load_tokens_total each token once per
+// rank: take one rank's, or divide by the TP size, for tokens.
 //
 // # Concurrency
 //

@@ -295,8 +295,10 @@ var (
 // InstrumentStore returns s with every call timed and counted, as
 // kvconnect_store_operation_* metrics carrying the labels of opts (see
 // the package doc). The result implements [store.Vectored] if s does,
-// and [store.Leaser] if s does, so that a connector takes the same path
-// over it as over s; PutV and GetV count as the operations put and get.
+// [store.Leaser] if s does, and [store.Layered] if s does (a store in
+// tiers), so that a connector takes the same path over it as over s;
+// PutV and GetV count as the operations put and get, ExistsTier as
+// exists, GetTier and GetVTier as get.
 // Register, Unregister, Stats and Close are passed through, not counted.
 //
 // Recording a call allocates nothing and adds no lock: each series is
@@ -313,13 +315,23 @@ func InstrumentStore(s store.Store, opts Options) Instrumented {
 	i := &instrumented{s: s, m: newStoreMetrics(opts)}
 	v, vectored := s.(store.Vectored)
 	l, leaser := s.(store.Leaser)
+	y, isLayered := s.(store.Layered)
+	ly := layered{m: i.m, y: y}
 	switch {
+	case vectored && leaser && isLayered:
+		return &layeredVectoredLeaser{&instrumentedVectoredLeaser{instrumentedVectored: &instrumentedVectored{instrumented: i, v: v}, l: l}, ly}
 	case vectored && leaser:
 		return &instrumentedVectoredLeaser{instrumentedVectored: &instrumentedVectored{instrumented: i, v: v}, l: l}
+	case vectored && isLayered:
+		return &layeredVectored{&instrumentedVectored{instrumented: i, v: v}, ly}
 	case vectored:
 		return &instrumentedVectored{instrumented: i, v: v}
+	case leaser && isLayered:
+		return &layeredLeaser{&instrumentedLeaser{instrumented: i, l: l}, ly}
 	case leaser:
 		return &instrumentedLeaser{instrumented: i, l: l}
+	case isLayered:
+		return &layeredPlain{i, ly}
 	}
 	return i
 }
@@ -414,3 +426,68 @@ func (i *instrumentedLeaser) Leases() store.Leases { return i.l.Leases() }
 
 // Leases implements [store.Leaser]: the wrapped store's.
 func (i *instrumentedVectoredLeaser) Leases() store.Leases { return i.l.Leases() }
+
+// layered adds [store.Layered] to an instrumented store over a store in
+// tiers: each shape of instrumented store has a layered twin.
+type layered struct {
+	m *storeMetrics
+	y store.Layered
+}
+
+type (
+	layeredPlain struct {
+		*instrumented
+		layered
+	}
+	layeredVectored struct {
+		*instrumentedVectored
+		layered
+	}
+	layeredLeaser struct {
+		*instrumentedLeaser
+		layered
+	}
+	layeredVectoredLeaser struct {
+		*instrumentedVectoredLeaser
+		layered
+	}
+)
+
+var (
+	_ store.Layered  = (*layeredPlain)(nil)
+	_ store.Layered  = (*layeredVectored)(nil)
+	_ store.Vectored = (*layeredVectored)(nil)
+	_ store.Layered  = (*layeredLeaser)(nil)
+	_ store.Leaser   = (*layeredLeaser)(nil)
+	_ store.Layered  = (*layeredVectoredLeaser)(nil)
+	_ store.Vectored = (*layeredVectoredLeaser)(nil)
+	_ store.Leaser   = (*layeredVectoredLeaser)(nil)
+	_ Instrumented   = (*layeredVectoredLeaser)(nil)
+)
+
+// Media implements [store.Layered]: the wrapped store's.
+func (l layered) Media() []string { return l.y.Media() }
+
+// ExistsTier implements [store.Layered], counted as an exists.
+func (l layered) ExistsTier(ctx context.Context, keys []string, res []store.Result, tier []int) error {
+	start := l.m.now()
+	err := l.y.ExistsTier(ctx, keys, res, tier)
+	l.m.batch(opExists, start, err, len(keys), res)
+	return err
+}
+
+// GetTier implements [store.Layered], counted as a get.
+func (l layered) GetTier(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result, tier []int) error {
+	start := l.m.now()
+	err := l.y.GetTier(ctx, keys, dst, res, tier)
+	l.m.batch(opGet, start, err, len(keys), res)
+	return err
+}
+
+// GetVTier implements [store.Layered], counted as a get.
+func (l layered) GetVTier(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result, tier []int) error {
+	start := l.m.now()
+	err := l.y.GetVTier(ctx, keys, dst, res, tier)
+	l.m.batch(opGet, start, err, len(keys), res)
+	return err
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/kvconnect/kvconnect/store"
 	"github.com/kvconnect/kvconnect/store/memstore"
 	"github.com/kvconnect/kvconnect/store/storetest"
+	"github.com/kvconnect/kvconnect/store/tiered"
 )
 
 func newMemstore(t testing.TB, cfg memstore.Config) *memstore.Store {
@@ -62,30 +63,73 @@ type leaser struct {
 func (l leaser) Leases() store.Leases { return l.l }
 
 // TestInstrumentedInterfaces checks that the wrapper implements
-// store.Vectored and store.Leaser exactly when the wrapped store does,
-// and passes Leases through.
+// store.Vectored, store.Leaser and store.Layered exactly when the wrapped
+// store does, and passes Leases and Media through; ExistsTier counts as
+// an exists and GetTier as a get.
 func TestInstrumentedInterfaces(t *testing.T) {
 	mem := newMemstore(t, memstore.Config{Capacity: 1 << 20})
+	top, err := memstore.New(memstore.Config{Capacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := tiered.New(tiered.Config{Tiers: []tiered.Tier{{Store: top, Medium: tiered.MediumCPU}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ts.Close() })
 	leases := store.Leases{Exists: true, TTL: 5 * time.Second, RemoveWait: time.Second}
+	type layeredStore struct {
+		store.Store
+		store.Layered
+	}
 	for _, tc := range []struct {
-		name             string
-		s                store.Store
-		vectored, leaser bool
+		name                      string
+		s                         store.Store
+		vectored, leaser, layered bool
 	}{
-		{"Memstore", mem, true, true},
-		{"Plain", plain{mem}, false, false},
-		{"Leaser", leaser{plain{mem}, leases}, false, true},
+		{"Memstore", mem, true, true, false},
+		{"Plain", plain{mem}, false, false, false},
+		{"Leaser", leaser{plain{mem}, leases}, false, true, false},
 		{"Vectored", struct {
 			store.Store
 			store.Vectored
-		}{plain{mem}, mem}, true, false},
+		}{plain{mem}, mem}, true, false, false},
+		{"Tiered", ts, true, true, true},
+		{"Layered", layeredStore{plain{ts}, ts}, false, false, true},
+		{"LayeredLeaser", struct {
+			leaser
+			store.Layered
+		}{leaser{plain{ts}, leases}, ts}, false, true, true},
+		{"LayeredVectored", struct {
+			store.Store
+			store.Vectored
+			store.Layered
+		}{plain{ts}, ts, ts}, true, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			i := prom.InstrumentStore(tc.s, prom.Options{})
 			_, vectored := i.(store.Vectored)
 			l, isLeaser := i.(store.Leaser)
-			if vectored != tc.vectored || isLeaser != tc.leaser {
-				t.Errorf("InstrumentStore(%s): Vectored %v, Leaser %v; want %v, %v", tc.name, vectored, isLeaser, tc.vectored, tc.leaser)
+			y, isLayered := i.(store.Layered)
+			if vectored != tc.vectored || isLeaser != tc.leaser || isLayered != tc.layered {
+				t.Errorf("InstrumentStore(%s): Vectored %v, Leaser %v, Layered %v; want %v, %v, %v", tc.name, vectored, isLeaser, isLayered, tc.vectored, tc.leaser, tc.layered)
+			}
+			if isLayered {
+				if diff := cmp.Diff([]string{"CPU"}, y.Media()); diff != "" {
+					t.Errorf("Media() (-want +got):\n%s", diff)
+				}
+				keys := []string{"absent"}
+				res, tier := make([]store.Result, 1), []int{7}
+				if err := y.ExistsTier(context.Background(), keys, res, tier); err != nil || tier[0] != -1 {
+					t.Errorf("ExistsTier(%q) = %v, tier %d; want nil, -1", keys, err, tier[0])
+				}
+				if err := y.GetTier(context.Background(), keys, regions(t, 1, 64), res, tier); err != nil || tier[0] != -1 {
+					t.Errorf("GetTier(%q) = %v, tier %d; want nil, -1", keys, err, tier[0])
+				}
+				got := histogramCounts(t, i, "kvconnect_store_operation_duration_seconds")
+				if got["exists/ok"] != 1 || got["get/ok"] != 1 {
+					t.Errorf("calls counted: exists/ok %d, get/ok %d; want 1, 1 (ExistsTier and GetTier)", got["exists/ok"], got["get/ok"])
+				}
 			}
 			if isLeaser {
 				want := tc.s.(store.Leaser).Leases()

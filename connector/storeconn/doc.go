@@ -261,14 +261,38 @@
 // "prefill_tokens_per_s" set to the engine's prefill speed, the scheduler
 // half measures the tokens per second of its loads, from the step that
 // plans each load to the one that reports it done (a moving average over
-// the loads of late, of the whole store: a store in tiers does not say
-// which tier served a load), and while that rate is below the engine's, a
-// match counts no block: the engine recomputes, which is faster. One match
-// in 16 is let through all the same, so that the rate is measured again
-// and the blocks count once loads are fast again. Stats.SlowSkipped counts
-// the blocks left out of matches for that reason. It is off by default
-// (0): the rate of prefill is the engine's to know, and a store that is
-// fast enough gains nothing from the measure.
+// the loads of late), and leaves out of a match the blocks whose load
+// would run below the engine's rate: the engine recomputes them, which is
+// faster. One match in 16 that would leave blocks out is let through all
+// the same, so that the rate is measured again and the blocks count once
+// loads are fast again. Stats.SlowSkipped counts the blocks left out of
+// matches for that reason. It is off by default (0): the rate of prefill
+// is the engine's to know, and a store that is fast enough gains nothing
+// from the measure.
+//
+// Over a store in tiers that says which tier holds a key
+// ([store.Layered], as store/tiered), the rate is measured and judged
+// tier by tier: the lookup also asks which tier holds each block (the
+// lowest tier holding a key of it), a load measures the rate of the
+// lowest tier among its blocks, and a match ends at the first block of a
+// tier whose loads run below the engine's rate; with groups, at the last
+// point the request can resume from without such blocks. The blocks a
+// fast RAM tier holds still count while those only on a slow disk do not.
+// A tier not yet measured counts as fast. Over any other store the
+// whole store is one tier. The tiers are those the lookup saw: a block
+// promoted or evicted meanwhile loads from where it is then, and the
+// load's rate is still counted for the tier the lookup named.
+//
+// # Tokens loaded by tier
+//
+// Over a [store.Layered] store a worker also counts the tokens of the
+// blocks it loaded by the medium of the tier that served them, in
+// Stats.LoadTokensCPU, LoadTokensDisk, LoadTokensStorage and
+// LoadTokensOther (any other medium): what each tier actually
+// delivered, where Stats.HitTokens of the scheduler half counts the tokens
+// its matches promised. A block stored in layer chunks counts in the
+// lowest tier that served one of its chunks. Each tensor-parallel worker
+// counts the blocks it loaded (its own shard of each).
 //
 // # When the store fails
 //

@@ -78,11 +78,15 @@ type Planner struct {
 	}
 	closed bool
 
-	// With prefill_tokens_per_s: the tokens per second of the loads of
-	// late (a moving average from plan to end; 0 before the first), and
-	// the matches held back since the last that was let through.
-	loadRate float64
-	slowHeld int
+	// With prefill_tokens_per_s, per tier of the store (one unless it is
+	// a store.Layered): the tokens per second of the loads of late from
+	// that tier (a moving average from plan to end; 0 before the first),
+	// and the matches held back since the last that was let through.
+	tiers    tierInfo
+	loadRate []float64
+	slowHeld []int
+	decided  []int8 // per tier, during fastEnd: undecided, tierFast or tierHeld
+	gating   bool   // during fastEnd: blocks of held tiers count as absent
 }
 
 var (
@@ -143,6 +147,7 @@ type lookup struct {
 	// Planner.mu; read by the scheduler only once done is set.
 	picked atomic.Int64 // when a pool goroutine took it up, in UnixNano; 0 while queued
 	has    [][]bool     // per group, per block from `from`: present in every shard
+	tier   [][]int      // per group, per block from `from`, with a store.Layered: the lowest tier holding a key of it; nil otherwise
 	all    bool         // every probed block of every group is present
 	err    error
 	nanos  int64
@@ -163,6 +168,7 @@ type transfer struct {
 	failed  []bool // per block: failed for another reason (saves)
 	tries   int
 	planned time.Time // a load, with prefill_tokens_per_s: when Allocated planned it
+	tier    int       // a load: the lowest tier its lookup found a block of it in, whose load rate it measures
 	// For a save, for its BlockStored events: the hash of the block
 	// before first (zero for the request's first block), and the tokens
 	// of its blocks when the engine gave them (Request.Tokens).
@@ -207,6 +213,10 @@ func openPlanner(cfg connector.Config, env connector.Env) (*Planner, error) {
 		failed:    failedKeys{m: make(map[groupHash]time.Time)},
 		wake:      make(chan struct{}, 1),
 	}
+	s.tiers = tiersOf(env.Store)
+	s.loadRate = make([]float64, s.tiers.n)
+	s.slowHeld = make([]int, s.tiers.n)
+	s.decided = make([]int8, s.tiers.n)
 	for g, spec := range s.groups {
 		if spec.BlockSize != s.bs {
 			return nil, fmt.Errorf("%w: %s: Layout.Groups[%d].BlockSize = %d: this connector needs every group's block size to equal Layout.BlockSize = %d", connector.ErrConfig, Name, g, spec.BlockSize, s.bs)
@@ -301,6 +311,7 @@ type probeScratch struct {
 	kb   keyBuf
 	keys []string
 	res  []store.Result
+	tier []int // with a store.Layered and prefill_tokens_per_s: each key's tier
 }
 
 // probe runs one batch exists over every shard of every probed block of
@@ -326,7 +337,7 @@ func (s *Planner) probe(lks []*lookup, sc *probeScratch) {
 	res := grow(sc.res, len(keys))
 	sc.keys, sc.res = keys, res
 	ctx, cancel := context.WithTimeout(s.ctx, s.opt.storeTimeout)
-	err := s.st.Exists(ctx, keys, res)
+	err := s.exists(ctx, sc)
 	cancel()
 	if err != nil {
 		s.h.record("exists", err)
@@ -360,6 +371,7 @@ func (s *Planner) probe(lks []*lookup, sc *probeScratch) {
 			}
 			lk.has[g] = has
 		}
+		s.noteTiers(lk, sc)
 	}
 	clear(keys) // drop the batch's string
 }
@@ -567,46 +579,14 @@ func (s *Planner) Match(r *connector.Request, computed int) (connector.Match, er
 	if end <= from {
 		return connector.Match{}, nil
 	}
-	if s.slowLoads() {
-		s.stats.SlowSkipped += int64(end - from)
-		return connector.Match{}, nil
+	if e := s.fastEnd(q.lk, r.Hashes, from, end); e < end {
+		s.stats.SlowSkipped += int64(end - e)
+		if end = e; end <= from {
+			return connector.Match{}, nil
+		}
 	}
 	q.matchEnd = end
 	return connector.Match{Tokens: (end - from) * s.bs}, nil
-}
-
-// probeEvery is how often a match is let through while loads are slower
-// than prefill, so that the rate of loads is measured again.
-const probeEvery = 16
-
-// slowLoads reports whether loads have run slower than the engine
-// prefills (prefill_tokens_per_s): a match then counts no block, as
-// recomputing them is faster, except one match in probeEvery.
-func (s *Planner) slowLoads() bool {
-	if s.opt.prefillRate == 0 || s.loadRate == 0 || s.loadRate >= float64(s.opt.prefillRate) {
-		s.slowHeld = 0
-		return false
-	}
-	s.slowHeld++
-	if s.slowHeld >= probeEvery {
-		s.slowHeld = 0
-		return false
-	}
-	return true
-}
-
-// measureLoad adds the load x, which ended whole, to the rate of loads.
-func (s *Planner) measureLoad(x *transfer) {
-	d := time.Since(x.planned).Seconds()
-	if d <= 0 {
-		return
-	}
-	rate := float64(len(x.blocks)*s.bs) / d
-	if s.loadRate == 0 {
-		s.loadRate = rate
-		return
-	}
-	s.loadRate += 0.25 * (rate - s.loadRate)
 }
 
 // newRequest starts tracking request id.
@@ -656,7 +636,7 @@ func (s *Planner) resumeEnd(lk *lookup, hashes []hashing.BlockHash, from, limit 
 // lk.from), and, with now not zero, that its load has not failed lately.
 func (s *Planner) present(lk *lookup, g, i int, hashes []hashing.BlockHash, now time.Time) bool {
 	k := i - lk.from
-	if k < 0 || k >= len(lk.hashes) || !lk.has[g][k] {
+	if k < 0 || k >= len(lk.hashes) || !lk.has[g][k] || s.gating && s.decided[lk.tierOf(g, k)] == tierHeld {
 		return false
 	}
 	return now.IsZero() || !s.failed.has(groupHash{g, hashes[i]}, now)
@@ -856,7 +836,8 @@ func (s *Planner) Allocated(r *connector.Request, external int, tables ...[]conn
 			Hashes: append([]hashing.BlockHash(nil), r.Hashes[lo:p]...),
 		}
 		s.meta.Loads = append(s.meta.Loads, tr)
-		s.track(q, &tr, true, 0)
+		x := s.track(q, &tr, true, 0)
+		x.tier = q.lk.lowestTier(g, lo, p)
 		q.loads++
 	}
 	q.loadFail, q.loadFrom = -1, q.from

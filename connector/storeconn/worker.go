@@ -28,6 +28,9 @@ type Worker struct {
 	log  *slog.Logger
 	id   hashing.Identity
 	rank int
+	// tiers are the store's tiers, when it says which served a key
+	// (store.Layered): the LoadTokens fields of Stats count by them.
+	tiers tierInfo
 
 	kv        connector.KVCache
 	groups    []groupMem // per KV cache group: its memory and how its blocks move
@@ -116,6 +119,7 @@ type pendingSave struct {
 type chunked struct {
 	left int                // chunk jobs not yet ended
 	fail []connector.Reason // per block: why a chunk of it failed first; 0 while none did
+	tier []int              // per block, with a store.Layered: 1 + the lowest tier that served a chunk of it, 0 for none; nil before one did
 }
 
 // add records the failures of one chunk job and reports whether it was the
@@ -165,6 +169,7 @@ type workerStats struct {
 	loads, loadBytes, loadFailures atomic.Int64
 	saves, saveBytes, saveFailures atomic.Int64
 	staged, nanos, stale, corrupt  atomic.Int64
+	tokens                         mediumTokens // LoadTokens
 }
 
 // job is one transfer for the pool; it owns copies of the transfer's slices.
@@ -211,6 +216,7 @@ func openWorker(cfg connector.Config, env connector.Env) (*Worker, error) {
 	w.ly.left = make([]int, env.Identity.Layout.Layers)
 	w.waited, w.savedTo = -1, -1
 	w.vec, _ = env.Store.(store.Vectored)
+	w.tiers = tiersOf(env.Store)
 	w.pinner, _ = env.Copier.(connector.HostPinner)
 	w.tl = opt.verify.trailerBytes()
 	w.genNow.Store(w.gen)
@@ -508,6 +514,7 @@ func (w *Worker) ended(j *job, fails []connector.Failure) {
 	gm := &w.groups[j.t.Group]
 	if n := j.x.moved(j, gm.replicas, w.rank%gm.replicas); j.load {
 		w.stats.loads.Add(n)
+		w.tierTokens(j.x)
 		for _, r := range j.x.fail {
 			switch r {
 			case 0:
@@ -831,6 +838,9 @@ func (w *Worker) run(j *job, sc *scratch) {
 	fails := w.load(j, sc)
 	w.stats.nanos.Add(time.Since(start).Nanoseconds())
 	w.mu.Lock()
+	if j.x != nil {
+		w.noteTiers(j.x, sc, len(j.t.Blocks))
+	}
 	w.ended(j, fails)
 	w.mu.Unlock()
 	// After the report: the Poll that follows WaitLayer of the last layer
@@ -861,6 +871,10 @@ type scratch struct {
 	pinned   bool
 	trailers *rdma.HostMemory // registered with the store: one trailer slot per key (vector)
 	mac      *blake3.Hasher   // verify "mac": keyed with the tenant's secret, made on first use
+	// With a store.Layered: per key of a get, the tier that served it;
+	// per block of a load job of a transfer stored in chunks, 1 + the
+	// tier that served it, 0 for none (see Worker.served).
+	tier, blockTier []int
 }
 
 // seal writes into t the trailer of the worker's verify mode for the block
@@ -1043,6 +1057,7 @@ func (w *Worker) corrupted(key string, err error, count bool) {
 func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 	t := &j.t
 	sc.fails = sc.fails[:0]
+	w.beginTiers(j, sc)
 	if w.stale(j) {
 		if j.x == nil { // in chunks: counted per block when the last ends
 			w.stats.stale.Add(int64(len(t.Blocks)))
@@ -1081,7 +1096,7 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 				sub, _ := stage.Sub(k*stride, stride)
 				sc.regions = append(sc.regions, sub)
 			}
-			err = w.call("get", sc.res, func(ctx context.Context) error { return w.st.Get(ctx, sc.keys, sc.regions, sc.res) })
+			err = w.call("get", sc.res, func(ctx context.Context) error { return w.get(ctx, sc) })
 		case vector:
 			if w.tl > 0 {
 				if tr, err = w.trailerSlots(sc, hi-lo); err != nil {
@@ -1090,13 +1105,13 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 				}
 			}
 			w.vectorRegions(sc, gm, ch, t.Blocks[lo:hi], tr)
-			err = w.call("get", sc.res, func(ctx context.Context) error { return w.vec.GetV(ctx, sc.keys, sc.vregs, sc.res) })
+			err = w.call("get", sc.res, func(ctx context.Context) error { return w.getV(ctx, sc) })
 		default:
 			sc.regions = sc.regions[:0]
 			for i := lo; i < hi; i++ {
 				sc.regions = gm.kv.LayerSpans(sc.regions, t.Blocks[i], ch.lo, ch.hi)
 			}
-			err = w.call("get", sc.res, func(ctx context.Context) error { return w.st.Get(ctx, sc.keys, sc.regions, sc.res) })
+			err = w.call("get", sc.res, func(ctx context.Context) error { return w.get(ctx, sc) })
 		}
 		if err != nil {
 			clear(sc.keys)
@@ -1125,6 +1140,7 @@ func (w *Worker) load(j *job, sc *scratch) (fails []connector.Failure) {
 			sc.fails = sc.fails[:nfail]
 			return fail(sc.fails, t.ID, lo, len(t.Blocks), connector.ReasonIO)
 		}
+		w.served(j, sc, lo, nfail)
 		loaded := int64(hi - lo - (len(sc.fails) - nfail))
 		if j.x == nil {
 			w.stats.loads.Add(loaded) // in chunks: counted when the last ends
@@ -1469,7 +1485,7 @@ type saveItem struct{ c, i int }
 // Stats implements connector.StatsReporter.
 func (w *Worker) Stats() connector.Stats {
 	errs, timeouts := w.h.counts()
-	return connector.Stats{
+	st := connector.Stats{
 		Loads:          w.stats.loads.Load(),
 		LoadBytes:      w.stats.loadBytes.Load(),
 		LoadFailures:   w.stats.loadFailures.Load(),
@@ -1483,6 +1499,8 @@ func (w *Worker) Stats() connector.Stats {
 		StoreErrors:    errs,
 		StoreTimeouts:  timeouts,
 	}
+	w.stats.tokens.fill(&st)
+	return st
 }
 
 // Health implements connector.HealthReporter: the store's answers to the

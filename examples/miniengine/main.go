@@ -629,6 +629,10 @@ type Run struct {
 	stats        Stats
 	pd           *pdReport // -pd across processes
 	tp           *tpReport // -tp-procs
+
+	// TierTokens are, with -store tiered, the tokens loaded by the tier
+	// that served them.
+	TierTokens *tierTokens `json:"load_tokens_by_tier,omitempty"`
 }
 
 func newRun(name string, on bool, blocks int, st Stats) Run {
@@ -646,6 +650,8 @@ func newRun(name string, on bool, blocks int, st Stats) Run {
 		LookupMs: float64(st.ConnLookupNanos) / 1e6, Lookups: st.ConnLookups,
 		IdleSteps: float64(st.IdleSteps) / float64(max(1, st.Succeeded+st.Failed)),
 		stats:     st,
+
+		TierTokens: newTierTokens(st.ConnLoadTokens),
 	}
 }
 
@@ -1164,6 +1170,10 @@ func printTable(out io.Writer, o Options, runs []Run) {
 	row("KV hit rate, total", func(r Run) float64 { return 100 * (r.LocalHitRate + r.ExtHitRate) }, "%8.1f%%", false)
 	row("tokens computed", func(r Run) float64 { return float64(r.Computed) }, "%9.0f", true)
 	row("blocks loaded", func(r Run) float64 { return float64(r.BlocksLoaded) }, "%9.0f", false)
+	if o.Store == "tiered" {
+		row("tokens loaded from RAM", func(r Run) float64 { return float64(r.stats.ConnLoadTokens.CPU) }, "%9.0f", false)
+		row("tokens loaded from disk", func(r Run) float64 { return float64(r.stats.ConnLoadTokens.Disk) }, "%9.0f", false)
+	}
 	row("blocks saved", func(r Run) float64 { return float64(r.BlocksSaved) }, "%9.0f", false)
 	row("connector time (ms)", func(r Run) float64 { return r.ConnectorMs }, "%9.1f", false)
 	row("idle steps / request", func(r Run) float64 { return r.IdleSteps }, "%9.1f", false)

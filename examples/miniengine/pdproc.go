@@ -845,6 +845,7 @@ func (c *pdCoord) end(ctx context.Context, st *Stats) error {
 		st.IdleSteps += b.IdleSteps
 		st.ConnLoads += b.Worker.Loads
 		st.ConnLoadBytes += b.Worker.LoadBytes
+		st.ConnLoadTokens = addTokens(st.ConnLoadTokens, b.Worker)
 		st.ConnSaves += b.Worker.Saves
 		st.ConnFailures += b.Worker.LoadFailures + b.Sched.SaveFailures
 		st.ConnCorrupt += b.Worker.Corrupt

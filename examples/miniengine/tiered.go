@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 
+	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/store/diskstore"
 	"github.com/kvconnect/kvconnect/store/memstore"
@@ -191,8 +192,40 @@ func printRestart(out io.Writer, r Run, tiers []tiered.TierStats, verdict string
 	for _, t := range tiers {
 		parts = append(parts, fmt.Sprintf("%s %d", t.Medium, t.Hits))
 	}
-	fmt.Fprintf(out, "\nrestart: a second process on the same disk directory, RAM tier and KV pool empty: TTFT %.1f ms, external hit rate %.0f%%, %d blocks loaded (hits by tier: %s); outputs %s\n",
-		r.TTFTms, 100*r.ExtHitRate, r.BlocksLoaded, strings.Join(parts, ", "), verdict)
+	var toks tierTokens
+	if r.TierTokens != nil {
+		toks = *r.TierTokens
+	}
+	fmt.Fprintf(out, "\nrestart: a second process on the same disk directory, RAM tier and KV pool empty: TTFT %.1f ms, external hit rate %.0f%%, %d blocks loaded (hits by tier: %s; tokens loaded from RAM %d, from disk %d); outputs %s\n",
+		r.TTFTms, 100*r.ExtHitRate, r.BlocksLoaded, strings.Join(parts, ", "), toks.CPU, toks.Disk, verdict)
+}
+
+// tierTokens are the tokens a run loaded, by the medium of the store tier
+// that served them (the LoadTokens fields of connector.Stats), as -json
+// reports them.
+type tierTokens struct {
+	CPU     int64 `json:"CPU"`
+	Disk    int64 `json:"DISK"`
+	Storage int64 `json:"STORAGE"`
+	Other   int64 `json:"other"`
+}
+
+// newTierTokens returns t for -json, or nil when no tier served a token
+// (a store not in tiers, a run without a connector).
+func newTierTokens(t tierTokens) *tierTokens {
+	if t == (tierTokens{}) {
+		return nil
+	}
+	return &t
+}
+
+// addTokens returns t plus the LoadTokens fields of st.
+func addTokens(t tierTokens, st connector.Stats) tierTokens {
+	t.CPU += st.LoadTokensCPU
+	t.Disk += st.LoadTokensDisk
+	t.Storage += st.LoadTokensStorage
+	t.Other += st.LoadTokensOther
+	return t
 }
 
 // describe names the store of -store tiered for the table's header.

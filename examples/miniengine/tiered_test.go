@@ -36,7 +36,7 @@ func TestTieredRestart(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, report)
 		}
 	}
-	m := regexp.MustCompile(`restart: .*external hit rate (\d+)%, (\d+) blocks loaded \(hits by tier: CPU \d+, DISK (\d+)\); outputs identical`).FindStringSubmatch(report)
+	m := regexp.MustCompile(`restart: .*external hit rate (\d+)%, (\d+) blocks loaded \(hits by tier: CPU \d+, DISK (\d+); tokens loaded from RAM (\d+), from disk (\d+)\); outputs identical`).FindStringSubmatch(report)
 	if m == nil {
 		t.Fatalf("no restart line with outputs identical:\n%s", report)
 	}
@@ -45,6 +45,16 @@ func TestTieredRestart(t *testing.T) {
 	}
 	if disk, _ := strconv.Atoi(m[3]); disk == 0 {
 		t.Errorf("the restarted process had no hits from the disk tier:\n%s", report)
+	}
+	// Every block loaded counts its tokens in the tier that served it.
+	loaded, _ := strconv.Atoi(m[2])
+	ram, _ := strconv.Atoi(m[4])
+	disk, _ := strconv.Atoi(m[5])
+	if disk == 0 || ram+disk != loaded*o.Block {
+		t.Errorf("the restarted process loaded %d tokens from RAM and %d from disk; want some from disk, and %d in all (%d blocks of %d tokens):\n%s", ram, disk, loaded*o.Block, loaded, o.Block, report)
+	}
+	if !strings.Contains(report, "tokens loaded from disk") {
+		t.Errorf("the table has no row of tokens loaded from disk:\n%s", report)
 	}
 }
 

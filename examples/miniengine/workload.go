@@ -81,6 +81,10 @@ type Stats struct {
 	outputs           map[turnKey][]hashing.Token
 	prompts           map[turnKey][]hashing.Token
 	gens              map[turnKey]uint64 // the weights generation a turn was submitted under
+
+	// ConnLoadTokens are the tokens loaded, by the medium of the store
+	// tier that served them (-store tiered).
+	ConnLoadTokens tierTokens
 }
 
 // HitRate returns the share of prompt tokens served from a cache.
@@ -261,6 +265,7 @@ func run(ctx context.Context, engines []*Engine, w Workload, route router, h hoo
 		s, wk := e.ConnStats()
 		st.ConnLoads += wk.Loads
 		st.ConnLoadBytes += wk.LoadBytes
+		st.ConnLoadTokens = addTokens(st.ConnLoadTokens, wk)
 		st.ConnSaves += wk.Saves
 		st.ConnFailures += wk.LoadFailures + s.SaveFailures
 		st.ConnCorrupt += wk.Corrupt

@@ -35,6 +35,16 @@
 // a Watcher it reports the puts and removals it made there, but not the
 // tier's evictions.
 //
+// The Store is a [store.Layered]: ExistsTier, GetTier and GetVTier are
+// Exists, Get and GetV that also say which tier (an index into
+// Config.Tiers, whose media [Store.Media] lists) found or served each key.
+// connector/storeconn counts with them the tokens each tier served (the
+// LoadTokens fields of connector.Stats, exported by connector/prom as
+// kvconnect_connector_load_tokens_total{medium}), and, when its
+// "prefill_tokens_per_s" is set, judges each tier by its own load rate:
+// blocks in RAM still load while those only on a slow disk are
+// recomputed.
+//
 // # Usage
 //
 //	ram, _ := memstore.New(memstore.Config{Capacity: 32 << 30})

@@ -19,6 +19,7 @@ var (
 	_ store.Vectored = (*Store)(nil)
 	_ store.Leaser   = (*Store)(nil)
 	_ store.Watcher  = (*Store)(nil)
+	_ store.Layered  = (*Store)(nil)
 )
 
 // feedSize is the buffer of the feed the Store reads from each tier that
@@ -34,6 +35,7 @@ type Store struct {
 	sketch *sketch
 	seed   maphash.Seed
 	feeds  store.Feeds
+	media  []string // the tiers' media, top first (store.Layered)
 	pumpMu sync.Mutex
 	leases store.Leases
 	// filtered is whether some tier has an admission filter: only then
@@ -110,6 +112,7 @@ func New(cfg Config) (*Store, error) {
 			s.leases.RemoveWait += tl.RemoveWait
 		}
 		s.tiers = append(s.tiers, x)
+		s.media = append(s.media, t.Medium)
 	}
 	if cfg.WriteBack && len(s.tiers) > 1 {
 		mem, err := rdma.AllocHost(cfg.StagingBytes)
@@ -299,10 +302,52 @@ func pick[T any](all []T, idx []int) []T {
 // it: res[i].N is the size that tier reports. A tier that fails a key
 // (or a whole call) lets the next tier try; the last tier's error stands.
 func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	return s.exists(ctx, keys, res, nil)
+}
+
+// Media returns the media of the tiers, top first, as Config.Tiers names
+// them. It implements [store.Layered].
+func (s *Store) Media() []string { return s.media }
+
+// ExistsTier is [Store.Exists], and writes into tier[i] the index in
+// Config.Tiers of the tier that has keys[i], or -1. It implements
+// [store.Layered].
+func (s *Store) ExistsTier(ctx context.Context, keys []string, res []store.Result, tier []int) error {
+	if err := store.CheckBatch("exists", len(keys), len(tier), len(res)); err != nil {
+		return fmt.Errorf("%w (tier slots)", err)
+	}
+	return s.exists(ctx, keys, res, tier)
+}
+
+// GetTier is [Store.Get], and writes into tier[i] the index in
+// Config.Tiers of the tier that served keys[i], or -1. It implements
+// [store.Layered].
+func (s *Store) GetTier(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result, tier []int) error {
+	if err := store.CheckBatch("get", len(keys), len(tier), len(res)); err != nil {
+		return fmt.Errorf("%w (tier slots)", err)
+	}
+	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i : i+1] }, dst, res, tier)
+}
+
+// GetVTier is [Store.GetV], and writes into tier[i] the index in
+// Config.Tiers of the tier that served keys[i], or -1. It implements
+// [store.Layered].
+func (s *Store) GetVTier(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result, tier []int) error {
+	if err := store.CheckBatch("get", len(keys), len(tier), len(res)); err != nil {
+		return fmt.Errorf("%w (tier slots)", err)
+	}
+	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i] }, nil, res, tier)
+}
+
+// exists is Exists; tier, when not nil, receives each key's tier.
+func (s *Store) exists(ctx context.Context, keys []string, res []store.Result, tier []int) error {
 	if err := s.start(ctx, "exists", len(keys), -1, len(res)); err != nil {
 		return err
 	}
 	defer s.exit()
+	for i := range tier {
+		tier[i] = -1
+	}
 	var idx []int
 	for i, k := range keys {
 		if err := store.ValidateKey(k); err != nil {
@@ -315,7 +360,12 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 	for _, i := range idx {
 		res[i] = store.Result{Err: store.ErrNotFound}
 	}
-	s.lookup(ctx, keys, idx, res)
+	at := s.lookup(ctx, keys, idx, res)
+	if tier != nil {
+		for j, i := range idx {
+			tier[i] = at[j]
+		}
+	}
 	return nil
 }
 
@@ -568,18 +618,19 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 // may have written into dst[i] before a lower tier's value is copied over
 // it.
 func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
-	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i : i+1] }, dst, res)
+	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i : i+1] }, dst, res, nil)
 }
 
 // GetV reads the value of keys[i] across the regions dst[i], as
 // [Store.Get] reads it into one. It implements [store.Vectored].
 func (s *Store) GetV(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result) error {
-	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i] }, nil, res)
+	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i] }, nil, res, nil)
 }
 
 // getBatch is Get and GetV: dst(i) is the regions of keys[i]; one, when
-// not nil, holds them as one region per key (a Get).
-func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(i int) []rdma.Region, one []rdma.Region, res []store.Result) error {
+// not nil, holds them as one region per key (a Get). tier, when not nil,
+// receives the tier that served each key, or -1.
+func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(i int) []rdma.Region, one []rdma.Region, res []store.Result, tier []int) error {
 	if err := s.start(ctx, "get", len(keys), ndst, len(res)); err != nil {
 		return err
 	}
@@ -599,6 +650,9 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 				bytesOut += int64(r.N)
 			}
 			if pre == nil {
+				for i := range tier {
+					tier[i] = 0
+				}
 				n := int64(len(keys))
 				s.tiers[0].c.hits.Add(n)
 				s.counters.hits.Add(n)
@@ -682,6 +736,12 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 	s.counters.hits.Add(hits)
 	s.counters.misses.Add(misses)
 	s.counters.bytesOut.Add(bytesOut)
+	for i := range tier {
+		tier[i] = -1
+		if res[i].Err == nil {
+			tier[i] = at[i]
+		}
+	}
 	if len(moved) > 0 {
 		s.move(ctx, keys, moved, at, uses, func(i int) [][]rdma.Region {
 			return [][]rdma.Region{trim(dst(i), res[i].N)}
