@@ -354,6 +354,7 @@ func (s *Planner) probe(lks []*lookup, sc *probeScratch) {
 			lk.err = err
 			continue
 		}
+		s.noteTiers(lk, sc, k)
 		lk.has = make([][]bool, lk.groups)
 		lk.all = true
 		for g := range lk.groups {
@@ -371,7 +372,6 @@ func (s *Planner) probe(lks []*lookup, sc *probeScratch) {
 			}
 			lk.has[g] = has
 		}
-		s.noteTiers(lk, sc)
 	}
 	clear(keys) // drop the batch's string
 }

@@ -174,13 +174,13 @@ func (s *Planner) exists(ctx context.Context, sc *probeScratch) error {
 
 // noteTiers records in lk, per group and block, the lowest tier that
 // holds a key of the block, from the tiers of the keys probe looked up
-// (sc.tier, in probe's order: group, block, shard, chunk).
-func (s *Planner) noteTiers(lk *lookup, sc *probeScratch) {
+// (sc.tier, in probe's order: group, block, shard, chunk), lk's from
+// index k on.
+func (s *Planner) noteTiers(lk *lookup, sc *probeScratch, k int) {
 	if s.tiers.ly == nil || s.opt.prefillRate == 0 {
 		return
 	}
 	lk.tier = make([][]int, lk.groups)
-	k := 0
 	for g := range lk.groups {
 		n := lk.ns.GroupShards(g) * len(s.chunks[g])
 		tier := make([]int, len(lk.hashes))
