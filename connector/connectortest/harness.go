@@ -1,12 +1,14 @@
 package connectortest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -277,6 +279,19 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 			t.Run(order.String(), func(t *testing.T) { layerWise(t, open, opts, order) })
 		}
 	})
+	t.Run("LayerCancel", func(t *testing.T) {
+		for _, how := range []cancelHow{cancelCancel, cancelDeadline} {
+			for _, order := range []connector.Order{connector.BlockMajor, connector.LayerMajor} {
+				t.Run(fmt.Sprintf("%s/%v", how, order), func(t *testing.T) { layerCancel(t, open, opts, how, order) })
+			}
+		}
+	})
+	t.Run("RealSize", func(t *testing.T) {
+		for _, c := range realSizes {
+			t.Run(c.name(), func(t *testing.T) { realSize(t, open, opts, c) })
+		}
+	})
+	t.Run("CloseInFlight", func(t *testing.T) { closeInFlight(t, open, opts) })
 	if opts.Groups {
 		t.Run("Groups", func(t *testing.T) { groups(t, open, opts) })
 	} else {
@@ -378,6 +393,190 @@ func layerWise(t *testing.T, open OpenFunc, opts Options, order connector.Order)
 	}
 	w.expectHits(e, e.stats.externalHits-before, 5, "the second request of a 6-block prompt saved layer by layer", "all but the block with the last prompt token")
 	w.finish()
+}
+
+// layerCancel checks a connector whose workers are connector.LayerWorkers
+// against a WaitLayer whose context ends while the layer's loads run: a
+// prompt of 40 blocks in 2 ranks (80 keys in one step's loads) is saved,
+// and loaded again with the store holding every get while WaitLayer(0)
+// runs, its context canceled (or past its deadline) once a get arrived.
+// Each WaitLayer must return the context's error (see engine.cancelWait);
+// the step then waits on layer 0 again, and the loads must end, each
+// reported once, every block byte for byte; Close leaves no goroutine.
+func layerCancel(t *testing.T, open OpenFunc, opts Options, how cancelHow, order connector.Order) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: order, tp: 2, repl: 1, bs: bs, blocks: 96, layered: true, cancel: how})
+	if e.layered == nil {
+		t.Skip("the workers are not connector.LayerWorkers")
+	}
+	prompt := testPrompt(40*bs, 21000)
+	e.add(prompt, 1)
+	w.drain(e)
+	e.dropCache()
+	before := e.stats.externalHits
+	e.add(prompt, 1)
+	w.drain(e)
+	if e.cancel != cancelNone {
+		t.Fatalf("no step loaded a block: no WaitLayer was canceled")
+	}
+	w.expectHits(e, e.stats.externalHits-before, 39, "the second request of a saved 40-block prompt", "all but the block with the last prompt token")
+	if e.stats.loads == 0 && e.storeFailure() == "" {
+		t.Errorf("no load finished after the canceled WaitLayer")
+	}
+	w.finish()
+}
+
+// realSize is the shape of a RealSize subtest: KV blocks of real size.
+type realSizeCase struct {
+	order      connector.Order
+	tp         int
+	layers     int
+	blockBytes int // per layer, K or V, per rank
+	layered    bool
+}
+
+func (c realSizeCase) name() string {
+	s := fmt.Sprintf("%v/tp%d/%dKiB", c.order, c.tp, c.layers*2*c.blockBytes>>10)
+	if c.layered {
+		s += "/layered"
+	}
+	return s
+}
+
+// realSizes are blocks of 256 KiB to 1 MiB per rank, as real KV blocks
+// are, in 4 to 8 layers; a prompt of 6 blocks stores at most 6 MiB.
+var realSizes = []realSizeCase{
+	{order: connector.BlockMajor, tp: 1, layers: 8, blockBytes: 64 << 10},
+	{order: connector.LayerMajor, tp: 2, layers: 4, blockBytes: 32 << 10},
+	{order: connector.LayerMajor, tp: 2, layers: 4, blockBytes: 32 << 10, layered: true},
+}
+
+// realSize checks loads and saves of KV blocks of real size, byte for
+// byte, every layer of every rank, in blocks of 16 tokens: nothing the
+// connector does may hold only for small values (a buffer of a fixed
+// size, an offset that wraps, a pattern that repeats).
+func realSize(t *testing.T, open OpenFunc, opts Options, c realSizeCase) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 16
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: c.order, tp: c.tp, repl: 1, bs: bs, blocks: 14, layers: c.layers, blockBytes: c.blockBytes, layered: c.layered})
+	if c.layered && e.layered == nil {
+		t.Skip("the workers are not connector.LayerWorkers")
+	}
+	prompt := testPrompt(6*bs, 23000)
+	e.add(prompt, 2)
+	w.drain(e)
+	e.dropCache()
+	before := e.stats
+	e.add(prompt, 2)
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before.externalHits, 5, fmt.Sprintf("the second request of a saved 6-block prompt, in blocks of %d bytes per rank", c.layers*2*c.blockBytes), "all but the block with the last prompt token")
+	if e.stats.loads == before.loads && e.storeFailure() == "" {
+		t.Errorf("no load finished")
+	}
+	w.finish()
+}
+
+// closeInFlight checks Close of both halves while large loads and saves
+// run: KV blocks of 256 KiB per rank, a prompt of 8 blocks loading (the
+// store holds its gets) and two of 3 blocks just computed, their saves
+// under way. Close must return (the harness lets the held gets go once it
+// did, or a while after it began, for a Close that waits for running
+// transfers), and once it returned nothing may write KV memory: the
+// harness keeps a copy of every rank's memory, waits until no get is in
+// the store and no goroutine of the connector runs, and compares. Then
+// each half's next Close returns nil, the memory is freed (a transfer
+// still reading it would crash the test), and no goroutine is left.
+func closeInFlight(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 16
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: connector.LayerMajor, tp: 2, repl: 1, bs: bs, blocks: 24, layers: 4, blockBytes: 32 << 10})
+	saved := testPrompt(8*bs, 25000)
+	e.add(saved, 0)
+	w.drain(e)
+	e.dropCache()
+	// Two prompts compute in one step and finish, their saves under way.
+	e.add(testPrompt(3*bs, 26000), 0)
+	e.add(testPrompt(3*bs, 27000), 0)
+	e.step(context.Background(), 0)
+	// The saved prompt loads, every get held in the store.
+	w.rec.holdGets()
+	defer w.rec.releaseGets()
+	e.add(saved, 0)
+	r := e.reqs[len(e.reqs)-1]
+	start := time.Now()
+	var p pause
+	for w.rec.getsHeld() == 0 {
+		if r.phase == running || r.phase == done {
+			t.Fatalf("the request for a saved 8-block prompt ran with no get reaching the store (%d blocks matched): a load was to be in flight at Close", r.loadN)
+		}
+		if time.Since(start) > waitBound {
+			w.gaveUp("no get of the load of a saved 8-block prompt reached the store in %v; %s", waitBound, e.describe())
+		}
+		e.step(context.Background(), 0)
+		p.sleep()
+	}
+	// Close both halves, as an engine shutting down does.
+	closed := make(chan error, 1)
+	go func() {
+		var errs []error
+		for rank, wk := range e.pair.Workers {
+			if err := wk.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("worker %d: Close: %w", rank, err))
+			}
+		}
+		if err := e.pair.Planner.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("scheduler half: Close: %w", err))
+		}
+		closed <- errors.Join(errs...)
+	}()
+	var err error
+	select {
+	case err = <-closed:
+	case <-time.After(probeGrace):
+		w.rec.releaseGets() // for a Close that waits for running transfers
+		select {
+		case err = <-closed:
+		case <-time.After(waitBound):
+			w.gaveUp("Close of the halves had not returned %v after it began, with loads and saves of 256 KiB blocks in flight: Close cancels what is queued and waits only for what runs", waitBound)
+		}
+	}
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	snap := make([][]byte, len(e.mem))
+	for i, m := range e.mem {
+		snap[i] = bytes.Clone(m.Bytes())
+	}
+	w.rec.releaseGets()
+	w.settle()
+	for i, m := range e.mem {
+		if j := firstDiff(snap[i], m.Bytes()); j >= 0 {
+			t.Fatalf("KV memory of rank %d (offset %d of %d bytes) was written after Close of both halves returned, with loads in flight at Close: Close cancels queued transfers and waits for running ones, and nothing writes the engine's memory once it returned", i, j, len(snap[i]))
+		}
+	}
+	w.closed = true
+	e.close(true)
+	if err := w.base.Close(); err != nil {
+		t.Fatalf("close the store: %v", err)
+	}
+	w.checkGoroutines()
+}
+
+// firstDiff returns the first offset at which a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
 }
 
 func loadFailure(t *testing.T, open OpenFunc, opts Options, policy connector.Policy, tp, repl int) {
