@@ -1127,6 +1127,9 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 			e.t.Fatalf("%s: worker %d: Start: %v", e.label, rank, err)
 		}
 	}
+	if early := e.w.rec.earlyRead(); early != "" {
+		e.t.Fatalf("%s: %s", e.label, early)
+	}
 	if e.layered != nil {
 		e.computeLayers(ctx, meta, computed, probe)
 		if e.update() {

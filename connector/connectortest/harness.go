@@ -473,6 +473,9 @@ func realSize(t *testing.T, open OpenFunc, opts Options, c realSizeCase) {
 	e.add(prompt, 2)
 	w.drain(e)
 	w.expectHits(e, e.stats.externalHits-before.externalHits, 5, fmt.Sprintf("the second request of a saved 6-block prompt, in blocks of %d bytes per rank", c.layers*2*c.blockBytes), "all but the block with the last prompt token")
+	if f := e.stats.failedLoads - before.failedLoads; f > 0 && e.storeFailure() == "" && w.base.Stats().Evictions == 0 {
+		t.Fatalf("%d loads of a saved 6-block prompt, in blocks of %d bytes per rank, failed, with a store that failed no call and evicted nothing: the connector broke values of this size", f, c.layers*2*c.blockBytes)
+	}
 	if e.stats.loads == before.loads && e.storeFailure() == "" {
 		t.Errorf("no load finished")
 	}
