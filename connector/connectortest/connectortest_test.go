@@ -818,6 +818,9 @@ func openP2P(broken string) (prod, cons connectortest.OpenFunc) {
 			if r == connector.RoleConsumer && broken == "p2p-last-token" {
 				p.Planner = lastTokenP2P{s, env.Identity.Layout.BlockSize}
 			}
+			if r == connector.RoleConsumer && broken == "p2p-params-hashes" {
+				p.Planner = paramsHashes{s}
+			}
 			for _, w := range ws {
 				var cw connector.Worker = w
 				if r == connector.RoleConsumer && broken == "p2p-early-load" {
@@ -843,6 +846,21 @@ func (s lastTokenP2P) Match(r *connector.Request, computed int) (connector.Match
 	if err == nil && m.Tokens > 0 && r.Prompt%s.bs == 0 && computed+m.Tokens == r.Prompt-s.bs {
 		m.Tokens += s.bs
 	}
+	return m, err
+}
+
+// paramsHashes is a consumer that takes a request's block hashes from its
+// transfer parameters for the match, rather than the prompt's: the
+// parameters of another request of the same length pass.
+type paramsHashes struct{ *p2p.Planner }
+
+func (s paramsHashes) Match(r *connector.Request, computed int) (connector.Match, error) {
+	own := r.Hashes
+	if p, err := p2p.DecodeParams(r.TransferParams); err == nil && len(p.Hashes) <= len(own) {
+		r.Hashes = append(slices.Clone(p.Hashes), own[len(p.Hashes):]...)
+	}
+	m, err := s.Planner.Match(r, computed)
+	r.Hashes = own
 	return m, err
 }
 
@@ -1218,6 +1236,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"chunk-wrap", "in blocks of", ""},
 		{"p2p-early-load", "never written (still poisoned)", ""},
 		{"p2p-last-token", "covers the last prompt token", ""},
+		{"p2p-params-hashes", "bytes differ from the KV saved for its key", ""},
 	}
 	if runtime.GOOS == "linux" { // rdma/shm
 		cases = append(cases,

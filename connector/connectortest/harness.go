@@ -152,6 +152,16 @@ type Options struct {
 //     generation; a rotation to the current generation is refused.
 //   - Layouts: an engine of another layout on the same store matches none
 //     of the blocks the first saved.
+//   - Health, WrongValue: see the package doc.
+//   - LayerWise, LayerCancel (where the workers are
+//     connector.LayerWorkers): loads and saves layer by layer; a WaitLayer
+//     whose context is canceled, or passes its deadline, while the
+//     layer's loads run returns the context's error, and the loads still
+//     end, byte for byte.
+//   - RealSize: blocks of 256 KiB to 1 MiB per rank, in 4 to 8 layers,
+//     loaded byte for byte with no load failed.
+//   - CloseInFlight: Close of both halves while 256 KiB loads and saves
+//     run returns, and nothing writes KV memory after it did.
 //   - Groups (with Options.Groups): with a hybrid layout (one
 //     full-attention, one sliding-window and one state group), a saved
 //     prompt is matched and loaded again, from the store alone and after a
@@ -195,7 +205,9 @@ type Options struct {
 //
 // For a disaggregated connector (Options.OpenConsumer) it runs Handoff (a
 // prompt prefilled on the producer is loaded byte for byte by the
-// consumer from the parameters the producer hands on) and a StateMachine
+// consumer from the parameters the producer hands on), RealSize (Handoff
+// with blocks of real size), WrongParams (parameters tampered with on
+// their way load nothing; see the package doc) and a StateMachine
 // of prefills, handoffs in any order, consumer requests with and without
 // parameters, preemption and local eviction on the consumer, with the same
 // checks except those that read the store.
@@ -313,6 +325,18 @@ func runDisaggregated(t *testing.T, open OpenFunc, opts Options) {
 					handoff(t, open, opts, order, tp[0], tp[1])
 				})
 			}
+		}
+	})
+	t.Run("RealSize", func(t *testing.T) {
+		for _, c := range realSizes {
+			if !c.layered {
+				t.Run(c.name(), func(t *testing.T) { handoffRealSize(t, open, opts, c) })
+			}
+		}
+	})
+	t.Run("WrongParams", func(t *testing.T) {
+		for _, l := range paramLies {
+			t.Run(l.String(), func(t *testing.T) { wrongParams(t, open, opts, l) })
 		}
 	})
 	if !opts.Groups {
@@ -962,6 +986,131 @@ func handoff(t *testing.T, open OpenFunc, opts Options, order connector.Order, t
 	if cons.stats.loads == 0 {
 		t.Errorf("no load finished on the consumer")
 	}
+	w.finish()
+}
+
+// handoffRealSize is Handoff with KV blocks of real size.
+func handoffRealSize(t *testing.T, open OpenFunc, opts Options, c realSizeCase) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 16
+	prod, cons := openPD(w, open, spec{tenant: "tenant0", order: c.order, tp: c.tp, repl: 1, bs: bs, blocks: 14, layers: c.layers, blockBytes: c.blockBytes})
+	prod.add(testPrompt(6*bs, 24000), 0)
+	w.drainPD(prod, cons, 2)
+	w.expectHits(cons, cons.stats.externalHits, 5, fmt.Sprintf("the consumer of a 6-block prompt the producer prefilled, in blocks of %d bytes per rank", c.layers*2*c.blockBytes), "all but the block with the last prompt token")
+	if cons.stats.loads == 0 || cons.stats.failedLoads > 0 {
+		t.Fatalf("%d loads of the consumer finished and %d failed, in blocks of %d bytes per rank, want 1 and none", cons.stats.loads, cons.stats.failedLoads, c.layers*2*c.blockBytes)
+	}
+	w.finish()
+}
+
+// paramLie is a way in which the harness tampers with the transfer
+// parameters it hands from the producer to the consumer, as a client that
+// sends them back in a request's body can.
+type paramLie uint8
+
+const (
+	paramOtherRequest  paramLie = iota // another request's parameters, of a prompt of the same length
+	paramFlipped                       // a byte flipped, at each of many positions
+	paramTruncated                     // cut short
+	paramOtherProducer                 // of the same prompt, from a producer of another identity
+)
+
+var paramLies = []paramLie{paramOtherRequest, paramFlipped, paramTruncated, paramOtherProducer}
+
+func (l paramLie) String() string {
+	return [...]string{"OtherRequest", "Flipped", "Truncated", "OtherProducer"}[l]
+}
+
+// offersOf steps the producers es until each has n offers.
+func (w *world) offersOf(n int, es ...*engine) {
+	w.t.Helper()
+	start := time.Now()
+	var p pause
+	for slices.ContainsFunc(es, func(e *engine) bool { return len(e.offers) < n }) {
+		if time.Since(start) > waitBound {
+			w.gaveUp("the producers made no %d offers in %v: %s", n, waitBound, describe(es))
+		}
+		changed := false
+		for _, e := range es {
+			if e.step(context.Background(), 0) {
+				changed = true
+			}
+		}
+		if !changed {
+			p.sleep()
+		}
+	}
+}
+
+// wrongParams checks that transfer parameters the harness tampered with
+// (l) load nothing: every consumer request handed them ends with its
+// loads failed, or with no match, never with a block reported loaded (the
+// engine checks the bytes of every block reported loaded, too). Then the
+// genuine parameters still load, byte for byte.
+func wrongParams(t *testing.T, open OpenFunc, opts Options, l paramLie) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	s := spec{tenant: "tenant0", order: connector.BlockMajor, tp: 2, repl: 1, bs: bs, blocks: 128}
+	prod, cons := openPD(w, open, s)
+	a, b := testPrompt(6*bs, 31000), testPrompt(6*bs, 32000)
+	prod.add(a, 0)
+	prod.add(b, 0)
+	w.offersOf(2, prod)
+	var pa, pb []byte
+	for _, o := range prod.offers {
+		switch {
+		case slices.Equal(o.prompt, a):
+			pa = o.params
+		case slices.Equal(o.prompt, b):
+			pb = o.params
+		}
+	}
+	if pa == nil || pb == nil {
+		t.Fatalf("the producer's TransferParams gave no parameters for a finished request of a 6-block prompt")
+	}
+	var tampered [][]byte
+	var what []string
+	switch l {
+	case paramOtherRequest:
+		tampered, what = [][]byte{pb}, []string{"the parameters of another request, of a prompt of the same length"}
+	case paramFlipped:
+		step := max(1, len(pa)/48)
+		for i := 0; i < len(pa); i += step {
+			c := bytes.Clone(pa)
+			c[i] ^= 0x01
+			tampered = append(tampered, c)
+			what = append(what, fmt.Sprintf("the request's parameters with byte %d of %d flipped (%q to %q)", i, len(pa), pa[i], c[i]))
+		}
+	case paramTruncated:
+		for _, n := range []int{1, len(pa) / 2, len(pa) - 1} {
+			tampered = append(tampered, bytes.Clone(pa[:n]))
+			what = append(what, fmt.Sprintf("the request's parameters cut to %d of %d bytes", n, len(pa)))
+		}
+	case paramOtherProducer:
+		o := s
+		o.label, o.open, o.tenant = "p-other", open, "tenant1"
+		other := w.open(o)
+		other.add(a, 0)
+		w.offersOf(1, other)
+		tampered, what = [][]byte{other.offers[0].params}, []string{"the parameters of the same prompt from a producer of another identity (tenant)"}
+		other.offers = nil
+	}
+	for i, p := range tampered {
+		before := cons.stats
+		cons.addWith(a, 0, p)
+		w.drain(cons)
+		if n := cons.stats.loads - before.loads; n > 0 {
+			t.Fatalf("the consumer loaded a request handed %s: %d loads reported done; parameters a client may have forged load nothing but the blocks their producer offered for them, never another request's, and a load of tampered ones fails", what[i], n)
+		}
+	}
+	// The genuine parameters still load (the consumer computed the prompt
+	// itself meanwhile: its local cache goes first).
+	cons.dropCache()
+	before := cons.stats.externalHits
+	w.drainPD(prod, cons, 0)
+	w.expectHits(cons, cons.stats.externalHits-before, 10, "the consumer's requests of the two prompts handed their genuine parameters after the tampered ones", "all but the block with the last prompt token, of each")
 	w.finish()
 }
 
