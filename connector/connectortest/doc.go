@@ -145,14 +145,16 @@
 //
 // # Lifecycles, at real sizes
 //
-// The LayerCancel subtest loads a prompt of 40 blocks in 2 ranks (80 keys
-// in one step) layer by layer with the store holding every get, and ends
+// The LayerCancel subtest loads a prompt of 136 blocks in 2 ranks (270
+// keys in one step) layer by layer with the store holding every get, and ends
 // the context of WaitLayer(0) while the layer's loads run: canceled once a
 // get reached the store, or past a deadline. Each WaitLayer must return an
 // error wrapping the context's: one that returns nil reports a layer in
 // that cannot have arrived; one that has not returned while every
-// goroutine of the process is blocked (so none can still make it return)
-// ignores its context. Then the gets go, the step waits on layer 0
+// goroutine of the process is blocked (so none can still make it return),
+// for ten looks in a row a second or more after the context ended,
+// ignores its context (a WaitLayer that polls its context with sleeps of
+// a second or more counts as one). Then the gets go, the step waits on layer 0
 // again, as the contract allows, and the loads must end, each reported
 // once, every block byte for byte, with no goroutine left after Close.
 //

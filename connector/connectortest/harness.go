@@ -421,7 +421,7 @@ func layerWise(t *testing.T, open OpenFunc, opts Options, order connector.Order)
 
 // layerCancel checks a connector whose workers are connector.LayerWorkers
 // against a WaitLayer whose context ends while the layer's loads run: a
-// prompt of 40 blocks in 2 ranks (80 keys in one step's loads) is saved,
+// prompt of 136 blocks in 2 ranks (270 keys in one step's loads) is saved,
 // and loaded again with the store holding every get while WaitLayer(0)
 // runs, its context canceled (or past its deadline) once a get arrived.
 // Each WaitLayer must return the context's error (see engine.cancelWait);
@@ -430,12 +430,12 @@ func layerWise(t *testing.T, open OpenFunc, opts Options, order connector.Order)
 func layerCancel(t *testing.T, open OpenFunc, opts Options, how cancelHow, order connector.Order) {
 	w := newWorld(t, opts, new(counts))
 	defer w.close()
-	const bs = 4
-	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: order, tp: 2, repl: 1, bs: bs, blocks: 96, layered: true, cancel: how})
+	const bs = 2
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: order, tp: 2, repl: 1, bs: bs, blocks: 160, layered: true, cancel: how})
 	if e.layered == nil {
 		t.Skip("the workers are not connector.LayerWorkers")
 	}
-	prompt := testPrompt(40*bs, 21000)
+	prompt := testPrompt(136*bs, 21000)
 	e.add(prompt, 1)
 	w.drain(e)
 	e.dropCache()
@@ -445,7 +445,7 @@ func layerCancel(t *testing.T, open OpenFunc, opts Options, how cancelHow, order
 	if e.cancel != cancelNone {
 		t.Fatalf("no step loaded a block: no WaitLayer was canceled")
 	}
-	w.expectHits(e, e.stats.externalHits-before, 39, "the second request of a saved 40-block prompt", "all but the block with the last prompt token")
+	w.expectHits(e, e.stats.externalHits-before, 135, "the second request of a saved 136-block prompt", "all but the block with the last prompt token")
 	if e.stats.loads == 0 && e.storeFailure() == "" {
 		t.Errorf("no load finished after the canceled WaitLayer")
 	}
