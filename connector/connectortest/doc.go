@@ -112,8 +112,11 @@
 // from Poll; and a half that reports Stats counts in the fields the
 // harness checks what connector.Stats says: the scheduler half HitBlocks,
 // HitTokens and LoadFailures, each worker Loads, LoadFailures (blocks of
-// loads dropped as stale count in StaleDiscarded, not here) and Corrupt,
-// and the worker halves together Saves.
+// loads dropped as stale count in StaleDiscarded, not here) and Corrupt
+// (at most the blocks it reported failed with ReasonCorrupt: a load that
+// fails from a corrupt block on, or transfer parameters refused before a
+// byte was read, name more blocks so than failed verification), and the
+// worker halves together Saves.
 //
 // # Wrong bytes and a failing store
 //

@@ -2238,11 +2238,17 @@ func (e *engine) checkStats() {
 		}{
 			{"Loads", st.Loads, e.want.loads[rank], "blocks of its load transfers it reported done and not failed"},
 			{"LoadFailures", st.LoadFailures, e.want.workerLoadFailures[rank], "blocks of its load transfers it reported failed, not as stale"},
-			{"Corrupt", st.Corrupt, e.want.corrupt[rank], "blocks it reported failed with ReasonCorrupt"},
 		} {
 			if c.got != c.want {
 				e.t.Fatalf("%s: worker %d's Stats().%s = %d, want %d: the %s", e.label, rank, c.name, c.got, c.want, c.what)
 			}
+		}
+		// Corrupt counts blocks whose bytes failed verification: at most
+		// the blocks reported failed with ReasonCorrupt, which also name
+		// the rest of a load that fails from a corrupt block on, and the
+		// blocks of transfer parameters refused before any byte was read.
+		if st.Corrupt < 0 || st.Corrupt > e.want.corrupt[rank] {
+			e.t.Fatalf("%s: worker %d's Stats().Corrupt = %d, want 0 to %d: the blocks it reported failed with ReasonCorrupt", e.label, rank, st.Corrupt, e.want.corrupt[rank])
 		}
 	}
 }

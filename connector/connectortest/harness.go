@@ -1043,6 +1043,33 @@ func (w *world) offersOf(n int, es ...*engine) {
 	}
 }
 
+// tamper returns the parameters l makes of pa, a request's parameters,
+// pb, another request's of a prompt of the same length, and other, those
+// of pa's prompt from a producer of another identity; and what each is,
+// for messages.
+func tamper(l paramLie, pa, pb, other []byte) (tampered [][]byte, what []string) {
+	switch l {
+	case paramOtherRequest:
+		return [][]byte{pb}, []string{"the parameters of another request, of a prompt of the same length"}
+	case paramFlipped:
+		step := max(1, len(pa)/48)
+		for i := 0; i < len(pa); i += step {
+			c := bytes.Clone(pa)
+			c[i] ^= 0x01
+			tampered = append(tampered, c)
+			what = append(what, fmt.Sprintf("the request's parameters with byte %d of %d flipped (%q to %q)", i, len(pa), pa[i], c[i]))
+		}
+	case paramTruncated:
+		for _, n := range []int{1, len(pa) / 2, len(pa) - 1} {
+			tampered = append(tampered, bytes.Clone(pa[:n]))
+			what = append(what, fmt.Sprintf("the request's parameters cut to %d of %d bytes", n, len(pa)))
+		}
+	case paramOtherProducer:
+		return [][]byte{other}, []string{"the parameters of the same prompt from a producer of another identity (tenant)"}
+	}
+	return tampered, what
+}
+
 // wrongParams checks that transfer parameters the harness tampered with
 // (l) load nothing: every consumer request handed them ends with its
 // loads failed, or with no match, never with a block reported loaded (the
@@ -1070,33 +1097,17 @@ func wrongParams(t *testing.T, open OpenFunc, opts Options, l paramLie) {
 	if pa == nil || pb == nil {
 		t.Fatalf("the producer's TransferParams gave no parameters for a finished request of a 6-block prompt")
 	}
-	var tampered [][]byte
-	var what []string
-	switch l {
-	case paramOtherRequest:
-		tampered, what = [][]byte{pb}, []string{"the parameters of another request, of a prompt of the same length"}
-	case paramFlipped:
-		step := max(1, len(pa)/48)
-		for i := 0; i < len(pa); i += step {
-			c := bytes.Clone(pa)
-			c[i] ^= 0x01
-			tampered = append(tampered, c)
-			what = append(what, fmt.Sprintf("the request's parameters with byte %d of %d flipped (%q to %q)", i, len(pa), pa[i], c[i]))
-		}
-	case paramTruncated:
-		for _, n := range []int{1, len(pa) / 2, len(pa) - 1} {
-			tampered = append(tampered, bytes.Clone(pa[:n]))
-			what = append(what, fmt.Sprintf("the request's parameters cut to %d of %d bytes", n, len(pa)))
-		}
-	case paramOtherProducer:
+	var otherParams []byte
+	if l == paramOtherProducer {
 		o := s
 		o.label, o.open, o.tenant = "p-other", open, "tenant1"
 		other := w.open(o)
 		other.add(a, 0)
 		w.offersOf(1, other)
-		tampered, what = [][]byte{other.offers[0].params}, []string{"the parameters of the same prompt from a producer of another identity (tenant)"}
+		otherParams = other.offers[0].params
 		other.offers = nil
 	}
+	tampered, what := tamper(l, pa, pb, otherParams)
 	for i, p := range tampered {
 		before := cons.stats
 		cons.addWith(a, 0, p)
