@@ -888,6 +888,9 @@ func openP2PShm(broken string) (prod, cons connectortest.OpenFunc) {
 					p.Planner = findsOffers{s.(*p2p.Planner)}
 				}
 			}
+			if broken == "p2p-xproc-params-hashes" && r == connector.RoleConsumer {
+				p.Planner = paramsHashes{s.(*p2p.Planner)}
+			}
 			for rank := range env.Identity.Layout.TPSize {
 				env.Rank = rank
 				w, err := connector.OpenWorker(cfg, env)
@@ -1241,7 +1244,8 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 	if runtime.GOOS == "linux" { // rdma/shm
 		cases = append(cases,
 			brokenCase{"p2p-xproc-finds-offers", "matched 0 blocks of the prompts handed on", ""},
-			brokenCase{"p2p-xproc-loopback", "with 2 loads failed; want 10 blocks in all", ""})
+			brokenCase{"p2p-xproc-loopback", "with 2 loads failed; want 10 blocks in all", ""},
+			brokenCase{"p2p-xproc-params-hashes", "bytes differ from the KV saved for its key", ""})
 	}
 	for _, c := range cases {
 		t.Run(c.broken, func(t *testing.T) {

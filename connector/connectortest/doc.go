@@ -144,7 +144,10 @@
 // a producer of another identity. None may lead to a load reported done
 // (a refused request, no match, or failed blocks are all fine), and the
 // engine checks the bytes of any block reported loaded; the genuine
-// parameters then still load.
+// parameters then still load. With Options.ConsumerProcess, the
+// CrossProcess subtests do the same across processes: one consumer
+// process is handed every kind of tampered parameters and must load
+// nothing, another the genuine ones.
 //
 // # Lifecycles, at real sizes
 //
@@ -222,9 +225,8 @@
 // until the next Plan (every step).
 //
 // Not checked: for a disaggregated connector, LayerCancel and
-// CloseInFlight (they hold the store's gets, which its loads do not use),
-// and WrongParams across processes (Options.ConsumerProcess runs the
-// Handoff cases alone); and a save that stages its copy reads the
+// CloseInFlight (they hold the store's gets, which its loads do not use);
+// and a save that stages its copy reads the
 // engine's blocks where the recorder does not see it, so a staged save of
 // a freed block is caught only by the bytes it stored, once they are
 // loaded.

@@ -120,7 +120,8 @@ type Options struct {
 	// consumer reaches the producer's offers or memory through its own
 	// process (a package-level registry, say) fails. Run then runs the
 	// CrossProcess subtests alone (the Handoff cases, each with its own
-	// consumer process), not the in-process ones: run it twice, with and
+	// consumer process, and WrongParams, with two), not the in-process
+	// ones: run it twice, with and
 	// without. The child runs, alone (-test.run), the test that called
 	// Run, whose Run then drives the consumer's engine: that test must
 	// reach Run with the same Options there, and the pairs' transfer
@@ -217,7 +218,9 @@ type Options struct {
 // driven in a child process of the test binary that gets only the
 // prompts and their transfer parameters, checks every block it loads as
 // the other subtests do, and reports its matches and loads; the producer
-// must then release the offers.
+// must then release the offers. Its WrongParams hands one consumer process
+// every kind of tampered parameters, which must load nothing, and another
+// the genuine ones.
 //
 // Nothing depends on the speed of the machine: where the harness waits for
 // a connector's background work it waits for the condition, failing after
