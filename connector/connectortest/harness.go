@@ -539,7 +539,7 @@ func closeInFlight(t *testing.T, open OpenFunc, opts Options) {
 	r := e.reqs[len(e.reqs)-1]
 	start := time.Now()
 	var p pause
-	for w.rec.getsHeld() == 0 {
+	for reached, _ := w.rec.heldSince(); reached == 0; reached, _ = w.rec.heldSince() {
 		if r.phase == running || r.phase == done {
 			t.Fatalf("the request for a saved 8-block prompt ran with no get reaching the store (%d blocks matched): a load was to be in flight at Close", r.loadN)
 		}

@@ -69,6 +69,8 @@ type recorder struct {
 		values  map[int][]kept      // values of keys puts stored, by size: the last two keys of each size
 		held    bool                // gets wait in hold until release (see holdGets)
 		waiting int                 // gets waiting in hold
+		reached int                 // gets that waited in hold since holdGets
+		quit    int                 // of those, gets that returned on their context's end (a connector's timeout, say)
 		gets    int                 // gets that reached the store and have not returned
 		release chan struct{}       // closed to let held gets go
 	}
@@ -331,6 +333,15 @@ func (r *recorder) holdGets() {
 	defer r.mu.Unlock()
 	r.mu.held = true
 	r.mu.release = make(chan struct{})
+	r.mu.reached, r.mu.quit = 0, 0
+}
+
+// heldSince returns how many gets waited in hold since holdGets, and how
+// many of them returned on their context's end instead of a release.
+func (r *recorder) heldSince() (reached, quit int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.reached, r.mu.quit
 }
 
 // releaseGets lets the held gets and later ones go.
@@ -363,6 +374,7 @@ func (r *recorder) enterGet(ctx context.Context) error {
 	r.mu.Lock()
 	if r.mu.held {
 		r.mu.waiting++
+		r.mu.reached++
 		ch := r.mu.release
 		r.mu.Unlock()
 		var err error
@@ -374,6 +386,7 @@ func (r *recorder) enterGet(ctx context.Context) error {
 		r.mu.Lock()
 		r.mu.waiting--
 		if err != nil {
+			r.mu.quit++
 			r.mu.Unlock()
 			return err
 		}
