@@ -115,8 +115,8 @@
 // loads dropped as stale count in StaleDiscarded, not here) and Corrupt
 // (at most the blocks it reported failed with ReasonCorrupt: a load that
 // fails from a corrupt block on, or transfer parameters refused before a
-// byte was read, name more blocks so than failed verification), and the
-// worker halves together Saves.
+// byte was read, report more blocks with that reason than failed
+// verification), and the worker halves together Saves.
 //
 // # Wrong bytes and a failing store
 //
@@ -152,17 +152,19 @@
 // # Lifecycles, at real sizes
 //
 // The LayerCancel subtest loads a prompt of 136 blocks in 2 ranks (270
-// keys in one step) layer by layer with the store holding every get, and ends
-// the context of WaitLayer(0) while the layer's loads run: canceled once a
-// get reached the store, or past a deadline. Each WaitLayer must return an
-// error wrapping the context's: one that returns nil reports a layer in
-// that cannot have arrived; one that has not returned while every
-// goroutine of the process is blocked (so none can still make it return),
-// for ten looks in a row a second or more after the context ended,
-// ignores its context (a WaitLayer that polls its context with sleeps of
-// a second or more counts as one). Then the gets go, the step waits on layer 0
-// again, as the contract allows, and the loads must end, each reported
-// once, every block byte for byte, with no goroutine left after Close.
+// keys in one step) layer by layer with the store holding every get, and
+// ends the context of WaitLayer(0) while the layer's loads run: canceled
+// once a get reached the store, or past a deadline. Each WaitLayer must
+// return an error wrapping the context's: one that returns nil reports a
+// layer in that cannot have arrived; one that has not returned while
+// every goroutine of the process is blocked (so none can still make it
+// return), for ten looks in a row a second or more after the context
+// ended, ignores its context (a WaitLayer that polls its context with
+// sleeps of a second or more counts as one). Then the gets go, the step
+// waits on layer 0 again, as the contract allows, and the loads must end,
+// each reported once, every block byte for byte, with no goroutine left
+// after Close. (A held get that the connector's own timeout ends first
+// fails its load, and a WaitLayer may then report the layer in.)
 //
 // The CloseInFlight subtest closes both halves while loads of 256 KiB
 // blocks are held in the store and saves of others run. Close must return
@@ -178,8 +180,9 @@
 // blocks of 16 tokens, block-major and layer-major, one of them layer by
 // layer, checked byte for byte, with no load failed: whatever holds only
 // for small values (a fixed-size buffer, a copy that wraps) fails there.
-// The engine's KV bytes are a keyed hash of the namespace, the shard, the
-// block and the position, so no pattern repeats within a region.
+// The engine's KV bytes are a SplitMix64 stream seeded by the namespace,
+// the group, the shard and the block hash, so no pattern repeats within
+// a block, nor between blocks.
 //
 // Once Finish said a request is not kept, or once Update released it, the
 // engine frees its blocks, and may reuse them at once. The store's
