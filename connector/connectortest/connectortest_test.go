@@ -48,7 +48,7 @@ func open(broken string) connectortest.OpenFunc {
 			// Raw values move straight from block-major KV memory: the
 			// store reads the blocks themselves.
 			cfg.Extra = map[string]any{"verify": "none"}
-		case "no-verify", "ignores-short":
+		case "no-verify", "ignores-short", "refreshes-saves", "close-no-wait":
 			// Loads whatever bytes a get returns.
 			cfg.Extra = map[string]any{"verify": "none"}
 		case "mac":
@@ -128,8 +128,13 @@ func open(broken string) connectortest.OpenFunc {
 		}
 		p.Planner = s
 		wenv := env
-		if broken == "ignores-short" {
+		switch broken {
+		case "ignores-short":
 			wenv.Store = fullLength{env.Store}
+		case "close-no-wait":
+			wenv.Store = detachedGets{env.Store}
+		case "chunk-wrap":
+			wenv.Store = chunkWrap{env.Store}
 		}
 		for rank := range env.Identity.Layout.TPSize {
 			wenv.Rank = rank
@@ -169,6 +174,20 @@ func open(broken string) connectortest.OpenFunc {
 				w = &saveAhead{Worker: inner, last: env.Identity.Layout.Layers - 1}
 			case "layer-ignores-ready":
 				w = layerIgnoresReady{inner}
+			case "layer-ignores-ctx":
+				w = layerIgnoresCtx{inner}
+			case "layer-cancel-says-in":
+				w = layerCancelSaysIn{inner}
+			case "layer-cancel-own-error":
+				w = layerCancelOwnError{inner}
+			case "refreshes-saves":
+				ns, err := env.Identity.Namespace()
+				if err != nil {
+					return p, err
+				}
+				w = &refreshesSaves{Worker: inner, st: env.Store, ns: ns, shard: ns.Shard(rank)}
+			case "close-no-wait":
+				w = closeNoWait{inner}
 			}
 			p.Workers = append(p.Workers, w)
 		}
@@ -799,6 +818,9 @@ func openP2P(broken string) (prod, cons connectortest.OpenFunc) {
 			if r == connector.RoleConsumer && broken == "p2p-last-token" {
 				p.Planner = lastTokenP2P{s, env.Identity.Layout.BlockSize}
 			}
+			if r == connector.RoleConsumer && broken == "p2p-params-hashes" {
+				p.Planner = paramsHashes{s}
+			}
 			for _, w := range ws {
 				var cw connector.Worker = w
 				if r == connector.RoleConsumer && broken == "p2p-early-load" {
@@ -827,6 +849,21 @@ func (s lastTokenP2P) Match(r *connector.Request, computed int) (connector.Match
 	return m, err
 }
 
+// paramsHashes is a consumer that takes a request's block hashes from its
+// transfer parameters for the match, rather than the prompt's: the
+// parameters of another request of the same length pass.
+type paramsHashes struct{ *p2p.Planner }
+
+func (s paramsHashes) Match(r *connector.Request, computed int) (connector.Match, error) {
+	own := r.Hashes
+	if p, err := p2p.DecodeParams(r.TransferParams); err == nil && len(p.Hashes) <= len(own) {
+		r.Hashes = append(slices.Clone(p.Hashes), own[len(p.Hashes):]...)
+	}
+	m, err := s.Planner.Match(r, computed)
+	r.Hashes = own
+	return m, err
+}
+
 // openP2PShm opens the producer and consumer halves of the p2p connector
 // by name, each worker with an shm transfer engine of its own and KV
 // memory from it, with the named breakage wrapped around them. The
@@ -850,6 +887,9 @@ func openP2PShm(broken string) (prod, cons connectortest.OpenFunc) {
 				} else {
 					p.Planner = findsOffers{s.(*p2p.Planner)}
 				}
+			}
+			if broken == "p2p-xproc-params-hashes" && r == connector.RoleConsumer {
+				p.Planner = paramsHashes{s.(*p2p.Planner)}
 			}
 			for rank := range env.Identity.Layout.TPSize {
 				env.Rank = rank
@@ -971,6 +1011,142 @@ func (w *saveAhead) SaveLayer(ctx context.Context, l int, ready connector.Event)
 	return w.Worker.SaveLayer(ctx, w.last, ready)
 }
 
+// layerIgnoresCtx's WaitLayer waits until the layer is in, whatever its
+// context says.
+type layerIgnoresCtx struct{ *storeconn.Worker }
+
+func (w layerIgnoresCtx) WaitLayer(_ context.Context, l int) error {
+	return w.Worker.WaitLayer(context.Background(), l)
+}
+
+// layerCancelSaysIn's WaitLayer takes a context that ended for a layer
+// that is in: it returns nil.
+type layerCancelSaysIn struct{ *storeconn.Worker }
+
+func (w layerCancelSaysIn) WaitLayer(ctx context.Context, l int) error {
+	err := w.Worker.WaitLayer(ctx, l)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// layerCancelOwnError's WaitLayer replaces the context's error by one of
+// its own, which wraps nothing: an engine cannot tell a cancellation.
+type layerCancelOwnError struct{ *storeconn.Worker }
+
+func (w layerCancelOwnError) WaitLayer(ctx context.Context, l int) error {
+	if err := w.Worker.WaitLayer(ctx, l); err != nil {
+		return fmt.Errorf("layer %d is not in: %v", l, err)
+	}
+	return nil
+}
+
+// refreshesSaves renews the blocks it saved lately, as for a store whose
+// values expire: when a step starts, it puts its last 16 saved blocks
+// again from the engine's blocks, which the engine may have freed (and
+// reused) once their requests finished. It counts them in Stats().Saves.
+type refreshesSaves struct {
+	*storeconn.Worker
+	st      store.Store
+	ns      hashing.Namespace
+	shard   int
+	kv      connector.KVCache
+	recent  []connector.Transfer
+	renewed int64
+}
+
+func (w *refreshesSaves) Register(kv connector.KVCache) error {
+	w.kv = kv
+	return w.Worker.Register(kv)
+}
+
+func (w *refreshesSaves) Start(ctx context.Context, m *connector.Metadata) error {
+	var keys []string
+	var src []rdma.Region
+	for _, t := range w.recent {
+		for i, b := range t.Blocks {
+			if sp := w.kv.Spans(nil, b); len(sp) == 1 { // a block-major block: one value
+				keys = append(keys, w.ns.Key(w.shard, t.Hashes[i]))
+				src = append(src, sp[0])
+			}
+		}
+	}
+	if len(keys) > 0 {
+		res := make([]store.Result, len(keys))
+		if err := w.st.Put(ctx, keys, src, res); err != nil {
+			return err
+		}
+		for _, r := range res {
+			if r.Err == nil {
+				w.renewed++
+			}
+		}
+	}
+	w.recent = append(w.recent, m.Saves...)
+	w.recent = w.recent[max(0, len(w.recent)-16):]
+	return w.Worker.Start(ctx, m)
+}
+
+func (w *refreshesSaves) Stats() connector.Stats {
+	s := w.Worker.Stats()
+	s.Saves += w.renewed
+	return s
+}
+
+// closeNoWait's Close returns at once, closing the reference worker on a
+// goroutine of its own; its gets (detachedGets) do not end when the
+// worker cancels them.
+type closeNoWait struct{ *storeconn.Worker }
+
+func (w closeNoWait) Close() error {
+	go w.Worker.Close()
+	return nil
+}
+
+// detachedGets runs every get under a context that is never canceled.
+type detachedGets struct{ store.Store }
+
+func (s detachedGets) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	return s.Store.Get(context.WithoutCancel(ctx), keys, dst, res)
+}
+
+// chunkWrap reads each value through a bounce buffer in chunks of 128
+// KiB, and copies every chunk to the start of the destination: values of
+// up to 128 KiB come out right.
+type chunkWrap struct{ store.Store }
+
+func (s chunkWrap) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	const chunk = 128 << 10
+	for i, k := range keys {
+		d := dst[i]
+		if d.Len <= chunk {
+			if err := s.Store.Get(ctx, keys[i:i+1], dst[i:i+1], res[i:i+1]); err != nil {
+				return err
+			}
+			continue
+		}
+		bounce, err := rdma.AllocHost(d.Len)
+		if err != nil {
+			return err
+		}
+		err = s.Store.Get(ctx, []string{k}, []rdma.Region{bounce.Region()}, res[i:i+1])
+		if err == nil && res[i].Err == nil {
+			b := bounce.Bytes()[:res[i].N]
+			for off := 0; off < len(b); off += chunk {
+				copy(d.Bytes(), b[off:min(off+chunk, len(b))])
+			}
+		}
+		if ferr := bounce.Free(); err == nil {
+			err = ferr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // TestWrappedConnector runs the harness on the reference connector inside
 // wrappers that pass everything on, as the broken connectors' wrappers do
 // with all but one behaviour: it must pass.
@@ -1010,60 +1186,75 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 	if os.Getenv(brokenEnv) != "" {
 		t.Skip("in a child process")
 	}
-	cases := []struct{ broken, want string }{
-		{"early-load", "never written (still poisoned)"},
-		{"last-token", "covers the last prompt token"},
-		{"short-match", "a match is the longest prefix the store holds"},
-		{"ignores-rotation", "Plan().Generation"},
-		{"drops-failed", "bytes differ from the KV saved for its key"},
-		{"inverted-policy", `Fail = true under kv_load_failure_policy "recompute"`},
-		{"ignores-policy", `Fail = false under kv_load_failure_policy "fail"`},
-		{"valid-off-by-one", "valid = "},
-		{"frees-early", "keep false"},
-		{"never-releases", "and never releases them"},
-		{"never-reports-load", "Progress never listed"},
-		{"hits-at-match", "Stats().HitBlocks"},
-		{"loads-count-failed", "Stats().Loads"},
-		{"saves-count-failed", "Stats().Saves"},
-		{"close-twice", "a second Close returned"},
-		{"leaks-goroutine", "goroutine of the connector is left"},
-		{"one-shard-lookup", "a match covers only blocks present in every shard"},
-		{"old-keys-after-rotate", "the store holds it under generation 0's namespace"},
-		{"announces-failed", "only saves that succeeded in every shard are announced"},
-		{"events-parent-self", "an event's blocks are consecutive blocks of a request, after Parent"},
-		{"events-tokens-shifted", "whose tokens are"},
-		{"never-wakes", "the halves are Wakers, but none signalled"},
-		{"layer-early", "returned (err <nil>) while the store held every get"},
-		{"save-ahead", "whose layer 1 the step had not computed yet"},
-		{"layer-ignores-ready", "before the step's ready event fired: a save read a block the step was still computing"},
-		{"ignores-layout", "the store holds it under heads4's namespace"},
-		{"early-read", "before the step's ready event fired"}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
-		{"early-read-raw", "a save read a block the step was still computing"},
-		{"no-verify", "bytes differ from the KV saved for its key"},
-		{"health-never-fails", "after its lookups or saves failed"},
-		{"plan-reset-by-update", "it is read-only and valid until the next Plan"},
-		{"health-stays-failing", "after calls that succeeded, following failures"},
-		{"ignores-short", "bytes differ from the KV saved for its key"},
-		{"late-write", "after its load was reported failed"},
-		{"swa-outside-window", "it is outside the window"},
-		{"swa-drops-window-block", "no load transfer named block 3 of group 1 (sliding_window"},
-		{"swa-unchecked", "needs the blocks holding them"},
-		{"swa-as-full", "a match is the longest prefix every group can resume from"},
-		{"state-wrong-position", "a state of another position"},
-		{"state-unchecked", "a match ends only at a boundary whose state some engine saved"},
-		{"writes-noblock-neighbour", "it is the engine's own"},
-		{"p2p-early-load", "never written (still poisoned)"},
-		{"p2p-last-token", "covers the last prompt token"},
+	// run, when set, is the only subtest run: for a broken connector that
+	// earlier subtests catch too, to show that the one named catches it.
+	type brokenCase struct{ broken, want, run string }
+	cases := []brokenCase{
+		{"early-load", "never written (still poisoned)", ""},
+		{"last-token", "covers the last prompt token", ""},
+		{"short-match", "a match is the longest prefix the store holds", ""},
+		{"ignores-rotation", "Plan().Generation", ""},
+		{"drops-failed", "bytes differ from the KV saved for its key", ""},
+		{"inverted-policy", `Fail = true under kv_load_failure_policy "recompute"`, ""},
+		{"ignores-policy", `Fail = false under kv_load_failure_policy "fail"`, ""},
+		{"valid-off-by-one", "valid = ", ""},
+		{"frees-early", "keep false", ""},
+		{"never-releases", "and never releases them", ""},
+		{"never-reports-load", "Progress never listed", ""},
+		{"hits-at-match", "Stats().HitBlocks", ""},
+		{"loads-count-failed", "Stats().Loads", ""},
+		{"saves-count-failed", "Stats().Saves", ""},
+		{"close-twice", "a second Close returned", ""},
+		{"leaks-goroutine", "goroutine of the connector is left", ""},
+		{"one-shard-lookup", "a match covers only blocks present in every shard", ""},
+		{"old-keys-after-rotate", "the store holds it under generation 0's namespace", ""},
+		{"announces-failed", "only saves that succeeded in every shard are announced", ""},
+		{"events-parent-self", "an event's blocks are consecutive blocks of a request, after Parent", ""},
+		{"events-tokens-shifted", "whose tokens are", ""},
+		{"never-wakes", "the halves are Wakers, but none signalled", ""},
+		{"layer-early", "returned (err <nil>) while the store held every get", ""},
+		{"save-ahead", "whose layer 1 the step had not computed yet", ""},
+		{"layer-ignores-ready", "before the step's ready event fired: a save read a block the step was still computing", ""},
+		{"ignores-layout", "the store holds it under heads4's namespace", ""},
+		{"early-read", "before the step's ready event fired", ""}, // caught at the store (a zero-copy put) or by the bytes it saved (a staged one)
+		{"early-read-raw", "a save read a block the step was still computing", ""},
+		{"no-verify", "bytes differ from the KV saved for its key", ""},
+		{"health-never-fails", "after its lookups or saves failed", ""},
+		{"plan-reset-by-update", "it is read-only and valid until the next Plan", ""},
+		{"health-stays-failing", "after calls that succeeded, following failures", ""},
+		{"ignores-short", "bytes differ from the KV saved for its key", ""},
+		{"late-write", "after its load was reported failed", ""},
+		{"swa-outside-window", "it is outside the window", ""},
+		{"swa-drops-window-block", "no load transfer named block 3 of group 1 (sliding_window", ""},
+		{"swa-unchecked", "needs the blocks holding them", ""},
+		{"swa-as-full", "a match is the longest prefix every group can resume from", ""},
+		{"state-wrong-position", "a state of another position", ""},
+		{"state-unchecked", "a match ends only at a boundary whose state some engine saved", ""},
+		{"writes-noblock-neighbour", "it is the engine's own", ""},
+		{"layer-ignores-ctx", "had not returned", ""},
+		{"layer-cancel-says-in", "returned nil while the store held every get", ""},
+		{"layer-cancel-own-error", "want an error wrapping the context's", ""},
+		{"refreshes-saves", "while no request owned it", ""},
+		{"close-no-wait", "was written after Close of both halves returned", "CloseInFlight"}, // its goroutine is left too
+		{"chunk-wrap", "in blocks of", ""},
+		{"p2p-early-load", "never written (still poisoned)", ""},
+		{"p2p-last-token", "covers the last prompt token", ""},
+		{"p2p-params-hashes", "bytes differ from the KV saved for its key", ""},
 	}
 	if runtime.GOOS == "linux" { // rdma/shm
 		cases = append(cases,
-			struct{ broken, want string }{"p2p-xproc-finds-offers", "matched 0 blocks of the prompts handed on"},
-			struct{ broken, want string }{"p2p-xproc-loopback", "with 2 loads failed; want 10 blocks in all"})
+			brokenCase{"p2p-xproc-finds-offers", "matched 0 blocks of the prompts handed on", ""},
+			brokenCase{"p2p-xproc-loopback", "with 2 loads failed; want 10 blocks in all", ""},
+			brokenCase{"p2p-xproc-params-hashes", "bytes differ from the KV saved for its key", ""})
 	}
 	for _, c := range cases {
 		t.Run(c.broken, func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenTarget$", "-test.count=1", "-test.failfast",
+			run := "^TestBrokenTarget$"
+			if c.run != "" {
+				run += "/^" + c.run + "$"
+			}
+			cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.count=1", "-test.failfast",
 				"-rapid.checks=300", "-rapid.shrinktime=2s", "-rapid.nofailfile")
 			cmd.Env = append(os.Environ(), brokenEnv+"="+c.broken)
 			out, err := cmd.CombinedOutput()

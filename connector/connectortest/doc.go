@@ -112,8 +112,11 @@
 // from Poll; and a half that reports Stats counts in the fields the
 // harness checks what connector.Stats says: the scheduler half HitBlocks,
 // HitTokens and LoadFailures, each worker Loads, LoadFailures (blocks of
-// loads dropped as stale count in StaleDiscarded, not here) and Corrupt,
-// and the worker halves together Saves.
+// loads dropped as stale count in StaleDiscarded, not here) and Corrupt
+// (at most the blocks it reported failed with ReasonCorrupt: a load that
+// fails from a corrupt block on, or transfer parameters refused before a
+// byte was read, report more blocks with that reason than failed
+// verification), and the worker halves together Saves.
 //
 // # Wrong bytes and a failing store
 //
@@ -131,6 +134,63 @@
 // healthy again, failures kept, once a call succeeded; and a failed
 // lookup is a miss, never Pending for as long as the store is down.
 //
+// A disaggregated connector's loads bypass the store, so the WrongParams
+// subtest tampers on the path the harness owns: the transfer parameters
+// it hands from producer to consumer, as a client that sends them back in
+// a request's body can. A consumer request of a prompt is handed another
+// request's parameters (a prompt of the same length), the parameters with
+// one byte flipped (at each of about 48 positions), cut short (to 1 byte,
+// half, all but the last byte), or the parameters of the same prompt from
+// a producer of another identity. None may lead to a load reported done
+// (a refused request, no match, or failed blocks are all fine), and the
+// engine checks the bytes of any block reported loaded; the genuine
+// parameters then still load. With Options.ConsumerProcess, the
+// CrossProcess subtests do the same across processes: one consumer
+// process is handed every kind of tampered parameters and must load
+// nothing, another the genuine ones.
+//
+// # Lifecycles, at real sizes
+//
+// The LayerCancel subtest loads a prompt of 136 blocks in 2 ranks (270
+// keys in one step) layer by layer with the store holding every get, and
+// ends the context of WaitLayer(0) while the layer's loads run: canceled
+// once a get reached the store, or past a deadline. Each WaitLayer must
+// return an error wrapping the context's: one that returns nil reports a
+// layer in that cannot have arrived; one that has not returned while
+// every goroutine of the process is blocked (so none can still make it
+// return), for ten looks in a row a second or more after the context
+// ended, ignores its context (a WaitLayer that polls its context with
+// sleeps of a second or more counts as one). Then the gets go, the step
+// waits on layer 0 again, as the contract allows, and the loads must end,
+// each reported once, every block byte for byte, with no goroutine left
+// after Close. (A held get that the connector's own timeout ends first
+// fails its load, and a WaitLayer may then report the layer in.)
+//
+// The CloseInFlight subtest closes both halves while loads of 256 KiB
+// blocks are held in the store and saves of others run. Close must return
+// (the held gets go once it did, or a while after it began, for a Close
+// that waits for what runs); the harness then copies every rank's KV
+// memory, waits until no get is in the store and no goroutine of the
+// connector runs, and requires the memory unchanged: nothing writes KV
+// memory once Close returned. The memory is freed after each half's next
+// Close, so a transfer still reading it crashes the test.
+//
+// The RealSize subtests (and, for a disaggregated connector, RealSize of
+// Handoff) move blocks of 256 KiB to 1 MiB per rank, in 4 to 8 layers of
+// blocks of 16 tokens, block-major and layer-major, one of them layer by
+// layer, checked byte for byte, with no load failed: whatever holds only
+// for small values (a fixed-size buffer, a copy that wraps) fails there.
+// The engine's KV bytes are a SplitMix64 stream seeded by the namespace,
+// the group, the shard and the block hash, so no pattern repeats within
+// a block, nor between blocks.
+//
+// Once Finish said a request is not kept, or once Update released it, the
+// engine frees its blocks, and may reuse them at once. The store's
+// recorder knows which engine block every address of the engines' KV
+// memory belongs to, and fails a put whose source is a block no request
+// owns (free, or in the engine's local prefix cache): a save that still
+// reads a request's blocks after the connector let them go.
+//
 // # Promises and the checks that prove them
 //
 // Of connector.Planner: Match never covers the last prompt token, is a
@@ -143,24 +203,36 @@
 // Progress lists loads only once every worker reported them, failures
 // with the right Valid and Fail for the policy (LoadFailure,
 // StateMachine), releases only of kept requests; Finish keeps a request
-// while a transfer touches its blocks (StateMachine); Close is idempotent
-// and joins every goroutine (every case's end). Of connector.Worker:
-// Start loads into the registered blocks byte for byte, Save reads blocks
-// only once ready fires (the engine's two-half writes), Poll reports each
-// transfer once, with failures inside it (every step); wrong bytes from
-// the store are never loaded (WrongValue). Of the optional interfaces:
-// LayerWorker's WaitLayer returns only once the layer is in and SaveLayer
-// saves only computed layers (LayerWise, StateMachine); Rotator
-// (Rotation); EventSource's BlockStored events name only stored blocks,
-// consecutive after Parent, with their tokens (every step);
-// StatsReporter's Loads, LoadFailures, Corrupt, HitBlocks, HitTokens and
-// Saves (every case); HealthReporter (Health); Waker (Waiting, below);
-// TransferParamsSource (Handoff, for OpenConsumer); groups, or
-// connector.ErrConfig without them (Groups, NoGroups). The Metadata Plan
-// returns holds the same until the step ends, Update included: it is
-// read-only to the workers and valid until the next Plan (every step).
-// Not yet checked: cancellation of a WaitLayer's context mid-layer, Close
-// with large transfers in flight, and saves after Finish of a request.
+// while a transfer touches its blocks (StateMachine), and once it did not
+// keep it (or released it) nothing reads its blocks (every put, against
+// the engine's blocks no request owns); Close is idempotent and joins
+// every goroutine (every case's end), and with transfers in flight
+// returns, after which nothing writes KV memory (CloseInFlight). Of
+// connector.Worker: Start loads into the registered blocks byte for byte,
+// at any block size (every step; RealSize), Save reads blocks only once
+// ready fires (the engine's two-half writes), Poll reports each transfer
+// once, with failures inside it (every step); wrong bytes from the store
+// are never loaded (WrongValue). Of the optional interfaces:
+// LayerWorker's WaitLayer returns only once the layer is in, returns the
+// context's error once its context ends first, and may be waited on again
+// (LayerWise, LayerCancel, StateMachine), and SaveLayer saves only
+// computed layers (LayerWise, StateMachine); Rotator (Rotation);
+// EventSource's BlockStored events name only stored blocks, consecutive
+// after Parent, with their tokens (every step); StatsReporter's Loads,
+// LoadFailures, Corrupt, HitBlocks, HitTokens and Saves (every case);
+// HealthReporter (Health); Waker (Waiting, below); TransferParamsSource
+// (Handoff, and WrongParams: parameters a client tampered with load
+// nothing, for OpenConsumer); groups, or connector.ErrConfig without them
+// (Groups, NoGroups). The Metadata Plan returns holds the same until the
+// step ends, Update included: it is read-only to the workers and valid
+// until the next Plan (every step).
+//
+// Not checked: for a disaggregated connector, LayerCancel and
+// CloseInFlight (they hold the store's gets, which its loads do not use);
+// and a save that stages its copy reads the
+// engine's blocks where the recorder does not see it, so a staged save of
+// a freed block is caught only by the bytes it stored, once they are
+// loaded.
 //
 // # Waiting
 //

@@ -2,6 +2,7 @@ package connectortest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -209,23 +210,30 @@ type engine struct {
 	// loads could have arrived (a SaveLayer that saves a later layer): see
 	// computeLayers.
 	probeLoads, probeSaves bool
-	kv                     []connector.KVCache // per rank, as registered
-	mem                    []Memory
-	pools                  []pool  // per group
-	reqs                   []*freq // admitted or waiting, in arrival order
-	kept                   map[connector.RequestID]*freq
-	clock                  uint64
-	admits                 uint64
-	nextReq                int
-	lastStep               uint64
-	outs                   []*connector.Output // Outputs polled since the last Update, copied
-	xfers                  map[uint64]*xfer
-	events                 []connector.KVEvent
-	stats                  engineStats
-	want                   wantStats
-	offers                 []offer           // see below
-	history                [][]hashing.Token // prompts of requests that ended, in this generation
-	closed                 bool
+	// cancel, with layered, makes the next step that loads cancel its
+	// first WaitLayer while the store holds every get (see cancelWait).
+	cancel cancelHow
+	kv     []connector.KVCache // per rank, as registered
+	mem    []Memory
+	pools  []pool // per group
+	// unowned is, per group, per block, whether no request owns the
+	// block (free or in the local prefix cache): read by the store's
+	// recorder, which fails a put of such a block (see recorder.checkFreed).
+	unowned  [][]atomic.Bool
+	reqs     []*freq // admitted or waiting, in arrival order
+	kept     map[connector.RequestID]*freq
+	clock    uint64
+	admits   uint64
+	nextReq  int
+	lastStep uint64
+	outs     []*connector.Output // Outputs polled since the last Update, copied
+	xfers    map[uint64]*xfer
+	events   []connector.KVEvent
+	stats    engineStats
+	want     wantStats
+	offers   []offer           // see below
+	history  [][]hashing.Token // prompts of requests that ended, in this generation
+	closed   bool
 }
 
 // offer is a prompt this engine finished whose blocks its connector keeps
@@ -284,7 +292,7 @@ func newEngine(w *world, s spec, id hashing.Identity, pair Pair) (*engine, error
 			corrupt:            make([]int64, tp),
 		},
 	}
-	e.probeLoads, e.probeSaves = s.probe, s.probe
+	e.probeLoads, e.probeSaves, e.cancel = s.probe, s.probe, s.cancel
 	if s.layered {
 		for _, w := range pair.Workers {
 			lw, ok := w.(connector.LayerWorker)
@@ -301,7 +309,7 @@ func newEngine(w *world, s spec, id hashing.Identity, pair Pair) (*engine, error
 	for rank := range pair.Workers {
 		var kv connector.KVCache
 		for _, g := range e.groups {
-			gc := connector.KVCache{Layers: len(g.Layers), Blocks: s.blocks, KV: 2, BlockBytes: 64, Order: s.order}
+			gc := connector.KVCache{Layers: len(g.Layers), Blocks: s.blocks, KV: 2, BlockBytes: cmp.Or(s.blockBytes, 64), Order: s.order}
 			if g.Kind == hashing.RecurrentState {
 				gc.KV, gc.BlockBytes = 1, g.StateBytes
 			}
@@ -330,6 +338,16 @@ func newEngine(w *world, s spec, id hashing.Identity, pair Pair) (*engine, error
 			return e, fmt.Errorf("worker %d: Register: %w", rank, err)
 		}
 		e.kv = append(e.kv, kv)
+	}
+	e.unowned = make([][]atomic.Bool, len(e.groups))
+	for g := range e.unowned {
+		e.unowned[g] = make([]atomic.Bool, s.blocks)
+		for b := range e.unowned[g] {
+			e.unowned[g][b].Store(true)
+		}
+		for rank := range e.kv {
+			w.rec.mapMemory(e, rank, g, e.kv[rank].Group(g), e.unowned[g])
+		}
 	}
 	e.pools = make([]pool, len(e.groups))
 	for g := range e.pools {
@@ -614,6 +632,7 @@ func (e *engine) alloc(r *freq, g int) (connector.BlockID, bool) {
 	p.free = p.free[:len(p.free)-1]
 	e.expectPoison(g, b, "free")
 	p.blocks[b] = block{owner: r, clean: true}
+	e.unowned[g][b].Store(false)
 	return b, true
 }
 
@@ -644,6 +663,7 @@ func (e *engine) release(g int, b connector.BlockID) {
 		}
 		e.expectPoison(g, b, what)
 	}
+	e.unowned[g][b].Store(true)
 	e.poisonBlock(g, b)
 	*e.blk(g, b) = block{clean: true}
 	e.pools[g].free = append(e.pools[g].free, b)
@@ -658,6 +678,7 @@ func (e *engine) retire(g int, b connector.BlockID, h hashing.BlockHash, valid b
 		if _, dup := e.pools[g].cache[h]; !dup {
 			e.clock++
 			*e.blk(g, b) = block{cached: true, hash: h, lru: e.clock}
+			e.unowned[g][b].Store(true)
 			e.pools[g].cache[h] = b
 			return
 		}
@@ -831,6 +852,7 @@ func (e *engine) admit(r *freq) bool {
 			delete(c, hashes[i])
 			e.checkBlock("locally cached", r, g, i, b)
 			*e.blk(g, b) = block{owner: r}
+			e.unowned[g][b].Store(false)
 			r.tables[g][i] = b
 		}
 	}
@@ -1094,7 +1116,7 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		}
 	}
 	e.w.rec.setUnready(unready)
-	probe := e.layered != nil && e.probeLoads && len(meta.Loads) > 0
+	probe := e.layered != nil && (e.probeLoads || e.cancel != cancelNone) && len(meta.Loads) > 0
 	if probe {
 		e.w.rec.holdGets() // released in computeLayers
 	}
@@ -1104,6 +1126,9 @@ func (e *engine) step(ctx context.Context, chunk int) bool {
 		if err := w.Start(ctx, meta); err != nil {
 			e.t.Fatalf("%s: worker %d: Start: %v", e.label, rank, err)
 		}
+	}
+	if early := e.w.rec.earlyRead(); early != "" {
+		e.t.Fatalf("%s: %s", e.label, early)
 	}
 	if e.layered != nil {
 		e.computeLayers(ctx, meta, computed, probe)
@@ -1217,6 +1242,120 @@ func (e *engine) probeWait(ctx context.Context, meta *connector.Metadata) {
 	}
 }
 
+// cancelHow is how a step's first WaitLayer's context ends while the
+// layer's loads run (see cancelWait).
+type cancelHow uint8
+
+const (
+	cancelNone     cancelHow = iota
+	cancelCancel             // the context is canceled
+	cancelDeadline           // the context's deadline passes
+)
+
+func (c cancelHow) String() string {
+	return [...]string{"", "Cancel", "Deadline"}[c]
+}
+
+// cancelWait calls WaitLayer(0) of every worker on goroutines of its own,
+// with a context that ends (canceled, or its deadline passed) while the
+// store holds every get of the step's loads, so the layer cannot be in:
+// each must return an error wrapping the context's. The harness waits for
+// that on the condition: a WaitLayer that has not returned once the
+// context is done, while every goroutine of the process is blocked (none
+// is running that could still make it return) for silentNews looks in a
+// row over a second or more, ignores its context; one that returns nil
+// reports a layer in that cannot have arrived. Then the store lets the
+// gets go, and the step waits on layer 0 again, as the contract allows:
+// the loads still end, each reported once, byte for byte.
+func (e *engine) cancelWait(meta *connector.Metadata) {
+	e.t.Helper()
+	defer e.w.rec.releaseGets()
+	what := "canceled"
+	ctx, cancel := context.WithCancel(context.Background())
+	if e.cancel == cancelDeadline {
+		// The deadline may pass before a get reaches the store: the
+		// loads cannot end before the harness lets the gets go either way.
+		what = "past its deadline"
+		ctx, cancel = context.WithTimeout(context.Background(), probeGrace)
+	}
+	defer cancel()
+	type result struct {
+		rank int
+		err  error
+	}
+	done := make(chan result, len(e.layered))
+	for rank, lw := range e.layered {
+		go func() { done <- result{rank, lw.WaitLayer(ctx, 0)} }()
+	}
+	left := len(e.layered)
+	check := func(r result) {
+		e.t.Helper()
+		left--
+		// A held get that returned on its own context's end (the
+		// connector's timeout of a store call, on a machine slow enough)
+		// failed its load: the layer is then in, as the contract counts.
+		_, quit := e.w.rec.heldSince()
+		switch {
+		case r.err == nil && quit > 0:
+		case r.err == nil:
+			e.w.rec.releaseGets()
+			e.t.Fatalf("%s: worker %d's WaitLayer(0) in step %d returned nil while the store held every get of loads %v (its context %s): it reported a layer in that cannot have arrived", e.label, r.rank, meta.Step, transferIDs(meta.Loads), what)
+		case ctx.Err() == nil && quit == 0:
+			e.w.rec.releaseGets()
+			e.t.Fatalf("%s: worker %d's WaitLayer(0) in step %d = %v before its context ended, while the store held every get of loads %v: it waits until the layer is in", e.label, r.rank, meta.Step, r.err, transferIDs(meta.Loads))
+		case ctx.Err() != nil && !errors.Is(r.err, ctx.Err()):
+			e.w.rec.releaseGets()
+			e.t.Fatalf("%s: worker %d's WaitLayer(0) in step %d = %v once its context was %s while the layer's loads ran, want an error wrapping the context's (%v)", e.label, r.rank, meta.Step, r.err, what, ctx.Err())
+		}
+	}
+	start := time.Now()
+	var p pause
+	for e.w.rec.getsHeld() == 0 && left > 0 {
+		select {
+		case r := <-done:
+			check(r)
+		default:
+		}
+		if time.Since(start) > waitBound {
+			e.w.rec.releaseGets()
+			e.w.gaveUp("%s: no get of the loads %v of step %d reached the store in %v after Start", e.label, transferIDs(meta.Loads), meta.Step, waitBound)
+		}
+		p.sleep()
+	}
+	if e.cancel == cancelDeadline {
+		<-ctx.Done() // probeGrace after it began
+	} else {
+		cancel()
+	}
+	ended := time.Now()
+	p.reset()
+	stillBlocked := 0
+	for left > 0 {
+		select {
+		case r := <-done:
+			check(r)
+			stillBlocked = 0
+			continue
+		default:
+		}
+		if quiescent() {
+			stillBlocked++
+		} else {
+			stillBlocked = 0
+		}
+		if stillBlocked >= silentNews && time.Since(ended) > time.Second {
+			e.w.rec.releaseGets()
+			e.t.Fatalf("%s: a worker's WaitLayer(0) in step %d had not returned %v after its context was %s, with every goroutine of the process blocked (none running that could still make it return) while the store held every get of the layer's loads: a WaitLayer returns ctx's error once ctx is done, however long the loads take", e.label, meta.Step, time.Since(ended).Round(time.Millisecond), what)
+		}
+		if time.Since(ended) > waitBound {
+			e.w.rec.releaseGets()
+			e.w.gaveUp("%s: a worker's WaitLayer(0) in step %d had not returned %v after its context was %s: a WaitLayer returns ctx's error once ctx is done", e.label, meta.Step, waitBound, what)
+		}
+		p.sleep()
+	}
+	e.w.count.canceledWaits++
+}
+
 func transferIDs(ts []connector.Transfer) []uint64 {
 	ids := make([]uint64, len(ts))
 	for i, t := range ts {
@@ -1316,9 +1455,15 @@ func (e *engine) computeLayers(ctx context.Context, meta *connector.Metadata, co
 	e.t.Helper()
 	e.w.count.layerSteps++
 	probeSaves := e.probeSaves && len(computed) > 0
-	if probe {
+	waited := false // WaitLayer(0) returned nil already
+	switch {
+	case probe && e.cancel != cancelNone:
+		e.cancelWait(meta)
+		e.cancel = cancelNone
+	case probe:
 		e.probeLoads = false
 		e.probeWait(ctx, meta)
+		waited = true
 	}
 	if probeSaves {
 		e.probeSaves = false
@@ -1328,7 +1473,7 @@ func (e *engine) computeLayers(ctx context.Context, meta *connector.Metadata, co
 	layers := e.id.Layout.Layers
 	for l := range layers {
 		for rank, lw := range e.layered {
-			if probe && l == 0 {
+			if waited && l == 0 {
 				break // probeWait waited
 			}
 			if err := lw.WaitLayer(ctx, l); err != nil {
@@ -2098,11 +2243,17 @@ func (e *engine) checkStats() {
 		}{
 			{"Loads", st.Loads, e.want.loads[rank], "blocks of its load transfers it reported done and not failed"},
 			{"LoadFailures", st.LoadFailures, e.want.workerLoadFailures[rank], "blocks of its load transfers it reported failed, not as stale"},
-			{"Corrupt", st.Corrupt, e.want.corrupt[rank], "blocks it reported failed with ReasonCorrupt"},
 		} {
 			if c.got != c.want {
 				e.t.Fatalf("%s: worker %d's Stats().%s = %d, want %d: the %s", e.label, rank, c.name, c.got, c.want, c.what)
 			}
+		}
+		// Corrupt counts blocks whose bytes failed verification: at most
+		// the blocks reported failed with ReasonCorrupt, which also name
+		// the rest of a load that fails from a corrupt block on, and the
+		// blocks of transfer parameters refused before any byte was read.
+		if st.Corrupt < 0 || st.Corrupt > e.want.corrupt[rank] {
+			e.t.Fatalf("%s: worker %d's Stats().Corrupt = %d, want 0 to %d: the blocks it reported failed with ReasonCorrupt", e.label, rank, st.Corrupt, e.want.corrupt[rank])
 		}
 	}
 }
@@ -2141,6 +2292,7 @@ func (e *engine) close(check bool) {
 			e.t.Fatalf("%s: Pair.Close: %v", e.label, err)
 		}
 	}
+	e.w.rec.unmapMemory(e)
 	for _, m := range e.mem {
 		if err := m.Free(); err != nil && check {
 			e.t.Fatalf("%s: free KV memory: %v", e.label, err)

@@ -1,12 +1,14 @@
 package connectortest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -118,7 +120,8 @@ type Options struct {
 	// consumer reaches the producer's offers or memory through its own
 	// process (a package-level registry, say) fails. Run then runs the
 	// CrossProcess subtests alone (the Handoff cases, each with its own
-	// consumer process), not the in-process ones: run it twice, with and
+	// consumer process, and WrongParams, with two), not the in-process
+	// ones: run it twice, with and
 	// without. The child runs, alone (-test.run), the test that called
 	// Run, whose Run then drives the consumer's engine: that test must
 	// reach Run with the same Options there, and the pairs' transfer
@@ -150,6 +153,16 @@ type Options struct {
 //     generation; a rotation to the current generation is refused.
 //   - Layouts: an engine of another layout on the same store matches none
 //     of the blocks the first saved.
+//   - Health, WrongValue: see the package doc.
+//   - LayerWise, LayerCancel (where the workers are
+//     connector.LayerWorkers): loads and saves layer by layer; a WaitLayer
+//     whose context is canceled, or passes its deadline, while the
+//     layer's loads run returns the context's error, and the loads still
+//     end, byte for byte.
+//   - RealSize: blocks of 256 KiB to 1 MiB per rank, in 4 to 8 layers,
+//     loaded byte for byte with no load failed.
+//   - CloseInFlight: Close of both halves while 256 KiB loads and saves
+//     run returns, and nothing writes KV memory after it did.
 //   - Groups (with Options.Groups): with a hybrid layout (one
 //     full-attention, one sliding-window and one state group), a saved
 //     prompt is matched and loaded again, from the store alone and after a
@@ -193,7 +206,9 @@ type Options struct {
 //
 // For a disaggregated connector (Options.OpenConsumer) it runs Handoff (a
 // prompt prefilled on the producer is loaded byte for byte by the
-// consumer from the parameters the producer hands on) and a StateMachine
+// consumer from the parameters the producer hands on), RealSize (Handoff
+// with blocks of real size), WrongParams (parameters tampered with on
+// their way load nothing; see the package doc) and a StateMachine
 // of prefills, handoffs in any order, consumer requests with and without
 // parameters, preemption and local eviction on the consumer, with the same
 // checks except those that read the store.
@@ -203,7 +218,9 @@ type Options struct {
 // driven in a child process of the test binary that gets only the
 // prompts and their transfer parameters, checks every block it loads as
 // the other subtests do, and reports its matches and loads; the producer
-// must then release the offers.
+// must then release the offers. Its WrongParams hands one consumer process
+// every kind of tampered parameters, which must load nothing, and another
+// the genuine ones.
 //
 // Nothing depends on the speed of the machine: where the harness waits for
 // a connector's background work it waits for the condition, failing after
@@ -277,6 +294,19 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 			t.Run(order.String(), func(t *testing.T) { layerWise(t, open, opts, order) })
 		}
 	})
+	t.Run("LayerCancel", func(t *testing.T) {
+		for _, how := range []cancelHow{cancelCancel, cancelDeadline} {
+			for _, order := range []connector.Order{connector.BlockMajor, connector.LayerMajor} {
+				t.Run(fmt.Sprintf("%s/%v", how, order), func(t *testing.T) { layerCancel(t, open, opts, how, order) })
+			}
+		}
+	})
+	t.Run("RealSize", func(t *testing.T) {
+		for _, c := range realSizes {
+			t.Run(c.name(), func(t *testing.T) { realSize(t, open, opts, c) })
+		}
+	})
+	t.Run("CloseInFlight", func(t *testing.T) { closeInFlight(t, open, opts) })
 	if opts.Groups {
 		t.Run("Groups", func(t *testing.T) { groups(t, open, opts) })
 	} else {
@@ -298,6 +328,18 @@ func runDisaggregated(t *testing.T, open OpenFunc, opts Options) {
 					handoff(t, open, opts, order, tp[0], tp[1])
 				})
 			}
+		}
+	})
+	t.Run("RealSize", func(t *testing.T) {
+		for _, c := range realSizes {
+			if !c.layered {
+				t.Run(c.name(), func(t *testing.T) { handoffRealSize(t, open, opts, c) })
+			}
+		}
+	})
+	t.Run("WrongParams", func(t *testing.T) {
+		for _, l := range paramLies {
+			t.Run(l.String(), func(t *testing.T) { wrongParams(t, open, opts, l) })
 		}
 	})
 	if !opts.Groups {
@@ -378,6 +420,193 @@ func layerWise(t *testing.T, open OpenFunc, opts Options, order connector.Order)
 	}
 	w.expectHits(e, e.stats.externalHits-before, 5, "the second request of a 6-block prompt saved layer by layer", "all but the block with the last prompt token")
 	w.finish()
+}
+
+// layerCancel checks a connector whose workers are connector.LayerWorkers
+// against a WaitLayer whose context ends while the layer's loads run: a
+// prompt of 136 blocks in 2 ranks (270 keys in one step's loads) is saved,
+// and loaded again with the store holding every get while WaitLayer(0)
+// runs, its context canceled (or past its deadline) once a get arrived.
+// Each WaitLayer must return the context's error (see engine.cancelWait);
+// the step then waits on layer 0 again, and the loads must end, each
+// reported once, every block byte for byte; Close leaves no goroutine.
+func layerCancel(t *testing.T, open OpenFunc, opts Options, how cancelHow, order connector.Order) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 2
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: order, tp: 2, repl: 1, bs: bs, blocks: 160, layered: true, cancel: how})
+	if e.layered == nil {
+		t.Skip("the workers are not connector.LayerWorkers")
+	}
+	prompt := testPrompt(136*bs, 21000)
+	e.add(prompt, 1)
+	w.drain(e)
+	e.dropCache()
+	before := e.stats.externalHits
+	e.add(prompt, 1)
+	w.drain(e)
+	if e.cancel != cancelNone {
+		t.Fatalf("no step loaded a block: no WaitLayer was canceled")
+	}
+	w.expectHits(e, e.stats.externalHits-before, 135, "the second request of a saved 136-block prompt", "all but the block with the last prompt token")
+	if e.stats.loads == 0 && e.storeFailure() == "" {
+		t.Errorf("no load finished after the canceled WaitLayer")
+	}
+	w.finish()
+}
+
+// realSize is the shape of a RealSize subtest: KV blocks of real size.
+type realSizeCase struct {
+	order      connector.Order
+	tp         int
+	layers     int
+	blockBytes int // per layer, K or V, per rank
+	layered    bool
+}
+
+func (c realSizeCase) name() string {
+	s := fmt.Sprintf("%v/tp%d/%dKiB", c.order, c.tp, c.layers*2*c.blockBytes>>10)
+	if c.layered {
+		s += "/layered"
+	}
+	return s
+}
+
+// realSizes are blocks of 256 KiB to 1 MiB per rank, as real KV blocks
+// are, in 4 to 8 layers; a prompt of 6 blocks stores at most 6 MiB.
+var realSizes = []realSizeCase{
+	{order: connector.BlockMajor, tp: 1, layers: 8, blockBytes: 64 << 10},
+	{order: connector.LayerMajor, tp: 2, layers: 4, blockBytes: 32 << 10},
+	{order: connector.LayerMajor, tp: 2, layers: 4, blockBytes: 32 << 10, layered: true},
+}
+
+// realSize checks loads and saves of KV blocks of real size, byte for
+// byte, every layer of every rank, in blocks of 16 tokens: nothing the
+// connector does may hold only for small values (a buffer of a fixed
+// size, an offset that wraps, a pattern that repeats).
+func realSize(t *testing.T, open OpenFunc, opts Options, c realSizeCase) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 16
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: c.order, tp: c.tp, repl: 1, bs: bs, blocks: 14, layers: c.layers, blockBytes: c.blockBytes, layered: c.layered})
+	if c.layered && e.layered == nil {
+		t.Skip("the workers are not connector.LayerWorkers")
+	}
+	prompt := testPrompt(6*bs, 23000)
+	e.add(prompt, 2)
+	w.drain(e)
+	e.dropCache()
+	before := e.stats
+	e.add(prompt, 2)
+	w.drain(e)
+	w.expectHits(e, e.stats.externalHits-before.externalHits, 5, fmt.Sprintf("the second request of a saved 6-block prompt, in blocks of %d bytes per rank", c.layers*2*c.blockBytes), "all but the block with the last prompt token")
+	if f := e.stats.failedLoads - before.failedLoads; f > 0 && e.storeFailure() == "" && w.base.Stats().Evictions == 0 {
+		t.Fatalf("%d loads of a saved 6-block prompt, in blocks of %d bytes per rank, failed, with a store that failed no call and evicted nothing: the connector broke values of this size", f, c.layers*2*c.blockBytes)
+	}
+	if e.stats.loads == before.loads && e.storeFailure() == "" {
+		t.Errorf("no load finished")
+	}
+	w.finish()
+}
+
+// closeInFlight checks Close of both halves while large loads and saves
+// run: KV blocks of 256 KiB per rank, a prompt of 8 blocks loading (the
+// store holds its gets) and two of 3 blocks just computed, their saves
+// under way. Close must return (the harness lets the held gets go once it
+// did, or a while after it began, for a Close that waits for running
+// transfers), and once it returned nothing may write KV memory: the
+// harness keeps a copy of every rank's memory, waits until no get is in
+// the store and no goroutine of the connector runs, and compares. Then
+// each half's next Close returns nil, the memory is freed (a transfer
+// still reading it would crash the test), and no goroutine is left.
+func closeInFlight(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 16
+	e := w.open(spec{label: "t0", open: open, tenant: "tenant0", order: connector.LayerMajor, tp: 2, repl: 1, bs: bs, blocks: 24, layers: 4, blockBytes: 32 << 10})
+	saved := testPrompt(8*bs, 25000)
+	e.add(saved, 0)
+	w.drain(e)
+	e.dropCache()
+	// Two prompts compute in one step and finish, their saves under way.
+	e.add(testPrompt(3*bs, 26000), 0)
+	e.add(testPrompt(3*bs, 27000), 0)
+	e.step(context.Background(), 0)
+	// The saved prompt loads, every get held in the store.
+	w.rec.holdGets()
+	defer w.rec.releaseGets()
+	e.add(saved, 0)
+	r := e.reqs[len(e.reqs)-1]
+	start := time.Now()
+	var p pause
+	for reached, _ := w.rec.heldSince(); reached == 0; reached, _ = w.rec.heldSince() {
+		if r.phase == running || r.phase == done {
+			t.Fatalf("the request for a saved 8-block prompt ran with no get reaching the store (%d blocks matched): a load was to be in flight at Close", r.loadN)
+		}
+		if time.Since(start) > waitBound {
+			w.gaveUp("no get of the load of a saved 8-block prompt reached the store in %v; %s", waitBound, e.describe())
+		}
+		e.step(context.Background(), 0)
+		p.sleep()
+	}
+	// Close both halves, as an engine shutting down does.
+	closed := make(chan error, 1)
+	go func() {
+		var errs []error
+		for rank, wk := range e.pair.Workers {
+			if err := wk.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("worker %d: Close: %w", rank, err))
+			}
+		}
+		if err := e.pair.Planner.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("scheduler half: Close: %w", err))
+		}
+		closed <- errors.Join(errs...)
+	}()
+	var err error
+	select {
+	case err = <-closed:
+	case <-time.After(probeGrace):
+		w.rec.releaseGets() // for a Close that waits for running transfers
+		select {
+		case err = <-closed:
+		case <-time.After(waitBound):
+			w.gaveUp("Close of the halves had not returned %v after it began, with loads and saves of 256 KiB blocks in flight: Close cancels what is queued and waits only for what runs", waitBound)
+		}
+	}
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	snap := make([][]byte, len(e.mem))
+	for i, m := range e.mem {
+		snap[i] = bytes.Clone(m.Bytes())
+	}
+	w.rec.releaseGets()
+	w.settle()
+	for i, m := range e.mem {
+		if j := firstDiff(snap[i], m.Bytes()); j >= 0 {
+			t.Fatalf("KV memory of rank %d (offset %d of %d bytes) was written after Close of both halves returned, with loads in flight at Close: Close cancels queued transfers and waits for running ones, and nothing writes the engine's memory once it returned", i, j, len(snap[i]))
+		}
+	}
+	w.closed = true
+	e.close(true)
+	if err := w.base.Close(); err != nil {
+		t.Fatalf("close the store: %v", err)
+	}
+	w.checkGoroutines()
+}
+
+// firstDiff returns the first offset at which a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
 }
 
 func loadFailure(t *testing.T, open OpenFunc, opts Options, policy connector.Policy, tp, repl int) {
@@ -760,6 +989,142 @@ func handoff(t *testing.T, open OpenFunc, opts Options, order connector.Order, t
 	if cons.stats.loads == 0 {
 		t.Errorf("no load finished on the consumer")
 	}
+	w.finish()
+}
+
+// handoffRealSize is Handoff with KV blocks of real size.
+func handoffRealSize(t *testing.T, open OpenFunc, opts Options, c realSizeCase) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 16
+	prod, cons := openPD(w, open, spec{tenant: "tenant0", order: c.order, tp: c.tp, repl: 1, bs: bs, blocks: 14, layers: c.layers, blockBytes: c.blockBytes})
+	prod.add(testPrompt(6*bs, 24000), 0)
+	w.drainPD(prod, cons, 2)
+	w.expectHits(cons, cons.stats.externalHits, 5, fmt.Sprintf("the consumer of a 6-block prompt the producer prefilled, in blocks of %d bytes per rank", c.layers*2*c.blockBytes), "all but the block with the last prompt token")
+	if cons.stats.loads == 0 || cons.stats.failedLoads > 0 {
+		t.Fatalf("%d loads of the consumer finished and %d failed, in blocks of %d bytes per rank, want 1 and none", cons.stats.loads, cons.stats.failedLoads, c.layers*2*c.blockBytes)
+	}
+	w.finish()
+}
+
+// paramLie is a way in which the harness tampers with the transfer
+// parameters it hands from the producer to the consumer, as a client that
+// sends them back in a request's body can.
+type paramLie uint8
+
+const (
+	paramOtherRequest  paramLie = iota // another request's parameters, of a prompt of the same length
+	paramFlipped                       // a byte flipped, at each of many positions
+	paramTruncated                     // cut short
+	paramOtherProducer                 // of the same prompt, from a producer of another identity
+)
+
+var paramLies = []paramLie{paramOtherRequest, paramFlipped, paramTruncated, paramOtherProducer}
+
+func (l paramLie) String() string {
+	return [...]string{"OtherRequest", "Flipped", "Truncated", "OtherProducer"}[l]
+}
+
+// offersOf steps the producers es until each has n offers.
+func (w *world) offersOf(n int, es ...*engine) {
+	w.t.Helper()
+	start := time.Now()
+	var p pause
+	for slices.ContainsFunc(es, func(e *engine) bool { return len(e.offers) < n }) {
+		if time.Since(start) > waitBound {
+			w.gaveUp("the producers made no %d offers in %v: %s", n, waitBound, describe(es))
+		}
+		changed := false
+		for _, e := range es {
+			if e.step(context.Background(), 0) {
+				changed = true
+			}
+		}
+		if !changed {
+			p.sleep()
+		}
+	}
+}
+
+// tamper returns the parameters l makes of pa, a request's parameters,
+// pb, another request's of a prompt of the same length, and other, those
+// of pa's prompt from a producer of another identity; and what each is,
+// for messages.
+func tamper(l paramLie, pa, pb, other []byte) (tampered [][]byte, what []string) {
+	switch l {
+	case paramOtherRequest:
+		return [][]byte{pb}, []string{"the parameters of another request, of a prompt of the same length"}
+	case paramFlipped:
+		step := max(1, len(pa)/48)
+		for i := 0; i < len(pa); i += step {
+			c := bytes.Clone(pa)
+			c[i] ^= 0x01
+			tampered = append(tampered, c)
+			what = append(what, fmt.Sprintf("the request's parameters with byte %d of %d flipped (%q to %q)", i, len(pa), pa[i], c[i]))
+		}
+	case paramTruncated:
+		for _, n := range []int{1, len(pa) / 2, len(pa) - 1} {
+			tampered = append(tampered, bytes.Clone(pa[:n]))
+			what = append(what, fmt.Sprintf("the request's parameters cut to %d of %d bytes", n, len(pa)))
+		}
+	case paramOtherProducer:
+		return [][]byte{other}, []string{"the parameters of the same prompt from a producer of another identity (tenant)"}
+	}
+	return tampered, what
+}
+
+// wrongParams checks that transfer parameters the harness tampered with
+// (l) load nothing: every consumer request handed them ends with its
+// loads failed, or with no match, never with a block reported loaded (the
+// engine checks the bytes of every block reported loaded, too). Then the
+// genuine parameters still load, byte for byte.
+func wrongParams(t *testing.T, open OpenFunc, opts Options, l paramLie) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	s := spec{tenant: "tenant0", order: connector.BlockMajor, tp: 2, repl: 1, bs: bs, blocks: 128}
+	prod, cons := openPD(w, open, s)
+	a, b := testPrompt(6*bs, 31000), testPrompt(6*bs, 32000)
+	prod.add(a, 0)
+	prod.add(b, 0)
+	w.offersOf(2, prod)
+	var pa, pb []byte
+	for _, o := range prod.offers {
+		switch {
+		case slices.Equal(o.prompt, a):
+			pa = o.params
+		case slices.Equal(o.prompt, b):
+			pb = o.params
+		}
+	}
+	if pa == nil || pb == nil {
+		t.Fatalf("the producer's TransferParams gave no parameters for a finished request of a 6-block prompt")
+	}
+	var otherParams []byte
+	if l == paramOtherProducer {
+		o := s
+		o.label, o.open, o.tenant = "p-other", open, "tenant1"
+		other := w.open(o)
+		other.add(a, 0)
+		w.offersOf(1, other)
+		otherParams = other.offers[0].params
+		other.offers = nil
+	}
+	tampered, what := tamper(l, pa, pb, otherParams)
+	for i, p := range tampered {
+		before := cons.stats
+		cons.addWith(a, 0, p)
+		w.drain(cons)
+		if n := cons.stats.loads - before.loads; n > 0 {
+			t.Fatalf("the consumer loaded a request handed %s: %d loads reported done; parameters a client may have forged load nothing but the blocks their producer offered for them, never another request's, and a load of tampered ones fails", what[i], n)
+		}
+	}
+	// The genuine parameters still load (the consumer computed the prompt
+	// itself meanwhile: its local cache goes first).
+	cons.dropCache()
+	before := cons.stats.externalHits
+	w.drainPD(prod, cons, 0)
+	w.expectHits(cons, cons.stats.externalHits-before, 10, "the consumer's requests of the two prompts handed their genuine parameters after the tampered ones", "all but the block with the last prompt token, of each")
 	w.finish()
 }
 

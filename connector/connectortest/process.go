@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -73,7 +74,76 @@ func runCrossProcess(t *testing.T, open OpenFunc, opts Options) {
 				})
 			}
 		}
+		t.Run("WrongParams", func(t *testing.T) { crossWrongParams(t, name, open, opts) })
 	})
+}
+
+// crossWrongParams is WrongParams across processes: a consumer process is
+// handed, for one prompt, every kind of tampered parameters (paramLies),
+// and must load nothing; a second one is then handed the genuine
+// parameters of two prompts, and loads both.
+func crossWrongParams(t *testing.T, name string, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 4
+	s := spec{label: "p", open: open, tenant: "tenant0", order: connector.BlockMajor, tp: 2, repl: 1, bs: bs, blocks: 64, policy: connector.PolicyRecompute}
+	prod := w.open(s)
+	if _, ok := prod.pair.Planner.(connector.TransferParamsSource); !ok {
+		t.Fatalf("the producer's scheduler half does not implement connector.TransferParamsSource")
+	}
+	o := s
+	o.label, o.tenant = "p-other", "tenant1"
+	other := w.open(o)
+	a, b := testPrompt(6*bs, 31000), testPrompt(6*bs, 32000)
+	prod.add(a, 0)
+	prod.add(b, 0)
+	other.add(a, 0)
+	w.offersOf(2, prod)
+	w.offersOf(1, other)
+	var pa, pb []byte
+	for _, o := range prod.offers {
+		switch {
+		case slices.Equal(o.prompt, a):
+			pa = o.params
+		case slices.Equal(o.prompt, b):
+			pb = o.params
+		}
+	}
+	if pa == nil || pb == nil {
+		t.Fatalf("the producer's TransferParams gave no parameters for a finished request of a 6-block prompt")
+	}
+	pc := processCase{Tenant: s.tenant, Order: s.order, TP: s.tp, Repl: s.repl, BS: bs, Blocks: s.blocks, Policy: s.policy}
+	var kinds []string
+	for _, l := range paramLies {
+		tampered, _ := tamper(l, pa, pb, other.offers[0].params)
+		for _, p := range tampered {
+			pc.Offers = append(pc.Offers, processOffer{Prompt: a, Params: p})
+		}
+		kinds = append(kinds, fmt.Sprintf("%d %s", len(tampered), l))
+	}
+	res := startConsumer(t, name).run(t, pc)
+	if res.Loads > 0 {
+		t.Fatalf("the consumer process loaded %d of the requests of one prompt it was handed tampered parameters for (%s): parameters a client may have forged load nothing but the blocks their producer offered for them, never another request's, and a load of tampered ones fails", res.Loads, strings.Join(kinds, ", "))
+	}
+	pc.Offers = []processOffer{{Prompt: a, Params: pa}, {Prompt: b, Params: pb}}
+	res = startConsumer(t, name).run(t, pc)
+	if res.Hits != 10 || res.Loads != 2 || res.Failed > 0 {
+		t.Fatalf("the consumer process matched %d blocks of two 6-block prompts handed their genuine parameters (after the tampered ones), with %d loads done and %d failed; want 10 blocks (all but the block with each last token), 2 loads, none failed", res.Hits, res.Loads, res.Failed)
+	}
+	prod.offers = prod.offers[:0]
+	start := time.Now()
+	var pa2 pause
+	for prod.busy() {
+		if prod.step(context.Background(), 0) {
+			pa2.reset()
+			continue
+		}
+		if time.Since(start) > waitBound {
+			w.gaveUp("waited %v for the producer to release the blocks of offers the consumer process was done with: %s", waitBound, prod.describe())
+		}
+		pa2.sleep()
+	}
+	w.finish()
 }
 
 // crossHandoff prefills prompts on a producer in this process and hands

@@ -2,13 +2,16 @@ package connectortest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
+	"github.com/kvconnect/kvconnect/connector"
 	"github.com/kvconnect/kvconnect/hashing"
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -53,6 +56,8 @@ type recorder struct {
 		failGet map[string]bool
 		unready []span              // blocks the engines are still computing
 		early   string              // the first put that read an unready block, described
+		mems    []memMap            // the engines' KV memory, by block (see mapMemory)
+		freed   string              // the first put that read a block no request owned, described
 		layers  map[string][]int    // per namespace ID: each group's layers, for layer-range keys
 		cover   map[string]uint64   // per block key: the layers that puts of its layer ranges surely stored, and no remove removed since
 		ever    map[string]uint64   // per block key: the layers that puts of its layer ranges ever stored
@@ -64,6 +69,8 @@ type recorder struct {
 		values  map[int][]kept      // values of keys puts stored, by size: the last two keys of each size
 		held    bool                // gets wait in hold until release (see holdGets)
 		waiting int                 // gets waiting in hold
+		reached int                 // gets that waited in hold since holdGets
+		quit    int                 // of those, gets that returned on their context's end (a connector's timeout, say)
 		gets    int                 // gets that reached the store and have not returned
 		release chan struct{}       // closed to let held gets go
 	}
@@ -326,6 +333,15 @@ func (r *recorder) holdGets() {
 	defer r.mu.Unlock()
 	r.mu.held = true
 	r.mu.release = make(chan struct{})
+	r.mu.reached, r.mu.quit = 0, 0
+}
+
+// heldSince returns how many gets waited in hold since holdGets, and how
+// many of them returned on their context's end instead of a release.
+func (r *recorder) heldSince() (reached, quit int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.reached, r.mu.quit
 }
 
 // releaseGets lets the held gets and later ones go.
@@ -345,12 +361,20 @@ func (r *recorder) getsHeld() int {
 	return r.mu.waiting
 }
 
+// getsInFlight returns how many gets are in the store or wait in hold.
+func (r *recorder) getsInFlight() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mu.waiting + r.mu.gets
+}
+
 // enterGet waits while gets are held, then counts a get reaching the
 // store; the caller calls leaveGet when it returns.
 func (r *recorder) enterGet(ctx context.Context) error {
 	r.mu.Lock()
 	if r.mu.held {
 		r.mu.waiting++
+		r.mu.reached++
 		ch := r.mu.release
 		r.mu.Unlock()
 		var err error
@@ -362,6 +386,7 @@ func (r *recorder) enterGet(ctx context.Context) error {
 		r.mu.Lock()
 		r.mu.waiting--
 		if err != nil {
+			r.mu.quit++
 			r.mu.Unlock()
 			return err
 		}
@@ -477,17 +502,88 @@ func (r *recorder) setUnready(s []span) {
 	r.mu.unready = append(r.mu.unready[:0], s...)
 }
 
-// earlyRead returns the first put that read a block being computed, or "".
+// earlyRead returns the first put that read a block being computed, or
+// else the first that read a block no request owned, or "".
 func (r *recorder) earlyRead() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.mu.early
+	return cmp.Or(r.mu.early, r.mu.freed)
 }
 
-// checkSources notes a put whose source overlaps a block being computed.
+// memMap is one rank's KV memory of one KV cache group of an engine, by
+// block: a put whose source is a block no request owns is told by it.
+type memMap struct {
+	e      *engine
+	rank   int
+	g      int
+	lo, hi uintptr
+	spans  []blockSpan   // sorted by lo, disjoint
+	free   []atomic.Bool // per block: no request owns it (the engine's)
+}
+
+// blockSpan is a part of block b's memory.
+type blockSpan struct {
+	lo, hi uintptr
+	b      connector.BlockID
+}
+
+// mapMemory notes the KV memory of group g of worker rank of e, whose
+// block b no request owns while free[b] is set.
+func (r *recorder) mapMemory(e *engine, rank, g int, kv connector.KVCache, free []atomic.Bool) {
+	m := memMap{e: e, rank: rank, g: g, free: free, lo: ^uintptr(0)}
+	for b := range kv.Blocks {
+		for _, sp := range kv.Spans(nil, connector.BlockID(b)) {
+			m.spans = append(m.spans, blockSpan{sp.Addr, sp.End(), connector.BlockID(b)})
+			m.lo, m.hi = min(m.lo, sp.Addr), max(m.hi, sp.End())
+		}
+	}
+	slices.SortFunc(m.spans, func(a, b blockSpan) int { return cmp.Compare(a.lo, b.lo) })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mu.mems = append(r.mu.mems, m)
+}
+
+// unmapMemory forgets e's KV memory, before the engine frees it.
+func (r *recorder) unmapMemory(e *engine) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mu.mems = slices.DeleteFunc(r.mu.mems, func(m memMap) bool { return m.e == e })
+}
+
+// checkFreed notes a put of key whose source reg overlaps a block no
+// request owns. r.mu is held.
+func (r *recorder) checkFreed(key string, reg rdma.Region) {
+	for _, m := range r.mu.mems {
+		if r.mu.freed != "" {
+			return
+		}
+		if reg.End() <= m.lo || m.hi <= reg.Addr {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(m.spans, reg.Addr, func(s blockSpan, a uintptr) int {
+			if s.hi <= a {
+				return -1
+			}
+			return 1
+		})
+		for ; i < len(m.spans) && m.spans[i].lo < reg.End(); i++ {
+			if b := m.spans[i].b; m.free[b].Load() {
+				r.mu.freed = fmt.Sprintf("the store was handed %s's %s (rank %d), for key %s, while no request owned it: the engine had freed it once Finish said its request was not kept, or once it was released, and may have reused it; a save read a block after the connector let it go",
+					m.e.label, m.e.engineBlock(m.g, b), m.rank, key)
+				return
+			}
+		}
+	}
+}
+
+// checkSources notes a put whose source overlaps a block being computed,
+// or a block no request owns.
 func (r *recorder) checkSources(key string, src []rdma.Region) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for _, reg := range src {
+		r.checkFreed(key, reg)
+	}
 	if r.mu.early != "" || len(r.mu.unready) == 0 {
 		return
 	}

@@ -60,6 +60,7 @@ type counts struct {
 	loads, loadedBlocks, failedLoads, failedBlocks         int
 	saves, waitedSaves                                     int64
 	layerSteps, layerChecks                                int // steps computed layer by layer; layers of loaded blocks checked as WaitLayer returned
+	canceledWaits                                          int // WaitLayers whose context ended while the layer's loads ran
 	faults                                                 storetest.FaultCounts
 }
 
@@ -117,6 +118,11 @@ type spec struct {
 	waiter   bool             // ready events implement connector.Waiter
 	layered  bool             // drive workers layer by layer, where all are connector.LayerWorkers
 	probe    bool             // with layered: probe the first step that loads and the first that saves (see engine.computeLayers)
+	cancel   cancelHow        // with layered: cancel the first WaitLayer of the first step that loads (see engine.cancelWait)
+	layers   int              // Layout.Layers; 0 for 2
+	// blockBytes is KVCache.BlockBytes, the bytes of the K (or the V) of
+	// one layer of one block in one rank; 0 for 64.
+	blockBytes int
 
 	// hybrid selects the hybrid layout: layer 0 full attention, layer 1 a
 	// sliding window of window tokens (2×bs+1 when 0), layer 2 a recurrent
@@ -137,7 +143,7 @@ func (s spec) identity() hashing.Identity {
 		Generation:     s.gen,
 		Format:         hashing.Format{Device: "cpu", ModelDType: "bf16", KVDType: "bf16"},
 		Layout: hashing.Layout{
-			Layers: 2, KVHeads: cmp.Or(s.heads, 4), HeadDim: 8, BlockSize: s.bs,
+			Layers: cmp.Or(s.layers, 2), KVHeads: cmp.Or(s.heads, 4), HeadDim: 8, BlockSize: s.bs,
 			TPSize: s.tp, Replication: s.repl,
 		},
 	}
@@ -675,6 +681,25 @@ func (w *world) close() {
 		e.close(false)
 	}
 	_ = w.base.Close() // the case failed already
+}
+
+// settle waits until no get is in the store and no goroutine of the
+// connector started by the case runs: what the connector still does on
+// its own has happened by then.
+func (w *world) settle() {
+	w.t.Helper()
+	start := time.Now()
+	var p pause
+	for {
+		left := leftovers(w.gid, w.before, w.pkgs)
+		if w.rec.getsInFlight() == 0 && !slices.ContainsFunc(left, func(g goroutine) bool { return !blocked(g.state) }) {
+			return
+		}
+		if time.Since(start) > waitBound {
+			w.gaveUp("gets still in the store, or goroutines of the connector still running, %v after Close of every half returned", waitBound)
+		}
+		p.sleep()
+	}
 }
 
 // checkGoroutines fails the test if a goroutine the case started runs
