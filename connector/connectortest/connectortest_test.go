@@ -154,6 +154,8 @@ func open(broken string) connectortest.OpenFunc {
 				w = loadsCountFailed{inner}
 			case "saves-count-failed":
 				w = savesCountFailed{inner}
+			case "corrupt-uncounted":
+				w = corruptUncounted{inner}
 			case "close-twice":
 				w = &closeTwice{Worker: inner}
 			case "leaks-goroutine":
@@ -513,6 +515,16 @@ type loadsCountFailed struct{ *storeconn.Worker }
 func (w loadsCountFailed) Stats() connector.Stats {
 	st := w.Worker.Stats()
 	st.Loads += st.LoadFailures
+	return st
+}
+
+// corruptUncounted counts the blocks that failed verification as load
+// failures only, not in Stats.Corrupt.
+type corruptUncounted struct{ *storeconn.Worker }
+
+func (w corruptUncounted) Stats() connector.Stats {
+	st := w.Worker.Stats()
+	st.Corrupt = 0
 	return st
 }
 
@@ -1204,6 +1216,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"hits-at-match", "Stats().HitBlocks", ""},
 		{"loads-count-failed", "Stats().Loads", ""},
 		{"saves-count-failed", "Stats().Saves", ""},
+		{"corrupt-uncounted", "but its Stats().Corrupt and Stats().Refused are 0", "WrongValue"},
 		{"close-twice", "a second Close returned", ""},
 		{"leaks-goroutine", "goroutine of the connector is left", ""},
 		{"one-shard-lookup", "a match covers only blocks present in every shard", ""},

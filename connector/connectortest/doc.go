@@ -116,7 +116,8 @@
 // (at most the blocks it reported failed with ReasonCorrupt: a load that
 // fails from a corrupt block on, or transfer parameters refused before a
 // byte was read, report more blocks with that reason than failed
-// verification), and the worker halves together Saves.
+// verification; and at least one, or a count in Refused, where any block
+// failed so), and the worker halves together Saves.
 //
 // # Wrong bytes and a failing store
 //

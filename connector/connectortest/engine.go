@@ -2255,6 +2255,11 @@ func (e *engine) checkStats() {
 		if st.Corrupt < 0 || st.Corrupt > e.want.corrupt[rank] {
 			e.t.Fatalf("%s: worker %d's Stats().Corrupt = %d, want 0 to %d: the blocks it reported failed with ReasonCorrupt", e.label, rank, st.Corrupt, e.want.corrupt[rank])
 		}
+		// A worker that failed blocks as corrupt counted at least one of
+		// them, or the transfer parameters it refused.
+		if e.want.corrupt[rank] > 0 && st.Corrupt == 0 && st.Refused == 0 {
+			e.t.Fatalf("%s: worker %d reported %d blocks failed with ReasonCorrupt, but its Stats().Corrupt and Stats().Refused are 0: it counts the blocks whose bytes failed verification in Corrupt, and refused transfer parameters in Refused", e.label, rank, e.want.corrupt[rank])
+		}
 	}
 }
 
