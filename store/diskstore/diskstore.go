@@ -99,6 +99,7 @@ type segment struct {
 	f    *os.File // read and write
 	df   *os.File // O_DIRECT reads; nil without direct I/O
 	end  int64    // bytes appended or reserved
+	keys []uint64 // index keys of the values written in it, some since removed: what its eviction drops
 	pins int      // calls reading or writing the files now
 	dead bool     // evicted: the files close with the last unpin
 }
@@ -291,20 +292,25 @@ func (s *Store) evictOldest() goneSeg {
 		s.mu.used -= seg.end
 	}
 	g := goneSeg{seg: seg}
-	// The index is scanned whole: a segment does not list its keys, which
-	// would cost 8 bytes more per key, and a segment is evicted once per
-	// SegmentSize bytes written.
-	for h, l := range s.mu.index {
-		if l.seg == seg.id {
-			delete(s.mu.index, h)
-			s.mu.keys--
-			s.mu.bytes -= int64(l.size)
-			s.counters.evictions.Add(1)
-			if s.feeds.Watching() {
-				g.locs = append(g.locs, l)
-			}
+	// The segment lists the keys of its values (8 bytes a key), so that
+	// its eviction looks up those, not the whole index. A key listed
+	// that now lives elsewhere, or nowhere, is left alone.
+	n := int64(0)
+	for _, h := range seg.keys {
+		l, ok := s.mu.index[h]
+		if !ok || l.seg != seg.id {
+			continue
+		}
+		delete(s.mu.index, h)
+		n++
+		s.mu.bytes -= int64(l.size)
+		if s.feeds.Watching() {
+			g.locs = append(g.locs, l)
 		}
 	}
+	s.mu.keys -= n
+	s.counters.evictions.Add(n)
+	seg.keys = nil
 	seg.dead = true
 	if err := os.Remove(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Warn("diskstore: delete evicted segment", "file", seg.path, "err", err)
@@ -542,6 +548,7 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 			continue
 		}
 		s.mu.index[r.h1] = r.l
+		r.seg.keys = append(r.seg.keys, r.h1)
 		s.mu.keys++
 		s.mu.bytes += int64(r.l.size)
 		if s.feeds.Watching() {
@@ -690,7 +697,11 @@ func (s *Store) get(key string, dst []rdma.Region) (int, error) {
 		bufs = append(bufs, r.Bytes()[:n])
 		left -= n
 	}
-	direct := seg.df != nil && alignedValue(size) && len(bufs) == 1 && uintptr(sliceAddr(bufs[0]))%pageSize == 0
+	// A value the page cache holds whole (written or read lately) is read
+	// from it: a direct read would make the kernel write dirty pages back
+	// first, then read them again from the device.
+	direct := seg.df != nil && alignedValue(size) && len(bufs) == 1 && uintptr(sliceAddr(bufs[0]))%pageSize == 0 &&
+		!inPageCache(seg.f, off+vo, int64(size))
 	if direct {
 		_, err = vecIO(false, seg.f, [][]byte{hdr}, off)
 		if err == nil {
