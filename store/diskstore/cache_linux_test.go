@@ -38,7 +38,7 @@ func dropCache(t testing.TB, dir string) {
 
 // cachestatWorks reports whether the kernel tells what the page cache
 // holds (cachestat, Linux 6.5): a file just written is held.
-func cachestatWorks(t *testing.T) bool {
+func cachestatWorks(t testing.TB) bool {
 	f, err := os.Create(filepath.Join(t.TempDir(), "probe"))
 	if err != nil {
 		t.Fatal(err)
