@@ -609,8 +609,9 @@ func (s *Store) writeRun(keys []string, recs []pendingRec, errs []error, hbuf []
 }
 
 // Get reads the value of each keys[i] from its segment file straight into
-// dst[i] (direct I/O when the file system supports it and the destination
-// and value are whole pages; the page cache otherwise) and sets res[i].N
+// dst[i] (direct I/O when the file system supports it, the destination
+// and value are whole pages and the page cache does not hold the value
+// whole; the page cache otherwise) and sets res[i].N
 // to its size. The record's header and the value's checksum are checked
 // before the value is reported: a damaged or torn record is counted in
 // [Store.IO], dropped, and reported as store.ErrNotFound (with its file
@@ -1026,7 +1027,7 @@ func (s *Store) Stats() store.Stats {
 type IOStats struct {
 	Direct        bool  // the file system takes direct I/O and Config.Buffered is off
 	DirectReads   int64 // values read with O_DIRECT
-	BufferedReads int64 // values read through the page cache
+	BufferedReads int64 // values read through the page cache: not whole pages, not into one aligned region, or held whole by it
 	Corrupt       int64 // records a Get found damaged or torn, dropped and never served
 	Skipped       int64 // damaged stretches of segment files that Open skipped
 	SkippedBytes  int64 // the bytes of those stretches
