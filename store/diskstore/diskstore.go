@@ -42,7 +42,7 @@ type Store struct {
 	direct bool // the file system takes O_DIRECT reads
 	feeds  store.Feeds
 	regs   regset.Set
-	hdrs   sync.Pool // *[]byte of maxHeader bytes
+	hdrs   sync.Pool // *[]byte of hdrBufSize bytes, page-aligned
 
 	// writev is the vectored write of a segment; tests replace it to
 	// inject errors (a full disk).
@@ -104,7 +104,9 @@ type segment struct {
 	dead bool     // evicted: the files close with the last unpin
 }
 
-const maxHeader = headerSize + store.MaxKeyLen + pageSize + recAlign
+// hdrBufSize holds the header and key of a record with the padding up to
+// its value, from the page the record starts in: three pages.
+const hdrBufSize = 3 * pageSize
 
 // Open opens the store on cfg.Dir, creating the directory if needed, and
 // rebuilds the index from the segment files there: a restarted process
@@ -129,7 +131,12 @@ func Open(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{cfg: cfg, log: cfg.Logger, lock: lock, seed: maphash.MakeSeed(), writev: writeFile}
-	s.hdrs.New = func() any { b := make([]byte, maxHeader); return &b }
+	s.hdrs.New = func() any {
+		b := make([]byte, hdrBufSize+pageSize)
+		a := (pageSize - int(sliceAddr(b)%pageSize)) % pageSize
+		b = b[a : a+hdrBufSize]
+		return &b
+	}
 	s.mu.index = make(map[uint64]loc)
 	s.mu.pending = make(map[uint64]struct{})
 	s.mu.segs = make(map[uint32]*segment)
@@ -704,10 +711,13 @@ func (s *Store) get(key string, dst []rdma.Region) (int, error) {
 	direct := seg.df != nil && alignedValue(size) && len(bufs) == 1 && uintptr(sliceAddr(bufs[0]))%pageSize == 0 &&
 		!inPageCache(seg.f, off+vo, int64(size))
 	if direct {
-		_, err = vecIO(false, seg.f, [][]byte{hdr}, off)
-		if err == nil {
-			_, err = vecIO(false, seg.df, bufs, off+vo)
-		}
+		// One direct read from the page the record starts in: the header
+		// comes with the value, in one request to the device (a buffered
+		// read of it would be one more, and read ahead into the value).
+		start := off &^ (pageSize - 1)
+		span := (*hp)[:off+vo-start]
+		_, err = vecIO(false, seg.df, [][]byte{span, bufs[0]}, start)
+		hdr = span[off-start:]
 		s.counters.direct.Add(1)
 	} else {
 		_, err = vecIO(false, seg.f, append([][]byte{hdr}, bufs...), off)
