@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvconnect/kvconnect/rdma"
 	"github.com/kvconnect/kvconnect/store"
@@ -25,73 +26,157 @@ func benchKey(i int) string {
 }
 
 // rawFile is the baseline: the same bytes moved with pwrite and pread of
-// a file in the same directory, into the same aligned memory.
+// files in the same directory, from and into the same aligned memory, in
+// the store's pattern: appends to files of segment values each, the
+// oldest deleted past the capacity, and no sync (the store syncs none).
 type rawFile struct {
-	f, df *os.File // buffered; O_DIRECT (nil where refused)
-	size  int
-	n     int // values written
+	dir     string
+	f, df   *os.File // the file read: buffered; O_DIRECT (nil where refused)
+	size    int
+	segVals int      // values per file, as the store's segments
+	keep    int      // files kept, as the store's capacity
+	files   []string // written files, oldest first
+	w       *os.File // the file being appended to
 }
 
-func newRaw(b *testing.B, dir string, size int, direct bool) *rawFile {
+func newRaw(b *testing.B, dir string, size, segVals, keep int, direct bool) *rawFile {
+	raw := &rawFile{dir: dir, size: size, segVals: segVals, keep: keep}
 	path := filepath.Join(dir, "raw")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var df *os.File
+	raw.f = f
 	if direct {
-		if df, err = os.OpenFile(path, os.O_RDWR|syscall.O_DIRECT, 0); err != nil {
-			df = nil
+		if raw.df, err = os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECT, 0); err != nil {
+			raw.df = nil
 		}
 	}
 	b.Cleanup(func() {
 		f.Close()
-		if df != nil {
-			df.Close()
+		if raw.df != nil {
+			raw.df.Close()
+		}
+		if raw.w != nil {
+			raw.w.Close()
 		}
 	})
-	return &rawFile{f: f, df: df, size: size}
+	return raw
 }
 
-// op is the raw counterpart of the i-th call of the store's benchmark:
-// an append (with a truncation where the store deletes its oldest
-// segment), or a read of one of vals values, buffered or direct.
-func (raw *rawFile) op(mode string, r rdma.Region, i, vals int) error {
-	switch {
-	case mode == "Put":
-		if i%256 == 0 {
-			if err := raw.f.Truncate(0); err != nil {
+// put is the raw counterpart of the store's i-th put: an append to the
+// current file, starting a new one (and deleting the oldest past keep)
+// every segVals values.
+func (raw *rawFile) put(r rdma.Region, i int) error {
+	if i%raw.segVals == 0 {
+		if raw.w != nil {
+			if err := raw.w.Close(); err != nil {
 				return err
 			}
 		}
-		_, err := raw.f.WriteAt(r.Bytes(), int64(i%256*raw.size))
-		return err
-	case strings.HasPrefix(mode, "GetBuffered"):
-		_, err := raw.f.ReadAt(r.Bytes(), int64(i%vals*raw.size))
-		return err
+		path := filepath.Join(raw.dir, fmt.Sprintf("raw-%d", i/raw.segVals))
+		w, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return err
+		}
+		raw.w = w
+		raw.files = append(raw.files, path)
+		if len(raw.files) > raw.keep {
+			if err := os.Remove(raw.files[0]); err != nil {
+				return err
+			}
+			raw.files = raw.files[1:]
+		}
 	}
-	_, err := raw.df.ReadAt(r.Bytes(), int64(i%vals*raw.size))
+	_, err := raw.w.WriteAt(r.Bytes(), int64(i%raw.segVals*raw.size))
 	return err
 }
 
+// get is the raw counterpart of a store's Get of value i: a pread of the
+// same bytes into the same memory, buffered or direct.
+func (raw *rawFile) get(r rdma.Region, i int, direct bool) error {
+	f := raw.f
+	if direct {
+		f = raw.df
+	}
+	_, err := f.ReadAt(r.Bytes(), int64(i*raw.size))
+	return err
+}
+
+// threadCPU is the CPU time of the calling thread: what a call cost,
+// whatever else runs on the machine.
+func threadCPU() time.Duration {
+	var ts syscall.Timespec
+	const clockThreadCPUTime = 3 // CLOCK_THREAD_CPUTIME_ID
+	if _, _, e := syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, clockThreadCPUTime, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}
+
+// pairTimer times a raw call and a store call taken in turns, the order
+// swapped every iteration so that neither always runs first (and finds
+// the caches the other left), both under the same load.
+type pairTimer struct {
+	wall, cpu [2][]time.Duration // [0] raw, [1] store
+}
+
+func (p *pairTimer) time(which int, f func() error) error {
+	c0, t0 := threadCPU(), time.Now()
+	err := f()
+	p.wall[which] = append(p.wall[which], time.Since(t0))
+	p.cpu[which] = append(p.cpu[which], threadCPU()-c0)
+	return err
+}
+
+// report reports the store's speed as a fraction of the raw one, by
+// medians of wall-clock time (x-raw), by total time (sum-x-raw: what a
+// stream of calls gets, the rare slow ones included, such as a write
+// throttled by the kernel or a file deleted), and by medians of the
+// thread's CPU time (cpu-x-raw: what a call costs, which a busy machine
+// disturbs less), and both throughputs.
+func (p *pairTimer) report(b *testing.B, size int) {
+	mr, ms := median(p.wall[0]), median(p.wall[1])
+	b.ReportMetric(float64(mr)/float64(ms), "x-raw")
+	b.ReportMetric(float64(sum(p.wall[0]))/float64(sum(p.wall[1])), "sum-x-raw")
+	if cr, cs := median(p.cpu[0]), median(p.cpu[1]); cr > 0 && cs > 0 {
+		b.ReportMetric(float64(cr)/float64(cs), "cpu-x-raw")
+	}
+	b.ReportMetric(float64(size)/mr.Seconds()/(1<<30), "raw-GiB/s")
+	b.ReportMetric(float64(size)/ms.Seconds()/(1<<30), "store-GiB/s")
+}
+
 // BenchmarkDisk times, in one loop, a raw pwrite or pread of size bytes and
-// the store's Put or Get of the same bytes, and reports the store's
-// throughput as a fraction of the raw one (x-raw: 1 is as fast as raw).
+// the store's Put or Get of the same bytes, in turns, and reports the
+// store's throughput as a fraction of the raw one (x-raw: 1 is as fast as
+// raw). Gets read one of 64 values: GetBuffered with Config.Buffered,
+// GetCached with direct I/O on (the default) and the values in the page
+// cache, as a warm store's are, both against a buffered pread; GetDirect
+// once the page cache has dropped them, against an O_DIRECT pread.
+// Trusted is with Config.TrustValues.
 func BenchmarkDisk(b *testing.B) {
 	for _, size := range []int{256 << 10, 2 << 20} {
-		for _, mode := range []string{"Put", "GetBuffered", "GetDirect", "GetBufferedTrusted", "GetDirectTrusted"} {
+		for _, mode := range []string{"Put", "GetBuffered", "GetBufferedTrusted", "GetCached", "GetCachedTrusted", "GetDirect", "GetDirectTrusted"} {
 			b.Run(fmt.Sprintf("%s/%dKiB", mode, size>>10), func(b *testing.B) {
+				runtime.LockOSThread() // for threadCPU
+				defer runtime.UnlockOSThread()
+				const segVals, segs = 32, 8
 				dir := b.TempDir()
-				// Capacity for 64 values: reads hit the page cache unless
-				// direct, as a warm store's would.
-				s, err := diskstore.Open(diskstore.Config{Dir: dir, Capacity: int64(256 * size), SegmentSize: int64(32 * size), Buffered: strings.HasPrefix(mode, "GetBuffered"), TrustValues: strings.HasSuffix(mode, "Trusted")})
+				// GetCached and GetDirect run with direct I/O on (the
+				// default), the page cache holding the values or not.
+				direct := strings.HasPrefix(mode, "GetDirect")
+				buffered := mode == "Put" || strings.HasPrefix(mode, "GetBuffered")
+				s, err := diskstore.Open(diskstore.Config{Dir: dir, Capacity: int64(segs * segVals * size), SegmentSize: int64(segVals * size), Buffered: buffered, TrustValues: strings.HasSuffix(mode, "Trusted")})
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer s.Close()
-				raw := newRaw(b, dir, size, strings.HasPrefix(mode, "GetDirect"))
-				if strings.HasPrefix(mode, "GetDirect") && (raw.df == nil || !s.IO().Direct) {
+				raw := newRaw(b, dir, size, segVals, segs-1, direct)
+				if direct && (raw.df == nil || !s.IO().Direct) {
 					b.Skip("the file system refuses O_DIRECT")
+				}
+				if strings.HasPrefix(mode, "GetCached") && s.IO().Direct && !cachestatWorks(b) {
+					b.Skip("the kernel has no cachestat (Linux 6.5): these reads would be direct")
 				}
 				mem, err := rdma.AllocHost(size)
 				if err != nil {
@@ -114,45 +199,64 @@ func BenchmarkDisk(b *testing.B) {
 						}
 					}
 				}
-				var tRaw, tStore []time.Duration
+				if direct {
+					dropCache(b, dir) // reads go to the device, the store's and the raw ones
+				}
+				var p pairTimer
+				storeOp := func(i int) func() error {
+					return func() error {
+						var err error
+						if mode == "Put" {
+							err = s.Put(bg, []string{benchKey(vals + i)}, []rdma.Region{r}, res)
+						} else {
+							err = s.Get(bg, []string{benchKey(i % vals)}, []rdma.Region{r}, res)
+						}
+						if err == nil {
+							err = res[0].Err
+						}
+						return err
+					}
+				}
+				rawOp := func(i int) func() error {
+					return func() error {
+						if mode == "Put" {
+							return raw.put(r, i)
+						}
+						return raw.get(r, i%vals, direct)
+					}
+				}
 				i := 0
 				b.SetBytes(int64(size))
 				for b.Loop() {
-					t0 := time.Now()
-					if err := raw.op(mode, r, i, vals); err != nil {
-						b.Fatal(err)
+					first := i % 2 // 0: raw first
+					for k := range 2 {
+						which := first ^ k
+						op := rawOp(i)
+						if which == 1 {
+							op = storeOp(i)
+						}
+						if err := p.time(which, op); err != nil {
+							b.Fatal(err)
+						}
 					}
-					t1 := time.Now()
-					key := []string{benchKey(i % vals)}
-					var err error
-					if mode == "Put" {
-						key[0] = benchKey(vals + i)
-						err = s.Put(bg, key, []rdma.Region{r}, res)
-					} else {
-						err = s.Get(bg, key, []rdma.Region{r}, res)
-					}
-					if err != nil || res[0].Err != nil {
-						b.Fatal(err, res[0].Err)
-					}
-					t2 := time.Now()
-					tRaw = append(tRaw, t1.Sub(t0))
-					tStore = append(tStore, t2.Sub(t1))
 					i++
 				}
-				// Medians: on a busy machine a preempted call would weigh
-				// on a sum.
-				mr, ms := median(tRaw), median(tStore)
-				b.ReportMetric(float64(mr)/float64(ms), "x-raw")
-				b.ReportMetric(float64(size)/mr.Seconds()/(1<<30), "raw-GiB/s")
-				b.ReportMetric(float64(size)/ms.Seconds()/(1<<30), "store-GiB/s")
+				p.report(b, size)
+				switch st := s.IO(); {
+				case direct && st.BufferedReads != 0:
+					b.Fatalf("%d buffered reads in a direct benchmark", st.BufferedReads)
+				case !direct && st.DirectReads != 0:
+					b.Fatalf("%d direct reads of values the page cache holds", st.DirectReads)
+				}
 			})
 		}
 	}
 }
 
 // BenchmarkOpen1M opens a directory of 1 M records (64-byte values under
-// keys shaped like a connector's): the time to rebuild the index, and the
-// heap the index holds per record.
+// keys shaped like a connector's, all in one segment of 256 MiB, so that
+// the scan is not spread over segments): the time to rebuild the index,
+// its CPU time, and the heap the index holds per record.
 func BenchmarkOpen1M(b *testing.B) {
 	const records = 1 << 20
 	dir := b.TempDir()
@@ -190,10 +294,25 @@ func BenchmarkOpen1M(b *testing.B) {
 	}
 	s.Close()
 	var perRecord float64
+	var cpu time.Duration
 	for b.Loop() {
+		c0 := processCPU(b)
 		perRecord = openMeasured(b, cfg, records)
+		cpu += processCPU(b) - c0
 	}
 	b.ReportMetric(perRecord, "heap-B/record")
+	// CPU time of every thread, the measuring GCs included: what Open
+	// costs on a machine busy with other work.
+	b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s/op")
+}
+
+// processCPU is the CPU time the process has used, user and system.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // openMeasured opens cfg and returns the heap it took per record, with
@@ -217,6 +336,14 @@ func openMeasured(b *testing.B, cfg diskstore.Config, records int64) float64 {
 		b.Fatalf("Open found %d keys, want %d", st.Keys, records)
 	}
 	return float64(after.HeapAlloc-before.HeapAlloc) / float64(records)
+}
+
+func sum(ds []time.Duration) time.Duration {
+	var t time.Duration
+	for _, d := range ds {
+		t += d
+	}
+	return t
 }
 
 func median(ds []time.Duration) time.Duration {

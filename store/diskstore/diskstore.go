@@ -42,7 +42,7 @@ type Store struct {
 	direct bool // the file system takes O_DIRECT reads
 	feeds  store.Feeds
 	regs   regset.Set
-	hdrs   sync.Pool // *[]byte of maxHeader bytes
+	hdrs   sync.Pool // *[]byte of hdrBufSize bytes, page-aligned
 
 	// writev is the vectored write of a segment; tests replace it to
 	// inject errors (a full disk).
@@ -99,11 +99,14 @@ type segment struct {
 	f    *os.File // read and write
 	df   *os.File // O_DIRECT reads; nil without direct I/O
 	end  int64    // bytes appended or reserved
+	keys []uint64 // index keys of the values written in it, some since removed: what its eviction drops
 	pins int      // calls reading or writing the files now
 	dead bool     // evicted: the files close with the last unpin
 }
 
-const maxHeader = headerSize + store.MaxKeyLen + pageSize + recAlign
+// hdrBufSize holds the header and key of a record with the padding up to
+// its value, from the page the record starts in: three pages.
+const hdrBufSize = 3 * pageSize
 
 // Open opens the store on cfg.Dir, creating the directory if needed, and
 // rebuilds the index from the segment files there: a restarted process
@@ -128,7 +131,12 @@ func Open(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{cfg: cfg, log: cfg.Logger, lock: lock, seed: maphash.MakeSeed(), writev: writeFile}
-	s.hdrs.New = func() any { b := make([]byte, maxHeader); return &b }
+	s.hdrs.New = func() any {
+		b := make([]byte, hdrBufSize+pageSize)
+		a := (pageSize - int(sliceAddr(b)%pageSize)) % pageSize
+		b = b[a : a+hdrBufSize]
+		return &b
+	}
 	s.mu.index = make(map[uint64]loc)
 	s.mu.pending = make(map[uint64]struct{})
 	s.mu.segs = make(map[uint32]*segment)
@@ -291,20 +299,25 @@ func (s *Store) evictOldest() goneSeg {
 		s.mu.used -= seg.end
 	}
 	g := goneSeg{seg: seg}
-	// The index is scanned whole: a segment does not list its keys, which
-	// would cost 8 bytes more per key, and a segment is evicted once per
-	// SegmentSize bytes written.
-	for h, l := range s.mu.index {
-		if l.seg == seg.id {
-			delete(s.mu.index, h)
-			s.mu.keys--
-			s.mu.bytes -= int64(l.size)
-			s.counters.evictions.Add(1)
-			if s.feeds.Watching() {
-				g.locs = append(g.locs, l)
-			}
+	// The segment lists the keys of its values (8 bytes a key), so that
+	// its eviction looks up those, not the whole index. A key listed
+	// that now lives elsewhere, or nowhere, is left alone.
+	n := int64(0)
+	for _, h := range seg.keys {
+		l, ok := s.mu.index[h]
+		if !ok || l.seg != seg.id {
+			continue
+		}
+		delete(s.mu.index, h)
+		n++
+		s.mu.bytes -= int64(l.size)
+		if s.feeds.Watching() {
+			g.locs = append(g.locs, l)
 		}
 	}
+	s.mu.keys -= n
+	s.counters.evictions.Add(n)
+	seg.keys = nil
 	seg.dead = true
 	if err := os.Remove(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Warn("diskstore: delete evicted segment", "file", seg.path, "err", err)
@@ -542,6 +555,7 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 			continue
 		}
 		s.mu.index[r.h1] = r.l
+		r.seg.keys = append(r.seg.keys, r.h1)
 		s.mu.keys++
 		s.mu.bytes += int64(r.l.size)
 		if s.feeds.Watching() {
@@ -602,8 +616,9 @@ func (s *Store) writeRun(keys []string, recs []pendingRec, errs []error, hbuf []
 }
 
 // Get reads the value of each keys[i] from its segment file straight into
-// dst[i] (direct I/O when the file system supports it and the destination
-// and value are whole pages; the page cache otherwise) and sets res[i].N
+// dst[i] (direct I/O when the file system supports it, the destination
+// and value are whole pages and the page cache does not hold the value
+// whole; the page cache otherwise) and sets res[i].N
 // to its size. The record's header and the value's checksum are checked
 // before the value is reported: a damaged or torn record is counted in
 // [Store.IO], dropped, and reported as store.ErrNotFound (with its file
@@ -690,12 +705,19 @@ func (s *Store) get(key string, dst []rdma.Region) (int, error) {
 		bufs = append(bufs, r.Bytes()[:n])
 		left -= n
 	}
-	direct := seg.df != nil && alignedValue(size) && len(bufs) == 1 && uintptr(sliceAddr(bufs[0]))%pageSize == 0
+	// A value the page cache holds whole (written or read lately) is read
+	// from it: a direct read would make the kernel write dirty pages back
+	// first, then read them again from the device.
+	direct := seg.df != nil && alignedValue(size) && len(bufs) == 1 && uintptr(sliceAddr(bufs[0]))%pageSize == 0 &&
+		!inPageCache(seg.f, off+vo, int64(size))
 	if direct {
-		_, err = vecIO(false, seg.f, [][]byte{hdr}, off)
-		if err == nil {
-			_, err = vecIO(false, seg.df, bufs, off+vo)
-		}
+		// One direct read from the page the record starts in: the header
+		// comes with the value, in one request to the device (a buffered
+		// read of it would be one more, and read ahead into the value).
+		start := off &^ (pageSize - 1)
+		span := (*hp)[:off+vo-start]
+		_, err = vecIO(false, seg.df, [][]byte{span, bufs[0]}, start)
+		hdr = span[off-start:]
 		s.counters.direct.Add(1)
 	} else {
 		_, err = vecIO(false, seg.f, append([][]byte{hdr}, bufs...), off)
@@ -1015,7 +1037,7 @@ func (s *Store) Stats() store.Stats {
 type IOStats struct {
 	Direct        bool  // the file system takes direct I/O and Config.Buffered is off
 	DirectReads   int64 // values read with O_DIRECT
-	BufferedReads int64 // values read through the page cache
+	BufferedReads int64 // values read through the page cache: not whole pages, not into one aligned region, or held whole by it
 	Corrupt       int64 // records a Get found damaged or torn, dropped and never served
 	Skipped       int64 // damaged stretches of segment files that Open skipped
 	SkippedBytes  int64 // the bytes of those stretches

@@ -395,14 +395,17 @@ func TestEvictsWholeSegments(t *testing.T) {
 	}
 }
 
-// TestDirectReads reads values of whole pages into page-aligned memory:
-// with direct I/O where the file system takes it, through the page cache
-// with Config.Buffered, and the bytes are the same.
+// TestDirectReads reads values of whole pages into page-aligned memory,
+// once the page cache has dropped them: with direct I/O where the file
+// system takes it, through the page cache with Config.Buffered, and the
+// bytes are the same.
 func TestDirectReads(t *testing.T) {
 	for _, buffered := range []bool{false, true} {
-		s := open(t, diskstore.Config{Dir: t.TempDir(), Capacity: 16 << 20, Buffered: buffered})
+		dir := t.TempDir()
+		s := open(t, diskstore.Config{Dir: dir, Capacity: 16 << 20, Buffered: buffered})
 		src, dst := buf(t, 256<<10), buf(t, 256<<10)
 		put(t, s, "k", fill(src, 5, 256<<10))
+		dropCache(t, dir)
 		got, err := get(t, s, "k", dst)
 		if err != nil || !bytes.Equal(got, src.Bytes()) {
 			t.Errorf("Buffered %v: Get = %v, want the value", buffered, err)
@@ -465,5 +468,57 @@ func TestCloseDuringCalls(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestEvictionAfterReopen evicts segments that a restarted store found on
+// disk: their keys leave the index (Exists, Get and Stats agree), and a
+// key removed from an evicted segment and stored again in a later one
+// stays.
+func TestEvictionAfterReopen(t *testing.T) {
+	cfg := diskstore.Config{Dir: t.TempDir(), Capacity: 512 << 10, SegmentSize: 64 << 10}
+	s := open(t, cfg)
+	src, dst := buf(t, 8192), buf(t, 8192)
+	for i := range 20 { // about 3 segments
+		put(t, s, fmt.Sprintf("k%d", i), fill(src, i, 8000))
+	}
+	if err := s.Remove(bg, "k0"); err != nil {
+		t.Fatal(err)
+	}
+	put(t, s, "k0", fill(src, 1000, 8000))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, cfg)
+	defer s.Close()
+	for i := 20; s.Stats().Evictions < 10; i++ {
+		if i > 1000 {
+			t.Fatalf("1000 puts and %d evictions, want the first segments evicted", s.Stats().Evictions)
+		}
+		put(t, s, fmt.Sprintf("k%d", i), fill(src, i, 8000))
+	}
+	if got, err := get(t, s, "k0", dst); err != nil || !bytes.Equal(got, fill(src, 1000, 8000).Bytes()) {
+		t.Errorf("Get(k0), stored again after its first segment, = %v, want its second value", err)
+	}
+	held := int64(0)
+	res := []store.Result{{}}
+	for i := range 1000 {
+		key := fmt.Sprintf("k%d", i)
+		if err := s.Exists(bg, []string{key}, res); err != nil {
+			t.Fatal(err)
+		}
+		_, err := get(t, s, key, dst)
+		if (res[0].Err == nil) != (err == nil) {
+			t.Errorf("%s: Exists says %v, Get %v", key, res[0].Err, err)
+		}
+		if err == nil {
+			held++
+		}
+	}
+	if st := s.Stats(); st.Keys != held {
+		t.Errorf("Stats().Keys = %d, %d keys read back", st.Keys, held)
+	}
+	if _, err := get(t, s, "k1", dst); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get(k1) from the first segment = %v, want store.ErrNotFound (evicted)", err)
 	}
 }

@@ -14,7 +14,10 @@
 // Open rebuilds the index by reading the records' headers, so a restarted
 // process finds every value its predecessor stored whole: the index holds
 // 16 bytes per key plus the map's overhead, and no key (a Get compares the
-// key stored in the record with the one asked for). A record torn by a
+// key stored in the record with the one asked for); each segment lists
+// the 8-byte index keys of its values, so that its eviction drops those
+// without a pass over the whole index. Open reads the segments' headers
+// in parallel, GOMAXPROCS segments at a time. A record torn by a
 // crash or kill -9, or damaged on disk, is never served: Open skips
 // headers that do not parse (a stretch it skips is counted in
 // [Store.IO]), and every Get checks the header and the value's checksum
@@ -27,9 +30,11 @@
 // Writes are batched: a Put of many keys is one vectored write (pwritev)
 // per segment, from the caller's memory through the page cache. Reads go
 // straight into the caller's memory (preadv): with O_DIRECT when the file
-// system supports it, the value is whole pages (such as a KV block), and
-// the destination is one page-aligned region (memory from rdma.AllocHost
-// is), and through the page cache otherwise; [Store.IO] counts which.
+// system supports it, the value is whole pages (such as a KV block), the
+// destination is one page-aligned region (memory from rdma.AllocHost
+// is), and the page cache does not hold the whole value already (on
+// Linux 6.5 and later, which tell), and through the page cache otherwise;
+// [Store.IO] counts which.
 // Values are not synced to disk: what a process wrote survives its own
 // crash (the page cache holds it), and after a power loss any value the
 // checksums do not vouch for is dropped.

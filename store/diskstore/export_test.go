@@ -19,3 +19,7 @@ func PutHeader(b []byte, kind byte, key string, size int, off int64, crc uint32)
 
 // ValueOffset is valueOffset, for tests that forge records.
 func ValueOffset(off int64, klen, size int) int64 { return valueOffset(off, klen, size) }
+
+// InPageCache is inPageCache, for tests of the choice between the page
+// cache and direct I/O.
+func InPageCache(f *os.File, off, n int64) bool { return inPageCache(f, off, n) }
