@@ -78,6 +78,7 @@ const (
 	bugWatchAbsent                 // (watching) Remove of an absent key announces it removed
 	bugWatchTwice                  // (watching) Remove announces the key removed twice
 	bugWatchAfterClose             // (watching) Watch after Close returns a feed
+	bugRemoveAllIgnoresLeases      // the store's Leases declare hour-long leases on Exists and Get, and RemoveAll takes leased keys all the same
 )
 
 // watchingStore is a refStore that implements store.Watcher: it
@@ -110,6 +111,8 @@ func leasesOf(b bug) (grants store.Leases, declares *store.Leases) {
 		return hour, &store.Leases{}
 	case bugUnheldLeases:
 		return store.Leases{}, &hour
+	case bugRemoveAllIgnoresLeases:
+		return hour, &hour
 	case bugLeaseOutlivesTTL:
 		short := hour
 		short.TTL = 100 * time.Millisecond
@@ -635,14 +638,16 @@ func (s *refStore) RemovePrefix(ctx context.Context, prefix string) (int, error)
 	case bugPrefixContains:
 		match = func(k string) bool { return strings.Contains(k, prefix) }
 	}
-	return s.removeIf(ctx, match)
+	return s.removeIf(ctx, match, false)
 }
 
 func (s *refStore) RemoveAll(ctx context.Context) (int, error) {
-	return s.removeIf(ctx, func(string) bool { return true })
+	return s.removeIf(ctx, func(string) bool { return true }, s.bug == bugRemoveAllIgnoresLeases)
 }
 
-func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, error) {
+// removeIf removes the keys that match, but for those under a lease,
+// unless ignoreLeases.
+func (s *refStore) removeIf(ctx context.Context, match func(string) bool, ignoreLeases bool) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.removals.Add(1)
@@ -659,7 +664,7 @@ func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, 
 		}
 		switch {
 		case !match(k):
-		case s.isLeased(k):
+		case s.isLeased(k) && !ignoreLeases:
 			left++
 		default:
 			s.drop(k)

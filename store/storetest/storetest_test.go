@@ -171,6 +171,7 @@ var brokenStores = []brokenCase{
 	{"UnheldLeasesExists", bugUnheldLeases, "Leases/Exists", "the key must stay until the lease ends", Options{}},
 	{"UnheldLeasesGet", bugUnheldLeases, "Leases/Get", "the key must stay until the lease ends", Options{}},
 	{"UnheldLeasesPrefix", bugUnheldLeases, "Leases/RemovePrefix", "under a lease, must stay and not be counted", Options{}},
+	{"RemoveAllIgnoresLeases", bugRemoveAllIgnoresLeases, "Leases/RemoveAll", "under a lease, must stay and not be counted", Options{}},
 	{"LeaseOutlivesTTL", bugLeaseOutlivesTTL, "Leases/Exists", "the lease outlived its TTL", Options{}},
 	{"TruncatesKeys", bugTruncatesKeys, "DistinctKeys", "conflates keys that differ", Options{}},
 	{"TruncatesKeysModel", bugTruncatesKeys, "StateMachine", "", Options{}},
