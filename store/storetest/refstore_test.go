@@ -79,6 +79,12 @@ const (
 	bugWatchTwice                  // (watching) Remove announces the key removed twice
 	bugWatchAfterClose             // (watching) Watch after Close returns a feed
 	bugRemoveAllIgnoresLeases      // the store's Leases declare hour-long leases on Exists and Get, and RemoveAll takes leased keys all the same
+	bugExistsIgnoresExpiry         // (expiring) Exists finds keys whose time to live has passed
+	bugGetIgnoresExpiry            // (expiring) Get serves keys whose time to live has passed
+	bugExpiredKeepsOut             // (expiring) a put of an expired key finds it present and keeps the old value, which has expired
+	bugExpiredCounted              // (expiring) RemovePrefix and RemoveAll count expired keys among those they removed
+	bugExpiryAsRemoved             // (expiring, watching) an expired key is announced store.KeyRemoved
+	bugExpiryOnlyOnCall            // (expiring, watching) a key is expired, and announced, only when a call finds it
 )
 
 // watchingStore is a refStore that implements store.Watcher: it
@@ -153,13 +159,77 @@ type refStore struct {
 	getEpoch atomic.Int64      // removals as the previous get saw them
 	lastPut  string            // the key stored last
 	gone     map[string][]byte // the last value of each key dropped
+
+	// ttl, when not zero, is the time to live of every key put: a key
+	// expires ttl after the put that stored it, when a call finds it, and
+	// in a watched store also by a reaper (every expiryTick), which Close
+	// stops.
+	ttl     time.Duration
+	expires map[string]time.Time
+	reaper  struct {
+		stop chan struct{}
+		wg   sync.WaitGroup
+	}
+}
+
+// expiryTick is how often the reaper of a watched refStore with a time to
+// live looks for expired keys.
+const expiryTick = 5 * time.Millisecond
+
+// newExpiringStore returns a refStore with bug b whose keys expire ttl
+// after their put; watched, it implements store.Watcher and its reaper
+// expires keys nobody asks for (but with bugExpiryOnlyOnCall).
+func newExpiringStore(b bug, ttl time.Duration, watched bool) store.Store {
+	s := newRefStore(b, 0)
+	s.ttl = ttl
+	if !watched {
+		return s.store()
+	}
+	s.feeds = new(store.Feeds)
+	if b != bugExpiryOnlyOnCall {
+		stop := make(chan struct{})
+		s.reaper.stop = stop
+		s.reaper.wg.Go(func() {
+			tick := time.NewTicker(expiryTick)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				s.mu.Lock()
+				for k := range s.expires {
+					s.expire(k)
+				}
+				s.mu.Unlock()
+			}
+		})
+	}
+	return s.store()
+}
+
+// expire drops k, and announces it expired, if its time to live has
+// passed; it reports whether it did. The caller holds s.mu.
+func (s *refStore) expire(k string) bool {
+	end, ok := s.expires[k]
+	if !ok || time.Now().Before(end) {
+		return false
+	}
+	s.drop(k)
+	op := store.KeyExpired
+	if s.bug == bugExpiryAsRemoved {
+		op = store.KeyRemoved
+	}
+	s.announce(k, op)
+	return true
 }
 
 var _ store.Store = (*refStore)(nil)
 
 func newRefStore(b bug, capacity int) *refStore {
 	s := &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}, gone: map[string][]byte{},
-		stale: map[string][]byte{}, alias: map[string]string{}, leased: map[string]time.Time{}}
+		stale: map[string][]byte{}, alias: map[string]string{}, leased: map[string]time.Time{}, expires: map[string]time.Time{}}
 	s.grants, s.declares = leasesOf(b)
 	return s
 }
@@ -319,6 +389,9 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 		if s.bug != bugCountsFoundExists {
 			s.st.Exists++
 		}
+		if s.bug != bugExistsIgnoresExpiry {
+			s.expire(s.index(keys[i]))
+		}
 		v, ok := s.m[s.index(keys[i])]
 		if !ok && s.bug == bugEvictedAliases {
 			v, ok = s.evicted(s.index(keys[i]))
@@ -364,6 +437,9 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		}
 		again := inBatch[k]
 		inBatch[k] = true
+		if s.bug != bugExpiredKeepsOut {
+			s.expire(k)
+		}
 		if v, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
 			switch s.bug {
 			case bugDuplicateHeldSize:
@@ -409,6 +485,9 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == k })
 		}
 		s.m[k] = slices.Clone(src[i].Bytes())
+		if s.ttl > 0 {
+			s.expires[k] = time.Now().Add(s.ttl)
+		}
 		if old, ok := s.gone[k]; ok && s.bug == bugReputRevives && old != nil {
 			s.m[k] = old
 			s.used += len(old) - src[i].Len
@@ -481,6 +560,7 @@ func (s *refStore) countGet(r store.Result, room int) {
 
 func (s *refStore) drop(k string) {
 	delete(s.leased, k)
+	delete(s.expires, k)
 	s.gone[k] = s.m[k]
 	s.used -= len(s.m[k])
 	delete(s.m, k)
@@ -508,6 +588,9 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		if err := s.usable(dst[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
+		}
+		if s.bug != bugGetIgnoresExpiry {
+			s.expire(k)
 		}
 		v, ok := s.m[k]
 		if !ok {
@@ -596,6 +679,7 @@ func (s *refStore) Remove(ctx context.Context, key string) error {
 		return err
 	}
 	key = s.index(key)
+	s.expire(key)
 	if _, ok := s.m[key]; !ok {
 		if s.bug == bugWatchAbsent {
 			s.announce(key, store.KeyRemoved)
@@ -661,6 +745,9 @@ func (s *refStore) removeIf(ctx context.Context, match func(string) bool, ignore
 				n = 0
 			}
 			return n, err
+		}
+		if match(k) && s.bug != bugExpiredCounted && s.expire(k) {
+			continue
 		}
 		switch {
 		case !match(k):
@@ -735,6 +822,13 @@ func (s *refStore) Stats() store.Stats {
 
 func (s *refStore) Close() error {
 	s.mu.Lock()
+	if stop := s.reaper.stop; stop != nil {
+		s.reaper.stop = nil
+		close(stop)
+		s.mu.Unlock()
+		s.reaper.wg.Wait()
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
 	if s.bug != bugOpenAfterClose {
 		s.closed = true

@@ -88,6 +88,24 @@ type Options struct {
 	// refuses device regions, in Register and per key in Put and Get (with
 	// store.ErrInvalidRegion), reading and writing nothing through them.
 	DeviceMemory bool
+
+	// Expiring declares that the store's keys can expire: it returns a
+	// store like those newStore returns, but for its keys, which each
+	// expire ttl after the put that stored it (a read does not extend
+	// it). Run's Expiry subtest calls it with a ttl short enough to wait
+	// out (a fraction of a second), and checks that keys are present,
+	// whole, while the harness measured less than ttl since their put
+	// started, and absent once ttl has passed since their put returned:
+	// to Get (nothing written), Exists, batches that mix them with
+	// present keys, GetV, Remove (store.ErrNotFound) and RemovePrefix
+	// (not counted); that a put of an expired key stores the new value;
+	// and, from a store that implements store.Watcher, that each expired
+	// key is announced once, as store.KeyExpired, whether or not a call
+	// asked for it. The stores newStore returns must keep their keys for
+	// the whole run (no expiry, or one of hours), as every other subtest
+	// assumes. Nil declares a store whose keys do not expire, and skips
+	// Expiry.
+	Expiring func(t testing.TB, ttl time.Duration) store.Store
 }
 
 func (o *Options) ensureDefaults() error {
@@ -282,6 +300,7 @@ func (h *harness) subtests() []struct {
 		{"Removal", h.removal},
 		{"Reput", h.reput},
 		{"Leases", h.leases},
+		{"Expiry", h.expiry},
 		{"Watch", h.watch},
 		{"Vectored", h.vectored},
 		{"BadInput", h.badInput},
@@ -306,7 +325,13 @@ type harness struct {
 // closed when t ends.
 func (h *harness) open(t tester, mems ...*memory) store.Store {
 	t.Helper()
-	s := h.newStore(t)
+	return h.openWith(t, h.newStore, mems...)
+}
+
+// openWith is open, with a store from newStore.
+func (h *harness) openWith(t tester, newStore func(testing.TB) store.Store, mems ...*memory) store.Store {
+	t.Helper()
+	s := newStore(t)
 	if s == nil {
 		t.Fatal("storetest: newStore returned a nil store")
 	}

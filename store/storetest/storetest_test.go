@@ -380,3 +380,54 @@ func TestWaitNamesWhatHangs(t *testing.T) {
 	done.Go(func() {})
 	wait(t, "nothing", &done)
 }
+
+// TestRunExpiry runs the harness on correct stores whose keys expire,
+// watched (with a reaper) and not (expiring keys as calls find them): it
+// must pass, Expiry included; and on stores with one expiry bug each: it
+// must fail in Expiry, saying why.
+func TestRunExpiry(t *testing.T) {
+	opts := func(b bug, watched bool) Options {
+		return Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters,
+			Expiring: func(_ testing.TB, ttl time.Duration) store.Store { return newExpiringStore(b, ttl, watched) }}
+	}
+	for _, watched := range []bool{false, true} {
+		newStore := func(testing.TB) store.Store { return newExpiringStore(noBug, time.Hour, watched) }
+		got := runRecorded(t, newStore, opts(noBug, watched))
+		if failed := got.FailedUnder("Run"); len(failed) > 0 {
+			t.Errorf("Run (watched %v) failed %v for a correct store whose keys expire; it recorded:\n%s", watched, failed, got)
+		}
+		if got.SaidUnder("Run/Expiry", "declares no expiry") {
+			t.Errorf("Run skipped Expiry for a store that declares Options.Expiring; it recorded:\n%s", got)
+		}
+	}
+	fastRapid(t)
+	for _, tc := range []struct {
+		name    string
+		bug     bug
+		watched bool
+		reason  string
+	}{
+		{"ExistsIgnoresExpiry", bugExistsIgnoresExpiry, false, "Exists(\"expiry@Exists@0\")"},
+		{"GetIgnoresExpiry", bugGetIgnoresExpiry, false, "Get(\"expiry@Get@0\")"},
+		{"GetIgnoresExpiryInBatch", bugGetIgnoresExpiry, false, "Get(\"expiry@Batch@0\")"},
+		{"ExpiredKeepsOut", bugExpiredKeepsOut, false, "nor keep out a new one"},
+		{"ExpiredCounted", bugExpiredCounted, false, "expired keys are absent, not removed"},
+		{"ExpiryAsRemoved", bugExpiryAsRemoved, true, "want store.KeyExpired only"},
+		{"ExpiryOnlyOnCall", bugExpiryOnlyOnCall, true, "no store.KeyExpired event"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.bug == bugExpiryOnlyOnCall {
+				old := expiryWait
+				expiryWait = time.Second // the harness waits its full bound for this one
+				t.Cleanup(func() { expiryWait = old })
+			}
+			newStore := func(testing.TB) store.Store { return newExpiringStore(noBug, time.Hour, tc.watched) }
+			got := runRecorded(t, newStore, opts(tc.bug, tc.watched), "Expiry")
+			if failed := got.FailedUnder("Run/Expiry"); len(failed) == 0 {
+				t.Errorf("Run did not fail in Expiry for a store with bug %s; it recorded:\n%s", tc.name, got)
+			} else if !got.SaidUnder("Run/Expiry", tc.reason) {
+				t.Errorf("Run failed in %s for a store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
+			}
+		})
+	}
+}
