@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -85,6 +86,7 @@ const (
 	bugExpiredCounted              // (expiring) RemovePrefix and RemoveAll count expired keys among those they removed
 	bugExpiryAsRemoved             // (expiring, watching) an expired key is announced store.KeyRemoved
 	bugExpiryOnlyOnCall            // (expiring, watching) a key is expired, and announced, only when a call finds it
+	bugCloseDetached               // Close returns without waiting for the calls in flight, and a get admitted while it ran copies its values again after it returned (as a copy engine retries)
 )
 
 // watchingStore is a refStore that implements store.Watcher: it
@@ -166,7 +168,12 @@ type refStore struct {
 	// stops.
 	ttl     time.Duration
 	expires map[string]time.Time
-	reaper  struct {
+
+	// bugCloseDetached: a Close has started, it has returned, and the gets
+	// admitted since it started.
+	closing, detached atomic.Bool
+	lateGets          atomic.Int64
+	reaper            struct {
 		stop chan struct{}
 		wg   sync.WaitGroup
 	}
@@ -328,10 +335,47 @@ func (s *refStore) begin(ctx context.Context, op string, keys, regions, res int)
 	if err := s.ctxErr(ctx); err != nil {
 		return err
 	}
-	if s.closed {
+	if s.closed || s.detached.Load() {
 		return store.ErrClosed
 	}
 	return nil
+}
+
+// closeDetached is Close with bugCloseDetached: it returns once a get has
+// been admitted since it started, without waiting for it.
+func (s *refStore) closeDetached() error {
+	s.closing.Store(true)
+	until(func() bool { return s.lateGets.Load() > 0 })
+	s.detached.Store(true)
+	return nil
+}
+
+// until waits for cond, a minute at most.
+func until(cond func() bool) {
+	for end := time.Now().Add(time.Minute); !cond() && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// copyAfterClose is the end of a get with bugCloseDetached admitted while
+// a Close ran: it waits for that Close to return and for a destination of
+// the keys read to change (the caller reuses it), and copies the values
+// into them again. The caller holds s.mu.
+func (s *refStore) copyAfterClose(dst []rdma.Region, vals [][]byte) {
+	until(s.detached.Load)
+	until(func() bool {
+		for i, v := range vals {
+			if v != nil && !bytes.Equal(dst[i].Bytes()[:len(v)], v) {
+				return true
+			}
+		}
+		return false
+	})
+	for i, v := range vals {
+		if v != nil {
+			copy(dst[i].Bytes(), v)
+		}
+	}
 }
 
 // ctxErr is ctx.Err(), as the store sees it: checked when a call starts
@@ -575,6 +619,12 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		return err
 	}
 	n := batchLen(len(keys), len(dst), len(res))
+	var read [][]byte // the values read, with bugCloseDetached during a Close
+	if s.bug == bugCloseDetached && s.closing.Load() {
+		read = make([][]byte, n)
+		defer s.copyAfterClose(dst, read)
+		s.lateGets.Add(1)
+	}
 	for i := range n {
 		if err := s.ctxErr(ctx); err != nil {
 			s.canceled(res[i:n], err, true, func(j int) int { return len(s.m[s.index(keys[i+j])]) })
@@ -636,6 +686,9 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		}
 		res[i] = store.Result{N: len(v)}
 		s.lease(s.grants.Get, k)
+		if read != nil {
+			read[i] = v
+		}
 	}
 	for i := range n {
 		s.countGet(res[i], dst[i].Len)
@@ -821,6 +874,9 @@ func (s *refStore) Stats() store.Stats {
 }
 
 func (s *refStore) Close() error {
+	if s.bug == bugCloseDetached {
+		return s.closeDetached()
+	}
 	s.mu.Lock()
 	if stop := s.reaper.stop; stop != nil {
 		s.reaper.stop = nil

@@ -309,6 +309,7 @@ func (h *harness) subtests() []struct {
 		{"Context", h.context},
 		{"Close", h.close},
 		{"CloseWhileBusy", h.closeWhileBusy},
+		{"CloseWhileLarge", h.closeLarge},
 	}
 }
 

@@ -113,6 +113,8 @@ var brokenStores = []brokenCase{
 	{"VanishesWithoutEviction", bugVanishes, "StateMachine", "", Options{}},
 	{"OpenAfterClose", bugOpenAfterClose, "Close", "", Options{}},
 	{"OpenAfterCloseWhileBusy", bugOpenAfterClose, "CloseWhileBusy", "", Options{}},
+	{"OpenAfterCloseWhileLarge", bugOpenAfterClose, "CloseWhileLarge", "after Close returned = nil, want store.ErrClosed", Options{}},
+	{"CloseDetached", bugCloseDetached, "CloseWhileLarge", "written after Close returned: Close must wait for the calls in flight", Options{}},
 	{"PrefixMiscount", bugPrefixMiscount, "StateMachine", "", Options{}},
 	{"IgnoresContext", bugIgnoresContext, "Context/Canceled", "with a canceled context", Options{}},
 	{"IgnoresDeadline", bugIgnoresDeadline, "Context/Deadline", "with a deadline an hour past", Options{}},
