@@ -86,6 +86,7 @@ const (
 	bugExpiredCounted              // (expiring) RemovePrefix and RemoveAll count expired keys among those they removed
 	bugExpiryAsRemoved             // (expiring, watching) an expired key is announced store.KeyRemoved
 	bugExpiryOnlyOnCall            // (expiring, watching) a key is expired, and announced, only when a call finds it
+	bugCtxOnlyAtStart              // a batch looks at its context when it starts, and not between keys
 	bugCloseDetached               // Close returns without waiting for the calls in flight, and a get admitted while it ran copies its values again after it returned (as a copy engine retries)
 )
 
@@ -391,6 +392,15 @@ func (s *refStore) ctxErr(ctx context.Context) error {
 	return err
 }
 
+// keyCtxErr is ctx.Err(), as the store sees it between the keys of a
+// batch.
+func (s *refStore) keyCtxErr(ctx context.Context) error {
+	if s.bug == bugCtxOnlyAtStart {
+		return nil
+	}
+	return s.ctxErr(ctx)
+}
+
 // canceled fills the results of the keys a batch did not do because ctx
 // was done with err: claim(i) is what bugCancelClaimsSuccess claims for
 // key i, and miss says whether bugCancelAsMiss applies.
@@ -422,7 +432,7 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 	}
 	n := batchLen(len(keys), len(res))
 	for i := range n {
-		if err := s.ctxErr(ctx); err != nil {
+		if err := s.keyCtxErr(ctx); err != nil {
 			s.canceled(res[i:n], err, true, func(int) int { return 0 })
 			break
 		}
@@ -462,7 +472,7 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 	inBatch := map[string]bool{}
 	n := batchLen(len(keys), len(src), len(res))
 	for i := range n {
-		if err := s.ctxErr(ctx); err != nil {
+		if err := s.keyCtxErr(ctx); err != nil {
 			s.canceled(res[i:n], err, false, func(j int) int { return src[i+j].Len })
 			break
 		}
@@ -626,7 +636,7 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		s.lateGets.Add(1)
 	}
 	for i := range n {
-		if err := s.ctxErr(ctx); err != nil {
+		if err := s.keyCtxErr(ctx); err != nil {
 			s.canceled(res[i:n], err, true, func(j int) int { return len(s.m[s.index(keys[i+j])]) })
 			break
 		}
@@ -793,7 +803,7 @@ func (s *refStore) removeIf(ctx context.Context, match func(string) bool, ignore
 	}
 	n, left := 0, 0
 	for k := range s.m {
-		if err := s.ctxErr(ctx); err != nil {
+		if err := s.keyCtxErr(ctx); err != nil {
 			if s.bug == bugCancelMiscounts {
 				n = 0
 			}
@@ -943,6 +953,10 @@ func (s *vecStore) PutV(ctx context.Context, keys []string, src [][]rdma.Region,
 		return err
 	}
 	for i, k := range keys {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:], err, false, func(int) int { return 0 })
+			break
+		}
 		n, err := s.check(k, src[i])
 		if err != nil {
 			res[i] = store.Result{Err: err}
@@ -983,6 +997,10 @@ func (s *vecStore) GetV(ctx context.Context, keys []string, dst [][]rdma.Region,
 		return err
 	}
 	for i, k := range keys {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:], err, true, func(int) int { return 0 })
+			break
+		}
 		room, err := s.check(k, dst[i])
 		if err != nil {
 			res[i] = store.Result{Err: err}
