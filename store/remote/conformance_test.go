@@ -85,7 +85,7 @@ func TestConformance(t *testing.T) {
 		cfg  memstore.Config
 		opts storetest.Options
 	}{
-		{"Large", memstore.Config{Capacity: 8 << 20, Shards: 8}, storetest.Options{Capacity: 8 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
+		{"Large", memstore.Config{Capacity: 32 << 20, Shards: 8}, storetest.Options{Capacity: 32 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 		{"Evicting", memstore.Config{Capacity: 64 << 10, Shards: 4}, storetest.Options{Evicts: true, Capacity: 64 << 10, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 		{"RequireRegistered", memstore.Config{Capacity: 8 << 20, RequireRegistered: true}, storetest.Options{Capacity: 8 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 	} {
