@@ -28,9 +28,9 @@ func TestConformance(t *testing.T) {
 		cfg  memstore.Config
 		opts storetest.Options
 	}{
-		{"Large", memstore.Config{Capacity: 8 << 20, Shards: 8}, storetest.Options{Capacity: 8 << 20, Stats: true, Counters: storetest.AllCounters}},
+		{"Large", memstore.Config{Capacity: 64 << 20, Shards: 8}, storetest.Options{Capacity: 64 << 20, Stats: true, Counters: storetest.AllCounters}},
 		{"Evicting", memstore.Config{Capacity: 64 << 10, Shards: 4}, storetest.Options{Evicts: true, Capacity: 64 << 10, Stats: true, Counters: storetest.AllCounters}},
-		{"RequireRegistered", memstore.Config{Capacity: 8 << 20, RequireRegistered: true}, storetest.Options{Capacity: 8 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
+		{"RequireRegistered", memstore.Config{Capacity: 64 << 20, RequireRegistered: true}, storetest.Options{Capacity: 64 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex

@@ -89,6 +89,17 @@ type Options struct {
 	// store.ErrInvalidRegion), reading and writing nothing through them.
 	DeviceMemory bool
 
+	// WholeBatches declares that the store runs each batch call as one
+	// request to its backend once it has looked at the call's context, and
+	// cannot stop it part way, as store/mooncake does (one
+	// batch_put_from, batch_get_into or batch_is_exist call per batch):
+	// store.Store asks a store to honor cancellation between keys. Run's
+	// MidBatchLarge subtest then accepts a batch whose context ended right
+	// after the store's first look, and which did every key without
+	// looking again; every other check of cancellation holds. Without
+	// WholeBatches, such a batch fails: the store ran detached.
+	WholeBatches bool
+
 	// Expiring declares that the store's keys can expire: it returns a
 	// store like those newStore returns, but for its keys, which each
 	// expire ttl after the put that stored it (a read does not extend
