@@ -33,6 +33,7 @@ func TestConformance(t *testing.T) {
 		{"RequireRegistered", memstore.Config{Capacity: 64 << 20, RequireRegistered: true}, storetest.Options{Capacity: 64 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // the shapes share nothing: a run takes the longest, not the sum
 			var mu sync.Mutex
 			var stores []*memstore.Store
 			storetest.Run(t, func(t testing.TB) store.Store {
