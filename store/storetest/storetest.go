@@ -194,10 +194,12 @@ func (o *Options) ensureDefaults() error {
 //     TTL makes Remove fail with store.ErrHasLease within RemoveWait (and
 //     some slack) and RemovePrefix leave the key, until TTL has passed,
 //     the key staying whole; and a TTL short enough to wait out (at most
-//     2 s) ends by then. A store that implements store.Leaser also sets
+//     2 s) ends by then. RemoveAll, in a store of its own, is held to the
+//     same as RemovePrefix. A store that implements store.Leaser also sets
 //     what Options.Leases would (see there), and one whose leases end
 //     with their call is held to removals that take every key they name
 //     in the state machine, where no call is in flight beside a removal.
+//   - Expiry, when Options.Expiring is set: see there.
 //   - Watch, when the store implements store.Watcher: Watch refuses a
 //     buffer outside [1, store.MaxWatch]; each key Remove, RemovePrefix
 //     and RemoveAll take is announced gone once (KeyRemoved; KeyEvicted
@@ -229,10 +231,22 @@ func (o *Options) ensureDefaults() error {
 //     done some keys: whenever the cancellation arrives, a key reported
 //     done was done exactly, a key not done reports the context's error
 //     (never success, nor store.ErrNotFound for a key that is present),
-//     and a removal counts exactly the keys it took.
+//     and a removal counts exactly the keys it took. MidBatchLarge does
+//     the same with batches of 300 keys holding values of up to 1 MiB,
+//     canceled and past deadlines (context.DeadlineExceeded, at a look, from
+//     another goroutine, by the clock), then checks that the store still
+//     serves a put and a get, and that a batch whose context ended right
+//     after the store's first look did not do every key without looking
+//     again (unless Options.WholeBatches).
 //   - Close and CloseWhileBusy: calls after Close fail with store.ErrClosed,
 //     Close is idempotent, and calls in flight when Close starts finish
 //     with correct results.
+//   - CloseWhileLarge: Close while three goroutines call with batches of
+//     320 keys and values of up to 4 MiB (as Options.Capacity allows):
+//     Close returns, every call returns nil or store.ErrClosed, a get
+//     reports only whole values, and no call writes into its destinations
+//     after Close returned (the harness overwrites the destinations of
+//     the gets still in flight then, and checks them when they return).
 //
 // newStore is called once per store, from the subtest's goroutine (or the
 // rapid check's), with the subtest as t; and once before the subtests,
