@@ -208,7 +208,7 @@ func (h *harness) midBatch(t tester) {
 	src := newMemory(t, n, slot)
 	dst := newMemory(t, n, slot)
 	size := func(i int) int { return 16 + i%32 }
-	h.midBatchOps(t, cancellations, &layout{small: src, n: n}, &layout{small: dst, n: n}, size, []string{"Put", "Get", "Exists", "PutV", "GetV", "RemovePrefix", "RemoveAll"})
+	h.midBatchOps(t, cancellations, false, &layout{small: src, n: n}, &layout{small: dst, n: n}, size, []string{"Put", "Get", "Exists", "PutV", "GetV", "RemovePrefix", "RemoveAll"})
 }
 
 // midBatchLargeKeys is the number of keys of the MidBatchLarge subtest's
@@ -242,13 +242,13 @@ func (h *harness) midBatchLarge(t tester) {
 	mk := func() *layout {
 		return &layout{small: newMemory(t, n, small+small/2), big: newMemory(t, bigs, big+big/2), isBig: isBig, n: n}
 	}
-	h.midBatchOps(t, largeCancellations, mk(), mk(), size, []string{"Put", "Get", "Exists", "PutV", "GetV"})
+	h.midBatchOps(t, largeCancellations, true, mk(), mk(), size, []string{"Put", "Get", "Exists", "PutV", "GetV"})
 }
 
 // midBatchOps runs each of ops in a subtest of its own, with every way of
 // canceling in cs, over batches of n keys whose values have size(i)
-// bytes, from src into dst.
-func (h *harness) midBatchOps(t tester, cs []cancellation, src, dst *layout, size func(int) int, ops []string) {
+// bytes, from src into dst; large: the batches of MidBatchLarge.
+func (h *harness) midBatchOps(t tester, cs []cancellation, large bool, src, dst *layout, size func(int) int, ops []string) {
 	fs := map[string]func(m *midBatch, s store.Store, c cancellation, tag string){
 		"Put": (*midBatch).put, "Get": (*midBatch).get, "Exists": (*midBatch).exists,
 		"PutV": (*midBatch).put, "GetV": (*midBatch).get,
@@ -257,7 +257,7 @@ func (h *harness) midBatchOps(t tester, cs []cancellation, src, dst *layout, siz
 	mems := append(src.memories(), dst.memories()...)
 	for _, op := range ops {
 		t.run(op, func(t tester) {
-			m := &midBatch{h: h, t: t, op: op, n: src.n, src: src, dst: dst, size: size, large: len(cs) == len(largeCancellations)}
+			m := &midBatch{h: h, t: t, op: op, n: src.n, src: src, dst: dst, size: size, large: large}
 			s := h.open(t, mems...)
 			if v, ok := s.(store.Vectored); ok {
 				m.v = v
