@@ -30,7 +30,7 @@ func TestConformance(t *testing.T) {
 	}{
 		{"Large", memstore.Config{Capacity: 64 << 20, Shards: 8}, storetest.Options{Capacity: 64 << 20, Stats: true, Counters: storetest.AllCounters}},
 		{"Evicting", memstore.Config{Capacity: 64 << 10, Shards: 4}, storetest.Options{Evicts: true, Capacity: 64 << 10, Stats: true, Counters: storetest.AllCounters}},
-		{"RequireRegistered", memstore.Config{Capacity: 64 << 20, RequireRegistered: true}, storetest.Options{Capacity: 64 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
+		{"RequireRegistered", memstore.Config{Capacity: 8 << 20, RequireRegistered: true}, storetest.Options{Capacity: 8 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // the shapes share nothing: a run takes the longest, not the sum
