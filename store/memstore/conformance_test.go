@@ -28,11 +28,12 @@ func TestConformance(t *testing.T) {
 		cfg  memstore.Config
 		opts storetest.Options
 	}{
-		{"Large", memstore.Config{Capacity: 8 << 20, Shards: 8}, storetest.Options{Capacity: 8 << 20, Stats: true, Counters: storetest.AllCounters}},
+		{"Large", memstore.Config{Capacity: 64 << 20, Shards: 8}, storetest.Options{Capacity: 64 << 20, Stats: true, Counters: storetest.AllCounters}},
 		{"Evicting", memstore.Config{Capacity: 64 << 10, Shards: 4}, storetest.Options{Evicts: true, Capacity: 64 << 10, Stats: true, Counters: storetest.AllCounters}},
 		{"RequireRegistered", memstore.Config{Capacity: 8 << 20, RequireRegistered: true}, storetest.Options{Capacity: 8 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // the shapes share nothing: a run takes the longest, not the sum
 			var mu sync.Mutex
 			var stores []*memstore.Store
 			storetest.Run(t, func(t testing.TB) store.Store {

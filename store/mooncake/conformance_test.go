@@ -50,7 +50,7 @@ func TestConformance(t *testing.T) {
 				}
 				h.setLease(s.handle, int64(tc.lease), 0)
 				return s
-			}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096, Registration: true, Counters: counters})
+			}, storetest.Options{Capacity: 8 << 20, MaxValueSize: 4096, Registration: true, Counters: counters, WholeBatches: true})
 		})
 	}
 }
@@ -75,7 +75,7 @@ func TestConformanceReal(t *testing.T) {
 			t.Fatalf("Open(%s) = %v", cfg.MasterServerAddress, err)
 		}
 		return s
-	}, storetest.Options{Evicts: true, Capacity: int64(cfg.GlobalSegmentSize), MaxValueSize: 64 << 10, Registration: true, Counters: counters})
+	}, storetest.Options{Evicts: true, Capacity: int64(cfg.GlobalSegmentSize), MaxValueSize: 64 << 10, Registration: true, Counters: counters, WholeBatches: true})
 }
 
 // realConfig returns the config of a real Mooncake cluster from the

@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -186,7 +187,7 @@ func (c *client) request(ctx context.Context, cc *cconn, typ byte, keys []string
 		return nil, err
 	}
 	d := dec{b: cc.body}
-	callErr = decodeError(d.u8(), d.str())
+	callErr = callersError(ctx, decodeError(d.u8(), d.str()))
 	d.u64()
 	n := int(d.u32())
 	if callErr != nil {
@@ -218,7 +219,7 @@ func (c *client) request(ctx context.Context, cc *cconn, typ byte, keys []string
 			total += size
 			res[i] = store.Result{N: int(size)}
 		} else {
-			res[i] = store.Result{Err: decodeError(code, msg)}
+			res[i] = store.Result{Err: callersError(ctx, decodeError(code, msg))}
 		}
 	}
 	if err := d.end(); err != nil {
@@ -339,6 +340,19 @@ func (c *client) remove(ctx context.Context, op string, typ byte, arg string) (i
 	return n.count, n.err
 }
 
+// callersError returns err, an error from the server, with the error of
+// the caller's context in place of the server's cancellation: the server
+// cancels a request when the client asks it to, whether the caller's
+// context was canceled or its deadline passed, and the caller must see
+// which.
+func callersError(ctx context.Context, err error) error {
+	var se *serverError
+	if cerr := ctx.Err(); cerr != nil && errors.As(err, &se) && errors.Is(se.err, context.Canceled) {
+		return &serverError{msg: se.msg, err: cerr}
+	}
+	return err
+}
+
 type removed struct {
 	count int
 	err   error
@@ -362,7 +376,7 @@ func (c *client) removeOn(ctx context.Context, cc *cconn, typ byte, arg string) 
 		return removed{}, err
 	}
 	d := dec{b: cc.body}
-	r := removed{err: decodeError(d.u8(), d.str()), count: int(d.u64())}
+	r := removed{err: callersError(ctx, decodeError(d.u8(), d.str())), count: int(d.u64())}
 	if n := d.u32(); n != 0 {
 		return removed{}, fmt.Errorf("%w: %d results for a removal", errFrame, n)
 	}

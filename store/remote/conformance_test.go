@@ -85,11 +85,12 @@ func TestConformance(t *testing.T) {
 		cfg  memstore.Config
 		opts storetest.Options
 	}{
-		{"Large", memstore.Config{Capacity: 8 << 20, Shards: 8}, storetest.Options{Capacity: 8 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
+		{"Large", memstore.Config{Capacity: 32 << 20, Shards: 8}, storetest.Options{Capacity: 32 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 		{"Evicting", memstore.Config{Capacity: 64 << 10, Shards: 4}, storetest.Options{Evicts: true, Capacity: 64 << 10, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 		{"RequireRegistered", memstore.Config{Capacity: 8 << 20, RequireRegistered: true}, storetest.Options{Capacity: 8 << 20, Stats: true, Registration: true, Counters: storetest.AllCounters}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // the shapes share nothing: a run takes the longest, not the sum
 			storetest.Run(t, func(t testing.TB) store.Store {
 				return serve(t, tc.cfg, remote.ServerOptions{}, remote.ClientOptions{}).client
 			}, tc.opts)
@@ -97,6 +98,7 @@ func TestConformance(t *testing.T) {
 	}
 	// Over TCP, with a shared secret on both sides.
 	t.Run("TCP", func(t *testing.T) {
+		t.Parallel()
 		secret := remote.Secret("the conformance test's shared secret")
 		storetest.Run(t, func(t testing.TB) store.Store {
 			inner := newMemstoreOf(t, 8<<20)

@@ -29,6 +29,7 @@ func (h *harness) context(t tester) {
 		h.doneContext(t, ctx, context.DeadlineExceeded, "a deadline an hour past")
 	})
 	t.run("MidBatch", h.midBatch)
+	t.run("MidBatchLarge", h.midBatchLarge)
 }
 
 // doneContext calls every method that takes a context with ctx, which is
@@ -74,22 +75,32 @@ func (h *harness) doneContext(t tester, ctx context.Context, want error, with st
 	f.unchanged("calls with "+with, k)
 }
 
-// lookContext is a context that is canceled when the store looks at it
-// for the at-th time (a call of Err or Done, from 1; never if at is 0),
-// and that reports the store's first look on looked. Err returns what
-// the context held before the look, so that the store sees the
-// cancellation arrive just after it looked.
+// lookContext is a context that is canceled, or whose deadline passes,
+// when the store looks at it for the at-th time (a call of Err or Done,
+// from 1; never if at is 0), and that reports the store's first look on
+// looked. Err returns what the context held before the look, so that the
+// store sees the cancellation arrive just after it looked.
 type lookContext struct {
-	context.Context
-	cancel context.CancelFunc
-	at     int64
-	looks  atomic.Int64
-	looked chan struct{}
+	context.Context // background: no values, no deadline
+	at              int64
+	looks           atomic.Int64
+	looked          chan struct{}
+	done            chan struct{}
+	end             sync.Once
+	cause           error        // context.Canceled or context.DeadlineExceeded
+	err             atomic.Value // of error: cause, once done
 }
 
-func newLookContext(at int64) *lookContext {
-	ctx, cancel := context.WithCancel(background)
-	return &lookContext{Context: ctx, cancel: cancel, at: at, looked: make(chan struct{})}
+func newLookContext(at int64, cause error) *lookContext {
+	return &lookContext{Context: background, at: at, looked: make(chan struct{}), done: make(chan struct{}), cause: cause}
+}
+
+// cancel ends the context with its cause.
+func (c *lookContext) cancel() {
+	c.end.Do(func() {
+		c.err.Store(c.cause)
+		close(c.done)
+	})
 }
 
 func (c *lookContext) look() {
@@ -103,41 +114,64 @@ func (c *lookContext) look() {
 }
 
 func (c *lookContext) Err() error {
-	err := c.Context.Err()
+	err, _ := c.err.Load().(error)
 	c.look()
 	return err
 }
 
 func (c *lookContext) Done() <-chan struct{} {
 	c.look()
-	return c.Context.Done()
+	return c.done
 }
 
 // cancellation is one way of canceling a call while it runs.
 type cancellation struct {
 	name string
 	at   func(n int) int64 // the look to cancel at, for a batch of n keys; nil: from another goroutine
+	err  error             // what the context's Err returns then
+	// after, when not zero, is a real deadline this long after the call
+	// starts, instead of a look.
+	after time.Duration
 }
 
 var cancellations = []cancellation{
-	{"at its first look", func(int) int64 { return 1 }},
-	{"at its second look", func(int) int64 { return 2 }},
-	{"half way through its looks", func(n int) int64 { return int64(n/2 + 1) }},
-	{"from another goroutine", nil},
-	{"from another goroutine", nil},
-	{"from another goroutine", nil},
+	{name: "at its first look", at: func(int) int64 { return 1 }, err: context.Canceled},
+	{name: "at its second look", at: func(int) int64 { return 2 }, err: context.Canceled},
+	{name: "half way through its looks", at: func(n int) int64 { return int64(n/2 + 1) }, err: context.Canceled},
+	{name: "from another goroutine", err: context.Canceled},
+	{name: "from another goroutine", err: context.Canceled},
+	{name: "from another goroutine", err: context.Canceled},
 }
 
-// during calls call with a context that c cancels while it runs, for a
+// largeCancellations are the ways the MidBatchLarge subtest ends its
+// calls: cancellations and deadlines that pass at a look, from another
+// goroutine, and by the clock.
+var largeCancellations = []cancellation{
+	{name: "at its first look", at: func(int) int64 { return 1 }, err: context.Canceled},
+	{name: "from another goroutine", err: context.Canceled},
+	{name: "with a deadline that passes at its first look", at: func(int) int64 { return 1 }, err: context.DeadlineExceeded},
+	{name: "with a deadline that passes while it runs, from another goroutine", err: context.DeadlineExceeded},
+	{name: "with a deadline 1ms after it starts", err: context.DeadlineExceeded, after: time.Millisecond},
+}
+
+// during calls call with a context that c ends while it runs, for a
 // batch of n keys.
-func during(c cancellation, n int, call func(ctx context.Context)) {
+// It returns how many times the call looked at the context (0 for a
+// real deadline, which is not counted).
+func during(c cancellation, n int, call func(ctx context.Context)) (looks int64) {
+	if c.after > 0 {
+		ctx, cancel := context.WithTimeout(background, c.after)
+		defer cancel()
+		call(ctx)
+		return 0
+	}
 	if c.at != nil {
-		ctx := newLookContext(c.at(n))
+		ctx := newLookContext(c.at(n), c.err)
 		defer ctx.cancel()
 		call(ctx)
-		return
+		return ctx.looks.Load()
 	}
-	ctx := newLookContext(0)
+	ctx := newLookContext(0, c.err)
 	defer ctx.cancel()
 	returned := make(chan struct{})
 	var wg sync.WaitGroup
@@ -151,6 +185,7 @@ func during(c cancellation, n int, call func(ctx context.Context)) {
 	call(ctx)
 	close(returned)
 	wg.Wait()
+	return ctx.looks.Load()
 }
 
 // midBatch cancels batch calls while they run, in several ways: at the
@@ -172,35 +207,124 @@ func (h *harness) midBatch(t tester) {
 	const slot = 64
 	src := newMemory(t, n, slot)
 	dst := newMemory(t, n, slot)
-	for _, op := range []struct {
-		name string
-		f    func(m *midBatch, s store.Store, c cancellation, tag string)
-	}{
-		{"Put", (*midBatch).put},
-		{"Get", (*midBatch).get},
-		{"Exists", (*midBatch).exists},
-		{"PutV", (*midBatch).put},
-		{"GetV", (*midBatch).get},
-		{"RemovePrefix", (*midBatch).remove},
-		{"RemoveAll", (*midBatch).remove},
-	} {
-		t.run(op.name, func(t tester) {
-			m := &midBatch{h: h, t: t, op: op.name, n: n, src: src, dst: dst}
-			s := h.open(t, src, dst)
+	size := func(i int) int { return 16 + i%32 }
+	h.midBatchOps(t, cancellations, false, &layout{small: src, n: n}, &layout{small: dst, n: n}, size, []string{"Put", "Get", "Exists", "PutV", "GetV", "RemovePrefix", "RemoveAll"})
+}
+
+// midBatchLargeKeys is the number of keys of the MidBatchLarge subtest's
+// batches.
+const midBatchLargeKeys = 300
+
+// midBatchLarge is midBatch for batches of midBatchLargeKeys keys, four
+// of them values of 1 MiB (as Options.Capacity allows) and the rest of up
+// to 4 KiB, canceled and past their deadlines in more ways (see
+// largeCancellations). It also checks that a store looks at its context
+// again after its first look, before it has done a whole batch: a call
+// whose context is canceled right after its first look must not report
+// every key done.
+func (h *harness) midBatchLarge(t tester) {
+	n := midBatchLargeKeys
+	budget := int(min(h.opts.Capacity/2, 8<<20))
+	if h.opts.Leases {
+		budget /= len(largeCancellations) // what leases keep from each batch's removal
+	}
+	const bigs = 4 // keys 37, 112, 187 and 262
+	big := min(1<<20+7, budget/2/bigs)
+	small := min(max((budget-bigs*big)/(n-bigs), 16), 4096)
+	isBig := func(i int) bool { return i%75 == 37 }
+	size := func(i int) int {
+		if isBig(i) {
+			return big - i%8
+		}
+		return small - i%16
+	}
+	t.Logf("batches of %d keys: %d of %d bytes, the rest of %d", n, bigs, big, small)
+	mk := func() *layout {
+		return &layout{small: newMemory(t, n, small+small/2), big: newMemory(t, bigs, big+big/2), isBig: isBig, n: n}
+	}
+	h.midBatchOps(t, largeCancellations, true, mk(), mk(), size, []string{"Put", "Get", "Exists", "PutV", "GetV"})
+}
+
+// midBatchOps runs each of ops in a subtest of its own, with every way of
+// canceling in cs, over batches of n keys whose values have size(i)
+// bytes, from src into dst; large: the batches of MidBatchLarge.
+func (h *harness) midBatchOps(t tester, cs []cancellation, large bool, src, dst *layout, size func(int) int, ops []string) {
+	fs := map[string]func(m *midBatch, s store.Store, c cancellation, tag string){
+		"Put": (*midBatch).put, "Get": (*midBatch).get, "Exists": (*midBatch).exists,
+		"PutV": (*midBatch).put, "GetV": (*midBatch).get,
+		"RemovePrefix": (*midBatch).remove, "RemoveAll": (*midBatch).remove,
+	}
+	mems := append(src.memories(), dst.memories()...)
+	for _, op := range ops {
+		t.run(op, func(t tester) {
+			m := &midBatch{h: h, t: t, op: op, n: src.n, src: src, dst: dst, size: size, large: large}
+			s := h.open(t, mems...)
 			if v, ok := s.(store.Vectored); ok {
 				m.v = v
-			} else if op.name == "PutV" || op.name == "GetV" {
+			} else if op == "PutV" || op == "GetV" {
 				t.Skipf("storetest: %T does not implement store.Vectored", s)
 			}
-			for r, c := range cancellations {
-				if op.name == "RemoveAll" && r > 0 {
-					s = h.open(t, src, dst) // RemoveAll takes every key: a store of its own each time
+			for r, c := range cs {
+				if op == "RemoveAll" && r > 0 {
+					s = h.open(t, mems...) // RemoveAll takes every key: a store of its own each time
 				}
-				op.f(m, s, c, fmt.Sprintf("mid@%s@%d@", op.name, r))
+				tag := fmt.Sprintf("mid@%s@%d@", op, r)
+				fs[op](m, s, c, tag)
+				if op != "RemovePrefix" && op != "RemoveAll" {
+					// Room for the next batch. Keys under a lease may stay.
+					if _, err := s.RemovePrefix(background, tag); err != nil && !(m.h.opts.Leases && errors.Is(err, store.ErrHasLease)) {
+						t.Fatalf("RemovePrefix(%q) after %s canceled %s = %v, want nil", tag, op, c.name, err)
+					}
+				}
 			}
-			t.Logf("%s: %d of %d calls, canceled while they ran, did some of their %d keys and not all", op.name, m.partial, len(cancellations), n)
+			m.usable(s)
+			t.Logf("%s: %d of %d calls, canceled while they ran, did some of their %d keys and not all", op, m.partial, len(cs), m.n)
 		})
 	}
+}
+
+// layout is where the keys of a midBatch batch keep their values: in
+// slots of one memory, or of two, for small and big values.
+type layout struct {
+	small, big *memory
+	isBig      func(i int) bool // nil: all small
+	n          int
+}
+
+func (l *layout) memories() []*memory {
+	if l.big == nil {
+		return []*memory{l.small}
+	}
+	return []*memory{l.small, l.big}
+}
+
+// at returns the memory and slot of key i.
+func (l *layout) at(i int) (*memory, int) {
+	if l.isBig != nil && l.isBig(i) {
+		return l.big, i / 75
+	}
+	return l.small, i
+}
+
+func (l *layout) slot(i, n int) rdma.Region {
+	m, j := l.at(i)
+	return m.slot(j, n)
+}
+
+func (l *layout) subslot(i, off, n int) rdma.Region {
+	m, j := l.at(i)
+	return m.subslot(j, off, n)
+}
+
+func (l *layout) bytes(i int) []byte {
+	m, j := l.at(i)
+	return m.bytes(j)
+}
+
+// room returns the size of key i's slot.
+func (l *layout) room(i int) int {
+	m, _ := l.at(i)
+	return m.slotSize
 }
 
 // midBatch is the state of one op's calls in the MidBatch subtest.
@@ -210,8 +334,11 @@ type midBatch struct {
 	op       string
 	v        store.Vectored
 	n        int
-	src, dst *memory
-	partial  int // calls that did some keys and not all
+	src, dst *layout
+	size     func(i int) int
+	large    bool  // MidBatchLarge: a call canceled at its first look must not do every key without looking again
+	looks    int64 // the looks at its context of the last call
+	partial  int   // calls that did some keys and not all
 }
 
 func (m *midBatch) keys(tag string) ([]string, [][]byte) {
@@ -219,14 +346,47 @@ func (m *midBatch) keys(tag string) ([]string, [][]byte) {
 	vals := make([][]byte, m.n)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%s%04d", tag, i)
-		vals[i] = value(keys[i], 1, 16+i%32)
+		vals[i] = value(keys[i], 1, m.size(i))
 	}
 	return keys, vals
 }
 
+// usable checks that s serves a put and a get after the calls canceled.
+func (m *midBatch) usable(s store.Store) {
+	m.t.Helper()
+	k := "mid@usable@" + m.op
+	v := value(k, 1, m.size(0))
+	copy(m.src.bytes(0), v)
+	res := make([]store.Result, 1)
+	if err := s.Put(background, []string{k}, []rdma.Region{m.src.slot(0, len(v))}, res); err != nil || res[0].Err != nil && !(m.h.opts.Evicts && errors.Is(res[0].Err, store.ErrNoSpace)) {
+		m.t.Fatalf("Put(%q) after %d calls of %s canceled = %v, %v; want nil: the store is usable after a canceled call", k, m.n, m.op, err, res[0].Err)
+	}
+	if res[0].Err != nil {
+		return
+	}
+	canary(m.dst.bytes(0))
+	if err := s.Get(background, []string{k}, []rdma.Region{m.dst.slot(0, m.dst.room(0))}, res); err != nil {
+		m.t.Fatalf("Get(%q) after calls of %s canceled = %v, want nil: the store is usable after a canceled call", k, m.op, err)
+	}
+	switch r := res[0]; {
+	case m.h.opts.Evicts && errors.Is(r.Err, store.ErrNotFound):
+	case r.Err != nil || !bytes.Equal(m.dst.bytes(0)[:r.N], v):
+		m.t.Errorf("Get(%q) after calls of %s canceled = {N: %d, Err: %v}, want its %d-byte value: the store is usable after a canceled call", k, m.op, r.N, r.Err, len(v))
+	}
+}
+
+// detached reports a call of a large batch canceled right after its
+// first look that did every key without looking at its context again.
+func (m *midBatch) detached(call string, c cancellation, done int) {
+	m.t.Helper()
+	if m.large && !m.h.opts.WholeBatches && c.at != nil && c.at(m.n) == 1 && done == m.n && m.looks == 1 {
+		m.t.Errorf("%s, its context ended right after its first look (%s), did all %d keys and never looked at its context again: the store looked at it once and then ran detached; it must honor the context between keys", call, c.name, m.n)
+	}
+}
+
 // regions returns key i's regions in mem, holding n bytes: one, or for
 // PutV and GetV two.
-func (m *midBatch) regions(mem *memory, i, n int) []rdma.Region {
+func (m *midBatch) regions(mem *layout, i, n int) []rdma.Region {
 	if m.op == "PutV" || m.op == "GetV" {
 		return []rdma.Region{mem.slot(i, n/2), mem.subslot(i, n/2, n-n/2)}
 	}
@@ -256,8 +416,8 @@ func (m *midBatch) putAll(s store.Store, keys []string, vals [][]byte) {
 // callErr checks the error of a call canceled while it ran.
 func (m *midBatch) callErr(call string, c cancellation, err error) bool {
 	m.t.Helper()
-	if err != nil && !errors.Is(err, context.Canceled) {
-		m.t.Errorf("%s canceled %s = %v, want per-key results and a nil error, or context.Canceled", call, c.name, err)
+	if err != nil && !errors.Is(err, c.err) {
+		m.t.Errorf("%s canceled %s = %v, want per-key results and a nil error, or %v", call, c.name, err, c.err)
 	}
 	return err == nil
 }
@@ -306,7 +466,7 @@ func (m *midBatch) put(s store.Store, c cancellation, tag string) {
 	}
 	res := make([]store.Result, len(keys))
 	var err error
-	during(c, len(keys), func(ctx context.Context) {
+	m.looks = during(c, len(keys), func(ctx context.Context) {
 		if m.op == "PutV" {
 			err = m.v.PutV(ctx, keys, vsrc, res)
 		} else {
@@ -324,13 +484,14 @@ func (m *midBatch) put(s store.Store, c cancellation, tag string) {
 				done++
 			case r.Err == nil:
 				e.errorf("%s canceled %s: key %q = {N: %d}, want N %d or the context's error", call, c.name, keys[i], r.N, len(vals[i]))
-			case errors.Is(r.Err, context.Canceled):
+			case errors.Is(r.Err, c.err):
 			case m.h.opts.Evicts && errors.Is(r.Err, store.ErrNoSpace):
 			default:
-				e.errorf("%s canceled %s: key %q: %v, want nil or context.Canceled", call, c.name, keys[i], r.Err)
+				e.errorf("%s canceled %s: key %q: %v, want nil or %v", call, c.name, keys[i], r.Err, c.err)
 			}
 		}
 		m.count(done)
+		m.detached(call, c, done)
 	}
 	e.flush(call)
 	// Every key reported stored holds its value; every other key is
@@ -338,7 +499,7 @@ func (m *midBatch) put(s store.Store, c cancellation, tag string) {
 	dst := make([]rdma.Region, len(keys))
 	for i := range keys {
 		canary(m.dst.bytes(i))
-		dst[i] = m.dst.slot(i, m.dst.slotSize)
+		dst[i] = m.dst.slot(i, m.dst.room(i))
 	}
 	if err := s.Get(background, keys, dst, res); err != nil {
 		m.t.Fatalf("Get after %s canceled %s = %v, want nil", call, c.name, err)
@@ -369,12 +530,12 @@ func (m *midBatch) get(s store.Store, c cancellation, tag string) {
 	vdst := make([][]rdma.Region, len(keys))
 	for i := range keys {
 		canary(m.dst.bytes(i))
-		dst[i] = m.dst.slot(i, m.dst.slotSize)
-		vdst[i] = m.regions(m.dst, i, m.dst.slotSize)
+		dst[i] = m.dst.slot(i, m.dst.room(i))
+		vdst[i] = m.regions(m.dst, i, m.dst.room(i))
 	}
 	res := make([]store.Result, len(keys))
 	var err error
-	during(c, len(keys), func(ctx context.Context) {
+	m.looks = during(c, len(keys), func(ctx context.Context) {
 		if m.op == "GetV" {
 			err = m.v.GetV(ctx, keys, vdst, res)
 		} else {
@@ -398,17 +559,18 @@ func (m *midBatch) get(s store.Store, c cancellation, tag string) {
 			} else if j := canaryBroken(got, r.N); j >= 0 {
 				e.errorf("%s canceled %s: key %q: wrote byte %d of its destination, past the %d-byte value", call, c.name, k, j, r.N)
 			}
-		case errors.Is(r.Err, context.Canceled):
+		case errors.Is(r.Err, c.err):
 		case m.h.opts.Evicts && errors.Is(r.Err, store.ErrNotFound):
 		case m.h.opts.Leases && errors.Is(r.Err, store.ErrLeaseExpired):
 		case errors.Is(r.Err, store.ErrNotFound):
 			e.errorf("%s canceled %s: key %q: %v, but the key is present: a key the batch did not read reports the context's error", call, c.name, k, r.Err)
 		default:
-			e.errorf("%s canceled %s: key %q: %v, want its value or context.Canceled", call, c.name, k, r.Err)
+			e.errorf("%s canceled %s: key %q: %v, want its value or %v", call, c.name, k, r.Err, c.err)
 		}
 	}
 	e.flush(call)
 	m.count(done)
+	m.detached(call, c, done)
 }
 
 // exists stores a batch, then probes it canceled while it runs.
@@ -418,7 +580,7 @@ func (m *midBatch) exists(s store.Store, c cancellation, tag string) {
 	m.putAll(s, keys, vals)
 	res := make([]store.Result, len(keys))
 	var err error
-	during(c, len(keys), func(ctx context.Context) { err = s.Exists(ctx, keys, res) })
+	m.looks = during(c, len(keys), func(ctx context.Context) { err = s.Exists(ctx, keys, res) })
 	call := fmt.Sprintf("Exists of %d keys", len(keys))
 	if !m.callErr(call, c, err) {
 		return
@@ -432,16 +594,17 @@ func (m *midBatch) exists(s store.Store, c cancellation, tag string) {
 			if r.N != len(vals[i]) {
 				e.errorf("%s canceled %s: key %q = {N: %d}, want N %d: a result claimed a key the batch did not probe", call, c.name, k, r.N, len(vals[i]))
 			}
-		case errors.Is(r.Err, context.Canceled):
+		case errors.Is(r.Err, c.err):
 		case m.h.opts.Evicts && errors.Is(r.Err, store.ErrNotFound):
 		case errors.Is(r.Err, store.ErrNotFound):
 			e.errorf("%s canceled %s: key %q: %v, but the key is present: a key the batch did not probe reports the context's error", call, c.name, k, r.Err)
 		default:
-			e.errorf("%s canceled %s: key %q: %v, want nil or context.Canceled", call, c.name, k, r.Err)
+			e.errorf("%s canceled %s: key %q: %v, want nil or %v", call, c.name, k, r.Err, c.err)
 		}
 	}
 	e.flush(call)
 	m.count(done)
+	m.detached(call, c, done)
 }
 
 // remove stores a batch, then removes it with RemovePrefix or RemoveAll
@@ -455,15 +618,15 @@ func (m *midBatch) remove(s store.Store, c cancellation, tag string) {
 	if m.op == "RemovePrefix" {
 		call = fmt.Sprintf("RemovePrefix(%q)", tag)
 	}
-	during(c, len(keys), func(ctx context.Context) {
+	m.looks = during(c, len(keys), func(ctx context.Context) {
 		if m.op == "RemovePrefix" {
 			got, err = s.RemovePrefix(ctx, tag)
 		} else {
 			got, err = s.RemoveAll(ctx)
 		}
 	})
-	if err != nil && !errors.Is(err, context.Canceled) && !(m.h.opts.Leases && errors.Is(err, store.ErrHasLease)) {
-		m.t.Errorf("%s canceled %s = %d, %v; want a nil error or context.Canceled", call, c.name, got, err)
+	if err != nil && !errors.Is(err, c.err) && !(m.h.opts.Leases && errors.Is(err, store.ErrHasLease)) {
+		m.t.Errorf("%s canceled %s = %d, %v; want a nil error or %v", call, c.name, got, err, c.err)
 	}
 	res := make([]store.Result, len(keys))
 	if err := s.Exists(background, keys, res); err != nil {

@@ -77,21 +77,39 @@
 //     memory (Options.Registration) or device memory
 //     (Options.DeviceMemory): Register, Registration, BadInput.
 //   - Context: a done context fails a call before it starts; a call
-//     canceled while it runs reports exactly what it did: Context.
+//     canceled, or whose deadline passes, while it runs reports exactly
+//     what it did, with the context's own error (context.Canceled or
+//     context.DeadlineExceeded) for the keys it did not do, leaves no
+//     half-written value, and the store serves calls afterwards; a store
+//     honors its context between keys (unless Options.WholeBatches):
+//     Context (MidBatch: batches of up to 1024 small keys; MidBatchLarge:
+//     300 keys, values of up to 1 MiB).
 //   - Close: idempotent, later calls fail with store.ErrClosed, calls in
-//     flight finish correctly: Close, CloseWhileBusy.
+//     flight finish correctly and Close waits for them, nothing writes
+//     into a caller's region after Close returned: Close, CloseWhileBusy,
+//     CloseWhileLarge (batches of 320 keys and values of up to 4 MiB in
+//     flight from three goroutines).
 //   - Capacity and eviction (Options.Capacity, Options.Evicts): nothing
 //     vanishes from a store that does not evict; one that evicts does
 //     under fills of twice its capacity: StateMachine, Churn.
 //   - Stats (Options.Stats, Options.Counters): StateMachine.
-//   - store.Vectored: Vectored, Sizes (GetV across odd cuts).
-//   - store.Leaser: Leases (Remove and RemovePrefix under declared
-//     leases), StateMachine.
-//   - store.Watcher: Watch.
+//   - store.Vectored: Vectored, Sizes (GetV across odd cuts),
+//     Context (PutV and GetV canceled mid-batch).
+//   - store.Leaser: Leases (Remove, RemovePrefix and RemoveAll under
+//     declared leases), StateMachine.
+//   - store.Watcher: Watch; store.KeyExpired: Expiry.
+//   - Expiry (Options.Expiring): a key is present, whole, while less than
+//     its time to live has passed since its put started, and absent to
+//     Get, Exists, mixed batches, GetV, Remove and RemovePrefix once it
+//     has passed since its put returned; a put of an expired key stores
+//     the new value; a store.Watcher announces each expired key once as
+//     store.KeyExpired, whether or not a call asked for it: Expiry.
 //
-// Not yet checked: RemoveAll under declared leases (only Remove and
-// RemovePrefix are), and expiry: no Option declares a time to live, so a
-// store whose keys expire cannot yet have its expiry waited for.
+// What is not checked: a store's expiry when it cannot be configured to
+// a time to live short enough to wait out (Options.Expiring takes the
+// time to live from Run); Stats().Keys and Bytes of a store whose keys
+// expire; cancellation of a store that declares Options.WholeBatches
+// between the keys of one backend call, which such a store cannot do.
 //
 // # Concurrency
 //

@@ -113,7 +113,12 @@ func (h *harness) leases(t tester) {
 	}{{"Exists", h.lease.Exists}, {"Get", h.lease.Get}} {
 		t.run(c.op, func(t tester) { l.with(t).remove(c.op, c.grants) })
 	}
-	t.run("RemovePrefix", func(t tester) { l.with(t).removePrefix() })
+	t.run("RemovePrefix", func(t tester) { l.with(t).removeMany(false) })
+	t.run("RemoveAll", func(t tester) {
+		c := l.with(t)
+		c.s = h.open(t, mem) // RemoveAll takes every key: a store of its own
+		c.removeMany(true)
+	})
 }
 
 // leaseCheck is one store of the Leases subtest, and what it declares.
@@ -246,12 +251,16 @@ func (l *leaseCheck) remove(op string, grants bool) {
 	}
 }
 
-// removePrefix puts two keys under one prefix, leases one as the store
-// declares it can (Exists, else Get), and removes the prefix: a key under
+// removeMany puts two keys under one prefix, leases one as the store
+// declares it can (Exists, else Get), and removes the prefix, or with all
+// every key (RemoveAll, in a store that holds these two only): a key under
 // a lease that outlasts its call stays and is not counted, the other goes.
-func (l *leaseCheck) removePrefix() {
+func (l *leaseCheck) removeMany(all bool) {
 	t, d := l.t, l.h.lease
-	const prefix = "lease@prefix@"
+	prefix := "lease@prefix@"
+	if all {
+		prefix = "lease@all@"
+	}
 	leased, other := prefix+"a", prefix+"b"
 	want := l.put(0, leased)
 	l.put(1, other)
@@ -261,9 +270,16 @@ func (l *leaseCheck) removePrefix() {
 	}
 	start := time.Now()
 	l.call(op, 2, leased)
-	n, err := l.s.RemovePrefix(background, prefix)
-	held := (d.Exists || d.Get) && d.TTL > 0
+	var n int
+	var err error
 	call := fmt.Sprintf("RemovePrefix(%q) right after %s(%q)", prefix, op, leased)
+	if all {
+		n, err = l.s.RemoveAll(background)
+		call = fmt.Sprintf("RemoveAll() right after %s(%q)", op, leased)
+	} else {
+		n, err = l.s.RemovePrefix(background, prefix)
+	}
+	held := (d.Exists || d.Get) && d.TTL > 0
 	switch {
 	case err != nil && !(held && errors.Is(err, store.ErrHasLease)):
 		want := "a nil error"

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -78,6 +79,15 @@ const (
 	bugWatchAbsent                 // (watching) Remove of an absent key announces it removed
 	bugWatchTwice                  // (watching) Remove announces the key removed twice
 	bugWatchAfterClose             // (watching) Watch after Close returns a feed
+	bugRemoveAllIgnoresLeases      // the store's Leases declare hour-long leases on Exists and Get, and RemoveAll takes leased keys all the same
+	bugExistsIgnoresExpiry         // (expiring) Exists finds keys whose time to live has passed
+	bugGetIgnoresExpiry            // (expiring) Get serves keys whose time to live has passed
+	bugExpiredKeepsOut             // (expiring) a put of an expired key finds it present and keeps the old value, which has expired
+	bugExpiredCounted              // (expiring) RemovePrefix and RemoveAll count expired keys among those they removed
+	bugExpiryAsRemoved             // (expiring, watching) an expired key is announced store.KeyRemoved
+	bugExpiryOnlyOnCall            // (expiring, watching) a key is expired, and announced, only when a call finds it
+	bugCtxOnlyAtStart              // a batch looks at its context when it starts, and not between keys
+	bugCloseDetached               // Close returns without waiting for the calls in flight, and a get admitted while it ran copies its values again after it returned (as a copy engine retries)
 )
 
 // watchingStore is a refStore that implements store.Watcher: it
@@ -110,6 +120,8 @@ func leasesOf(b bug) (grants store.Leases, declares *store.Leases) {
 		return hour, &store.Leases{}
 	case bugUnheldLeases:
 		return store.Leases{}, &hour
+	case bugRemoveAllIgnoresLeases:
+		return hour, &hour
 	case bugLeaseOutlivesTTL:
 		short := hour
 		short.TTL = 100 * time.Millisecond
@@ -150,13 +162,82 @@ type refStore struct {
 	getEpoch atomic.Int64      // removals as the previous get saw them
 	lastPut  string            // the key stored last
 	gone     map[string][]byte // the last value of each key dropped
+
+	// ttl, when not zero, is the time to live of every key put: a key
+	// expires ttl after the put that stored it, when a call finds it, and
+	// in a watched store also by a reaper (every expiryTick), which Close
+	// stops.
+	ttl     time.Duration
+	expires map[string]time.Time
+
+	// bugCloseDetached: a Close has started, it has returned, and the gets
+	// admitted since it started.
+	closing, detached atomic.Bool
+	lateGets          atomic.Int64
+	reaper            struct {
+		stop chan struct{}
+		wg   sync.WaitGroup
+	}
+}
+
+// expiryTick is how often the reaper of a watched refStore with a time to
+// live looks for expired keys.
+const expiryTick = 5 * time.Millisecond
+
+// newExpiringStore returns a refStore with bug b whose keys expire ttl
+// after their put; watched, it implements store.Watcher and its reaper
+// expires keys nobody asks for (but with bugExpiryOnlyOnCall).
+func newExpiringStore(b bug, ttl time.Duration, watched bool) store.Store {
+	s := newRefStore(b, 0)
+	s.ttl = ttl
+	if !watched {
+		return s.store()
+	}
+	s.feeds = new(store.Feeds)
+	if b != bugExpiryOnlyOnCall {
+		stop := make(chan struct{})
+		s.reaper.stop = stop
+		s.reaper.wg.Go(func() {
+			tick := time.NewTicker(expiryTick)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				s.mu.Lock()
+				for k := range s.expires {
+					s.expire(k)
+				}
+				s.mu.Unlock()
+			}
+		})
+	}
+	return s.store()
+}
+
+// expire drops k, and announces it expired, if its time to live has
+// passed; it reports whether it did. The caller holds s.mu.
+func (s *refStore) expire(k string) bool {
+	end, ok := s.expires[k]
+	if !ok || time.Now().Before(end) {
+		return false
+	}
+	s.drop(k)
+	op := store.KeyExpired
+	if s.bug == bugExpiryAsRemoved {
+		op = store.KeyRemoved
+	}
+	s.announce(k, op)
+	return true
 }
 
 var _ store.Store = (*refStore)(nil)
 
 func newRefStore(b bug, capacity int) *refStore {
 	s := &refStore{bug: b, capacity: capacity, m: map[string][]byte{}, src: map[string]rdma.Region{}, gone: map[string][]byte{},
-		stale: map[string][]byte{}, alias: map[string]string{}, leased: map[string]time.Time{}}
+		stale: map[string][]byte{}, alias: map[string]string{}, leased: map[string]time.Time{}, expires: map[string]time.Time{}}
 	s.grants, s.declares = leasesOf(b)
 	return s
 }
@@ -255,10 +336,47 @@ func (s *refStore) begin(ctx context.Context, op string, keys, regions, res int)
 	if err := s.ctxErr(ctx); err != nil {
 		return err
 	}
-	if s.closed {
+	if s.closed || s.detached.Load() {
 		return store.ErrClosed
 	}
 	return nil
+}
+
+// closeDetached is Close with bugCloseDetached: it returns once a get has
+// been admitted since it started, without waiting for it.
+func (s *refStore) closeDetached() error {
+	s.closing.Store(true)
+	until(func() bool { return s.lateGets.Load() > 0 })
+	s.detached.Store(true)
+	return nil
+}
+
+// until waits for cond, a minute at most.
+func until(cond func() bool) {
+	for end := time.Now().Add(time.Minute); !cond() && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// copyAfterClose is the end of a get with bugCloseDetached admitted while
+// a Close ran: it waits for that Close to return and for a destination of
+// the keys read to change (the caller reuses it), and copies the values
+// into them again. The caller holds s.mu.
+func (s *refStore) copyAfterClose(dst []rdma.Region, vals [][]byte) {
+	until(s.detached.Load)
+	until(func() bool {
+		for i, v := range vals {
+			if v != nil && !bytes.Equal(dst[i].Bytes()[:len(v)], v) {
+				return true
+			}
+		}
+		return false
+	})
+	for i, v := range vals {
+		if v != nil {
+			copy(dst[i].Bytes(), v)
+		}
+	}
 }
 
 // ctxErr is ctx.Err(), as the store sees it: checked when a call starts
@@ -272,6 +390,15 @@ func (s *refStore) ctxErr(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// keyCtxErr is ctx.Err(), as the store sees it between the keys of a
+// batch.
+func (s *refStore) keyCtxErr(ctx context.Context) error {
+	if s.bug == bugCtxOnlyAtStart {
+		return nil
+	}
+	return s.ctxErr(ctx)
 }
 
 // canceled fills the results of the keys a batch did not do because ctx
@@ -305,7 +432,7 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 	}
 	n := batchLen(len(keys), len(res))
 	for i := range n {
-		if err := s.ctxErr(ctx); err != nil {
+		if err := s.keyCtxErr(ctx); err != nil {
 			s.canceled(res[i:n], err, true, func(int) int { return 0 })
 			break
 		}
@@ -315,6 +442,9 @@ func (s *refStore) Exists(ctx context.Context, keys []string, res []store.Result
 		}
 		if s.bug != bugCountsFoundExists {
 			s.st.Exists++
+		}
+		if s.bug != bugExistsIgnoresExpiry {
+			s.expire(s.index(keys[i]))
 		}
 		v, ok := s.m[s.index(keys[i])]
 		if !ok && s.bug == bugEvictedAliases {
@@ -342,7 +472,7 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 	inBatch := map[string]bool{}
 	n := batchLen(len(keys), len(src), len(res))
 	for i := range n {
-		if err := s.ctxErr(ctx); err != nil {
+		if err := s.keyCtxErr(ctx); err != nil {
 			s.canceled(res[i:n], err, false, func(j int) int { return src[i+j].Len })
 			break
 		}
@@ -361,6 +491,9 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 		}
 		again := inBatch[k]
 		inBatch[k] = true
+		if s.bug != bugExpiredKeepsOut {
+			s.expire(k)
+		}
 		if v, ok := s.m[k]; ok && s.bug != bugLastWriterWins && !(again && s.bug == bugRepeatLastWins) {
 			switch s.bug {
 			case bugDuplicateHeldSize:
@@ -406,6 +539,9 @@ func (s *refStore) Put(ctx context.Context, keys []string, src []rdma.Region, re
 			s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == k })
 		}
 		s.m[k] = slices.Clone(src[i].Bytes())
+		if s.ttl > 0 {
+			s.expires[k] = time.Now().Add(s.ttl)
+		}
 		if old, ok := s.gone[k]; ok && s.bug == bugReputRevives && old != nil {
 			s.m[k] = old
 			s.used += len(old) - src[i].Len
@@ -478,6 +614,7 @@ func (s *refStore) countGet(r store.Result, room int) {
 
 func (s *refStore) drop(k string) {
 	delete(s.leased, k)
+	delete(s.expires, k)
 	s.gone[k] = s.m[k]
 	s.used -= len(s.m[k])
 	delete(s.m, k)
@@ -492,8 +629,14 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		return err
 	}
 	n := batchLen(len(keys), len(dst), len(res))
+	var read [][]byte // the values read, with bugCloseDetached during a Close
+	if s.bug == bugCloseDetached && s.closing.Load() {
+		read = make([][]byte, n)
+		defer s.copyAfterClose(dst, read)
+		s.lateGets.Add(1)
+	}
 	for i := range n {
-		if err := s.ctxErr(ctx); err != nil {
+		if err := s.keyCtxErr(ctx); err != nil {
 			s.canceled(res[i:n], err, true, func(j int) int { return len(s.m[s.index(keys[i+j])]) })
 			break
 		}
@@ -505,6 +648,9 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		if err := s.usable(dst[i]); err != nil {
 			res[i] = store.Result{Err: err}
 			continue
+		}
+		if s.bug != bugGetIgnoresExpiry {
+			s.expire(k)
 		}
 		v, ok := s.m[k]
 		if !ok {
@@ -550,6 +696,9 @@ func (s *refStore) Get(ctx context.Context, keys []string, dst []rdma.Region, re
 		}
 		res[i] = store.Result{N: len(v)}
 		s.lease(s.grants.Get, k)
+		if read != nil {
+			read[i] = v
+		}
 	}
 	for i := range n {
 		s.countGet(res[i], dst[i].Len)
@@ -593,6 +742,7 @@ func (s *refStore) Remove(ctx context.Context, key string) error {
 		return err
 	}
 	key = s.index(key)
+	s.expire(key)
 	if _, ok := s.m[key]; !ok {
 		if s.bug == bugWatchAbsent {
 			s.announce(key, store.KeyRemoved)
@@ -635,14 +785,16 @@ func (s *refStore) RemovePrefix(ctx context.Context, prefix string) (int, error)
 	case bugPrefixContains:
 		match = func(k string) bool { return strings.Contains(k, prefix) }
 	}
-	return s.removeIf(ctx, match)
+	return s.removeIf(ctx, match, false)
 }
 
 func (s *refStore) RemoveAll(ctx context.Context) (int, error) {
-	return s.removeIf(ctx, func(string) bool { return true })
+	return s.removeIf(ctx, func(string) bool { return true }, s.bug == bugRemoveAllIgnoresLeases)
 }
 
-func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, error) {
+// removeIf removes the keys that match, but for those under a lease,
+// unless ignoreLeases.
+func (s *refStore) removeIf(ctx context.Context, match func(string) bool, ignoreLeases bool) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.removals.Add(1)
@@ -651,15 +803,18 @@ func (s *refStore) removeIf(ctx context.Context, match func(string) bool) (int, 
 	}
 	n, left := 0, 0
 	for k := range s.m {
-		if err := s.ctxErr(ctx); err != nil {
+		if err := s.keyCtxErr(ctx); err != nil {
 			if s.bug == bugCancelMiscounts {
 				n = 0
 			}
 			return n, err
 		}
+		if match(k) && s.bug != bugExpiredCounted && s.expire(k) {
+			continue
+		}
 		switch {
 		case !match(k):
-		case s.isLeased(k):
+		case s.isLeased(k) && !ignoreLeases:
 			left++
 		default:
 			s.drop(k)
@@ -729,7 +884,17 @@ func (s *refStore) Stats() store.Stats {
 }
 
 func (s *refStore) Close() error {
+	if s.bug == bugCloseDetached {
+		return s.closeDetached()
+	}
 	s.mu.Lock()
+	if stop := s.reaper.stop; stop != nil {
+		s.reaper.stop = nil
+		close(stop)
+		s.mu.Unlock()
+		s.reaper.wg.Wait()
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
 	if s.bug != bugOpenAfterClose {
 		s.closed = true
@@ -788,6 +953,10 @@ func (s *vecStore) PutV(ctx context.Context, keys []string, src [][]rdma.Region,
 		return err
 	}
 	for i, k := range keys {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:], err, false, func(int) int { return 0 })
+			break
+		}
 		n, err := s.check(k, src[i])
 		if err != nil {
 			res[i] = store.Result{Err: err}
@@ -828,6 +997,10 @@ func (s *vecStore) GetV(ctx context.Context, keys []string, dst [][]rdma.Region,
 		return err
 	}
 	for i, k := range keys {
+		if err := s.ctxErr(ctx); err != nil {
+			s.canceled(res[i:], err, true, func(int) int { return 0 })
+			break
+		}
 		room, err := s.check(k, dst[i])
 		if err != nil {
 			res[i] = store.Result{Err: err}

@@ -88,6 +88,35 @@ type Options struct {
 	// refuses device regions, in Register and per key in Put and Get (with
 	// store.ErrInvalidRegion), reading and writing nothing through them.
 	DeviceMemory bool
+
+	// WholeBatches declares that the store runs each batch call as one
+	// request to its backend once it has looked at the call's context, and
+	// cannot stop it part way, as store/mooncake does (one
+	// batch_put_from, batch_get_into or batch_is_exist call per batch):
+	// store.Store asks a store to honor cancellation between keys. Run's
+	// MidBatchLarge subtest then accepts a batch whose context ended right
+	// after the store's first look, and which did every key without
+	// looking again; every other check of cancellation holds. Without
+	// WholeBatches, such a batch fails: the store ran detached.
+	WholeBatches bool
+
+	// Expiring declares that the store's keys can expire: it returns a
+	// store like those newStore returns, but for its keys, which each
+	// expire ttl after the put that stored it (a read does not extend
+	// it). Run's Expiry subtest calls it with a ttl short enough to wait
+	// out (a fraction of a second), and checks that keys are present,
+	// whole, while the harness measured less than ttl since their put
+	// started, and absent once ttl has passed since their put returned:
+	// to Get (nothing written), Exists, batches that mix them with
+	// present keys, GetV, Remove (store.ErrNotFound) and RemovePrefix
+	// (not counted); that a put of an expired key stores the new value;
+	// and, from a store that implements store.Watcher, that each expired
+	// key is announced once, as store.KeyExpired, whether or not a call
+	// asked for it. The stores newStore returns must keep their keys for
+	// the whole run (no expiry, or one of hours), as every other subtest
+	// assumes. Nil declares a store whose keys do not expire, and skips
+	// Expiry.
+	Expiring func(t testing.TB, ttl time.Duration) store.Store
 }
 
 func (o *Options) ensureDefaults() error {
@@ -165,10 +194,12 @@ func (o *Options) ensureDefaults() error {
 //     TTL makes Remove fail with store.ErrHasLease within RemoveWait (and
 //     some slack) and RemovePrefix leave the key, until TTL has passed,
 //     the key staying whole; and a TTL short enough to wait out (at most
-//     2 s) ends by then. A store that implements store.Leaser also sets
+//     2 s) ends by then. RemoveAll, in a store of its own, is held to the
+//     same as RemovePrefix. A store that implements store.Leaser also sets
 //     what Options.Leases would (see there), and one whose leases end
 //     with their call is held to removals that take every key they name
 //     in the state machine, where no call is in flight beside a removal.
+//   - Expiry, when Options.Expiring is set: see there.
 //   - Watch, when the store implements store.Watcher: Watch refuses a
 //     buffer outside [1, store.MaxWatch]; each key Remove, RemovePrefix
 //     and RemoveAll take is announced gone once (KeyRemoved; KeyEvicted
@@ -200,10 +231,22 @@ func (o *Options) ensureDefaults() error {
 //     done some keys: whenever the cancellation arrives, a key reported
 //     done was done exactly, a key not done reports the context's error
 //     (never success, nor store.ErrNotFound for a key that is present),
-//     and a removal counts exactly the keys it took.
+//     and a removal counts exactly the keys it took. MidBatchLarge does
+//     the same with batches of 300 keys holding values of up to 1 MiB,
+//     canceled and past deadlines (context.DeadlineExceeded, at a look, from
+//     another goroutine, by the clock), then checks that the store still
+//     serves a put and a get, and that a batch whose context ended right
+//     after the store's first look did not do every key without looking
+//     again (unless Options.WholeBatches).
 //   - Close and CloseWhileBusy: calls after Close fail with store.ErrClosed,
 //     Close is idempotent, and calls in flight when Close starts finish
 //     with correct results.
+//   - CloseWhileLarge: Close while three goroutines call with batches of
+//     320 keys and values of up to 4 MiB (as Options.Capacity allows):
+//     Close returns, every call returns nil or store.ErrClosed, a get
+//     reports only whole values, and no call writes into its destinations
+//     after Close returned (the harness overwrites the destinations of
+//     the gets still in flight then, and checks them when they return).
 //
 // newStore is called once per store, from the subtest's goroutine (or the
 // rapid check's), with the subtest as t; and once before the subtests,
@@ -282,6 +325,7 @@ func (h *harness) subtests() []struct {
 		{"Removal", h.removal},
 		{"Reput", h.reput},
 		{"Leases", h.leases},
+		{"Expiry", h.expiry},
 		{"Watch", h.watch},
 		{"Vectored", h.vectored},
 		{"BadInput", h.badInput},
@@ -290,6 +334,7 @@ func (h *harness) subtests() []struct {
 		{"Context", h.context},
 		{"Close", h.close},
 		{"CloseWhileBusy", h.closeWhileBusy},
+		{"CloseWhileLarge", h.closeLarge},
 	}
 }
 
@@ -306,7 +351,13 @@ type harness struct {
 // closed when t ends.
 func (h *harness) open(t tester, mems ...*memory) store.Store {
 	t.Helper()
-	s := h.newStore(t)
+	return h.openWith(t, h.newStore, mems...)
+}
+
+// openWith is open, with a store from newStore.
+func (h *harness) openWith(t tester, newStore func(testing.TB) store.Store, mems ...*memory) store.Store {
+	t.Helper()
+	s := newStore(t)
 	if s == nil {
 		t.Fatal("storetest: newStore returned a nil store")
 	}

@@ -113,6 +113,8 @@ var brokenStores = []brokenCase{
 	{"VanishesWithoutEviction", bugVanishes, "StateMachine", "", Options{}},
 	{"OpenAfterClose", bugOpenAfterClose, "Close", "", Options{}},
 	{"OpenAfterCloseWhileBusy", bugOpenAfterClose, "CloseWhileBusy", "", Options{}},
+	{"OpenAfterCloseWhileLarge", bugOpenAfterClose, "CloseWhileLarge", "after Close returned = nil, want store.ErrClosed", Options{}},
+	{"CloseDetached", bugCloseDetached, "CloseWhileLarge", "written after Close returned: Close must wait for the calls in flight", Options{}},
 	{"PrefixMiscount", bugPrefixMiscount, "StateMachine", "", Options{}},
 	{"IgnoresContext", bugIgnoresContext, "Context/Canceled", "with a canceled context", Options{}},
 	{"IgnoresDeadline", bugIgnoresDeadline, "Context/Deadline", "with a deadline an hour past", Options{}},
@@ -121,6 +123,9 @@ var brokenStores = []brokenCase{
 	{"CancelClaimsSuccessExists", bugCancelClaimsSuccess, "Context/MidBatch/Exists", "claimed a key the batch did not probe", Options{}},
 	{"CancelAsMissGet", bugCancelAsMiss, "Context/MidBatch/Get", "but the key is present", Options{}},
 	{"CancelAsMissExists", bugCancelAsMiss, "Context/MidBatch/Exists", "but the key is present", Options{}},
+	{"ContextOnlyAtStartPut", bugCtxOnlyAtStart, "Context/MidBatchLarge/Put", "never looked at its context again: the store looked at it once and then ran detached", Options{Capacity: 8 << 20}},
+	{"ContextOnlyAtStartGet", bugCtxOnlyAtStart, "Context/MidBatchLarge/Get", "never looked at its context again: the store looked at it once and then ran detached", Options{Capacity: 8 << 20}},
+	{"ContextOnlyAtStartExists", bugCtxOnlyAtStart, "Context/MidBatchLarge/Exists", "never looked at its context again: the store looked at it once and then ran detached", Options{Capacity: 8 << 20}},
 	{"CancelMiscountsPrefix", bugCancelMiscounts, "Context/MidBatch/RemovePrefix", "the count must be the keys it took", Options{}},
 	{"CancelMiscountsAll", bugCancelMiscounts, "Context/MidBatch/RemoveAll", "the count must be the keys it took", Options{}},
 	{"AcceptsDevice", bugAcceptsDevice, "BadInput/Regions", "a device region", Options{}},
@@ -171,6 +176,7 @@ var brokenStores = []brokenCase{
 	{"UnheldLeasesExists", bugUnheldLeases, "Leases/Exists", "the key must stay until the lease ends", Options{}},
 	{"UnheldLeasesGet", bugUnheldLeases, "Leases/Get", "the key must stay until the lease ends", Options{}},
 	{"UnheldLeasesPrefix", bugUnheldLeases, "Leases/RemovePrefix", "under a lease, must stay and not be counted", Options{}},
+	{"RemoveAllIgnoresLeases", bugRemoveAllIgnoresLeases, "Leases/RemoveAll", "under a lease, must stay and not be counted", Options{}},
 	{"LeaseOutlivesTTL", bugLeaseOutlivesTTL, "Leases/Exists", "the lease outlived its TTL", Options{}},
 	{"TruncatesKeys", bugTruncatesKeys, "DistinctKeys", "conflates keys that differ", Options{}},
 	{"TruncatesKeysModel", bugTruncatesKeys, "StateMachine", "", Options{}},
@@ -378,4 +384,55 @@ func TestWaitNamesWhatHangs(t *testing.T) {
 	var done sync.WaitGroup // goroutines that end: wait returns
 	done.Go(func() {})
 	wait(t, "nothing", &done)
+}
+
+// TestRunExpiry runs the harness on correct stores whose keys expire,
+// watched (with a reaper) and not (expiring keys as calls find them): it
+// must pass, Expiry included; and on stores with one expiry bug each: it
+// must fail in Expiry, saying why.
+func TestRunExpiry(t *testing.T) {
+	opts := func(b bug, watched bool) Options {
+		return Options{Capacity: 256 << 10, MaxValueSize: 2048, Stats: true, Counters: AllCounters,
+			Expiring: func(_ testing.TB, ttl time.Duration) store.Store { return newExpiringStore(b, ttl, watched) }}
+	}
+	for _, watched := range []bool{false, true} {
+		newStore := func(testing.TB) store.Store { return newExpiringStore(noBug, time.Hour, watched) }
+		got := runRecorded(t, newStore, opts(noBug, watched))
+		if failed := got.FailedUnder("Run"); len(failed) > 0 {
+			t.Errorf("Run (watched %v) failed %v for a correct store whose keys expire; it recorded:\n%s", watched, failed, got)
+		}
+		if got.SaidUnder("Run/Expiry", "declares no expiry") {
+			t.Errorf("Run skipped Expiry for a store that declares Options.Expiring; it recorded:\n%s", got)
+		}
+	}
+	fastRapid(t)
+	for _, tc := range []struct {
+		name    string
+		bug     bug
+		watched bool
+		reason  string
+	}{
+		{"ExistsIgnoresExpiry", bugExistsIgnoresExpiry, false, "Exists(\"expiry@Exists@0\")"},
+		{"GetIgnoresExpiry", bugGetIgnoresExpiry, false, "Get(\"expiry@Get@0\")"},
+		{"GetIgnoresExpiryInBatch", bugGetIgnoresExpiry, false, "Get(\"expiry@Batch@0\")"},
+		{"ExpiredKeepsOut", bugExpiredKeepsOut, false, "nor keep out a new one"},
+		{"ExpiredCounted", bugExpiredCounted, false, "expired keys are absent, not removed"},
+		{"ExpiryAsRemoved", bugExpiryAsRemoved, true, "want store.KeyExpired only"},
+		{"ExpiryOnlyOnCall", bugExpiryOnlyOnCall, true, "no store.KeyExpired event"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.bug == bugExpiryOnlyOnCall {
+				old := expiryWait
+				expiryWait = time.Second // the harness waits its full bound for this one
+				t.Cleanup(func() { expiryWait = old })
+			}
+			newStore := func(testing.TB) store.Store { return newExpiringStore(noBug, time.Hour, tc.watched) }
+			got := runRecorded(t, newStore, opts(tc.bug, tc.watched), "Expiry")
+			if failed := got.FailedUnder("Run/Expiry"); len(failed) == 0 {
+				t.Errorf("Run did not fail in Expiry for a store with bug %s; it recorded:\n%s", tc.name, got)
+			} else if !got.SaidUnder("Run/Expiry", tc.reason) {
+				t.Errorf("Run failed in %s for a store with bug %s, but never said %q; it recorded:\n%s", failed, tc.name, tc.reason, got)
+			}
+		})
+	}
 }
