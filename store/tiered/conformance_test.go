@@ -25,7 +25,7 @@ type shape struct {
 
 func newRAMDisk(t testing.TB, sh shape) (*tiered.Store, storetest.Faulty) {
 	t.Helper()
-	seg := max(64<<10, sh.disk/16)
+	seg := max(64<<10, sh.disk/8) // a 64 MiB tier takes values of 8 MiB
 	disk := openDisk(t, diskstore.Config{Dir: t.TempDir(), Capacity: sh.disk, SegmentSize: seg})
 	mem, err := memstore.New(memstore.Config{Capacity: sh.ram, Shards: 4})
 	if err != nil {
@@ -67,17 +67,20 @@ func newRAMDisk(t testing.TB, sh shape) (*tiered.Store, storetest.Faulty) {
 // holding every key, masks).
 func TestConformance(t *testing.T) {
 	large := storetest.Options{Capacity: 1 << 20, Counters: counters}
+	// Values of several MiB, beyond the RAM tier, in the checks that size
+	// their values by the capacity (half the disk tier's).
+	huge := storetest.Options{Capacity: 32 << 20, Counters: counters}
 	for _, tc := range []struct {
 		name  string
 		shape shape
 		opts  storetest.Options
 	}{
-		{"WriteThrough", shape{ram: 8 << 20, disk: 64 << 20}, large},
+		{"WriteThrough", shape{ram: 8 << 20, disk: 64 << 20}, huge},
 		{"WriteBack", shape{ram: 8 << 20, disk: 64 << 20, cfg: tiered.Config{WriteBack: true}}, large},
 		{"NoPromote", shape{ram: 8 << 20, disk: 64 << 20, cfg: tiered.Config{NoPromote: true}}, large},
 		{"Filter", shape{ram: 8 << 20, disk: 64 << 20, filter: true}, large},
 		{"Evicting", shape{ram: 64 << 10, disk: 1 << 20}, storetest.Options{Evicts: true, Capacity: 1 << 20, Counters: counters &^ storetest.CounterRejectedPuts}},
-		{"SmallRAM", shape{ram: 64 << 10, disk: 64 << 20}, large},
+		{"SmallRAM", shape{ram: 64 << 10, disk: 64 << 20}, huge},
 		{"FaultyRAM", shape{ram: 8 << 20, disk: 64 << 20, faulty: 1}, storetest.Options{Capacity: 1 << 20}},
 		{"FaultyDisk", shape{ram: 8 << 20, disk: 64 << 20, faulty: 2}, storetest.Options{Capacity: 1 << 20}},
 	} {
