@@ -13,6 +13,8 @@ const hugePage = 2 << 20
 // small pages: the advice is only advice.
 func advise(mem []byte) {
 	if len(mem) >= hugePage {
-		_ = syscall.Madvise(mem, syscall.MADV_HUGEPAGE)
+		if err := syscall.Madvise(mem, syscall.MADV_HUGEPAGE); err != nil {
+			return // EINVAL where the kernel has no transparent huge pages: small pages
+		}
 	}
 }

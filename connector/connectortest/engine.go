@@ -1310,7 +1310,7 @@ func (e *engine) cancelWait(meta *connector.Metadata) {
 	}
 	start := time.Now()
 	var p pause
-	for e.w.rec.getsHeld() == 0 && left > 0 {
+	for reached, _ := e.w.rec.heldSince(); reached == 0 && left > 0; reached, _ = e.w.rec.heldSince() {
 		select {
 		case r := <-done:
 			check(r)

@@ -446,6 +446,9 @@ func layerCancel(t *testing.T, open OpenFunc, opts Options, how cancelHow, order
 	e.add(prompt, 1)
 	w.drain(e)
 	if e.cancel != cancelNone {
+		if f := e.storeFailure(); f != "" {
+			t.Skipf("no step loaded a block, as a lookup failed (%s): a miss is correct then, and no WaitLayer had loads to cancel", f)
+		}
 		t.Fatalf("no step loaded a block: no WaitLayer was canceled")
 	}
 	w.expectHits(e, e.stats.externalHits-before, 135, "the second request of a saved 136-block prompt", "all but the block with the last prompt token")
@@ -541,6 +544,9 @@ func closeInFlight(t *testing.T, open OpenFunc, opts Options) {
 	var p pause
 	for reached, _ := w.rec.heldSince(); reached == 0; reached, _ = w.rec.heldSince() {
 		if r.phase == running || r.phase == done {
+			if f := e.storeFailure(); f != "" && r.loadN == 0 {
+				t.Skipf("the request for a saved 8-block prompt matched nothing, as a lookup failed (%s): a miss is correct then, and no load was in flight at Close", f)
+			}
 			t.Fatalf("the request for a saved 8-block prompt ran with no get reaching the store (%d blocks matched): a load was to be in flight at Close", r.loadN)
 		}
 		if time.Since(start) > waitBound {

@@ -109,7 +109,7 @@ func runBatch(t testing.TB, e rdma.Engine, reqs ...rdma.Request) []rdma.Result {
 	if err := b.Submit(reqs); err != nil {
 		t.Fatalf("Submit = %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
 	if err := b.Wait(ctx); err != nil {
 		t.Fatalf("Wait = %v", err)

@@ -383,9 +383,22 @@ func (s *suite) closedSegment(t testing.TB) {
 	// Open again: a handle that works.
 	again := openSeg(t, a, b.Segment())
 	req := rdma.Request{Op: rdma.Read, Local: l, Segment: again, Remote: br.Addr + uintptr(size)}
-	r := runBatch(t, a, req)[0]
-	if r.Status != rdma.Completed || !bytes.Equal(ar.Bytes()[:size], want[size:2*size]) {
-		t.Errorf("a read through the handle of a second Open = %+v, or its bytes differ: want completed, the peer's bytes", r)
+	rb, err := a.NewBatch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rb.Submit([]rdma.Request{req}); err != nil {
+		t.Errorf("a read through the handle of a second Open of the name: Submit = %v: Open after CloseSegment gives a handle that works", err)
+	} else {
+		if err := rb.Wait(ctx); err != nil {
+			t.Fatalf("Wait = %v", err)
+		}
+		if r := rb.Result(0); r.Status != rdma.Completed || !bytes.Equal(ar.Bytes()[:size], want[size:2*size]) {
+			t.Errorf("a read through the handle of a second Open of the name = %+v, or its bytes differ: want completed, the peer's bytes", r)
+		}
+	}
+	if err := rb.Release(); err != nil {
+		t.Errorf("Release = %v", err)
 	}
 	checkGuards(t, "local", am, 0x35)
 	checkGuards(t, "peer", bm, 0x46)

@@ -105,6 +105,9 @@ func TestRunCatchesBrokenEngines(t *testing.T) {
 		{"WaitFirstSubmit", bugWaitFirst, "Submits", "after Wait after submits 1 and 2: request 2"},
 		{"MisplacedPastMiB", bugMisplaced, "ReadWrite", "differs from the expected bytes"},
 		{"CloseSegmentDropsQueued", bugDoorbellCloseSegment, "ClosedSegment", "submitted before CloseSegment, ended"},
+		{"CloseSegmentKeeps", bugCloseSegmentKeeps, "ClosedSegment", "Submit naming a handle CloseSegment forgot = <nil>"},
+		{"CloseSegmentTwice", bugCloseSegmentTwice, "ClosedSegment", "CloseSegment of a handle already closed = <nil>"},
+		{"ReopenStale", bugReopenStale, "ClosedSegment", "Open after CloseSegment gives a handle that works"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := runRecorded(t, loopbackPair(tc.bug), Options{}, tc.caught)
@@ -127,6 +130,10 @@ const (
 	bugNoCheck      = "submits the valid requests of a batch with invalid ones"
 	bugFailedBytes  = "reports a failed request's length as its bytes moved"
 	bugMisplaced    = "reads from 128 KiB further for requests over 1 MiB"
+
+	bugCloseSegmentKeeps = "CloseSegment returns nil and keeps the handle"
+	bugCloseSegmentTwice = "CloseSegment of a handle it forgot returns nil"
+	bugReopenStale       = "Open of a name again returns the handle CloseSegment forgot"
 
 	// The doorbell bugs are of an engine that queues submitted requests
 	// and hands them to its transport (rings the doorbell) at the next
@@ -169,15 +176,30 @@ type brokenEngine struct {
 		sync.Mutex
 		batches []*brokenBatch
 		closed  map[rdma.SegmentID]bool // handles CloseSegment forgot
+		names   map[string]rdma.SegmentID
 	}
 }
 
-// Open of a doorbell engine knows the handle again.
+// Open knows the handle again (but for bugReopenStale, which hands out
+// the handle of the name that CloseSegment forgot).
 func (e *brokenEngine) Open(ctx context.Context, name string) (rdma.SegmentID, error) {
+	if e.bug == bugReopenStale {
+		e.mu.Lock()
+		id, ok := e.mu.names[name]
+		stale := ok && e.mu.closed[id]
+		e.mu.Unlock()
+		if stale {
+			return id, nil
+		}
+	}
 	id, err := e.Engine.Open(ctx, name)
 	if err == nil {
 		e.mu.Lock()
 		delete(e.mu.closed, id)
+		if e.mu.names == nil {
+			e.mu.names = make(map[string]rdma.SegmentID)
+		}
+		e.mu.names[name] = id
 		e.mu.Unlock()
 	}
 	return id, err
@@ -248,7 +270,13 @@ func (e *brokenEngine) CloseSegment(id rdma.SegmentID) error {
 			b.mu.Unlock()
 		}
 	}
+	if e.bug == bugCloseSegmentKeeps {
+		return nil
+	}
 	err := e.Engine.CloseSegment(id)
+	if e.bug == bugCloseSegmentTwice && errors.Is(err, rdma.ErrUnknownSegment) {
+		return nil
+	}
 	if err == nil {
 		e.mu.Lock()
 		if e.mu.closed == nil {

@@ -714,6 +714,9 @@ func (s *Store) get(key string, dst []rdma.Region) (int, error) {
 		// One direct read from the page the record starts in: the header
 		// comes with the value, in one request to the device (a buffered
 		// read of it would be one more, and read ahead into the value).
+		// The header's pages are the Go heap's (hp, page aligned): the
+		// kernel writes them within this system call, which the buffer
+		// outlives; Go's collector does not move heap memory.
 		start := off &^ (pageSize - 1)
 		span := (*hp)[:off+vo-start]
 		_, err = vecIO(false, seg.df, [][]byte{span, bufs[0]}, start)

@@ -1,6 +1,7 @@
 package tiered_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -88,10 +89,10 @@ func TestLayered(t *testing.T) {
 	keys, res, tier = keys[:2], res[:2], tier[:2]
 	get("GetTier of keys all in the top tier", false, []int{0, 0})
 
-	if err := ly.ExistsTier(bg, keys, res, tier[:1]); err == nil {
-		t.Errorf("ExistsTier with 1 tier slot for %d keys = nil, want an error", len(keys))
+	if err := ly.ExistsTier(bg, keys, res, tier[:1]); err == nil || !strings.Contains(err.Error(), "2 keys but 1 tier slots") {
+		t.Errorf("ExistsTier with 1 tier slot for %d keys = %v, want an error naming the tier slots", len(keys), err)
 	}
-	if err := ly.GetTier(bg, keys, []rdma.Region{dst, dst}, res, tier[:1]); err == nil {
-		t.Errorf("GetTier with 1 tier slot for %d keys = nil, want an error", len(keys))
+	if err := ly.GetTier(bg, keys, []rdma.Region{dst, dst}, res, tier[:1]); err == nil || !strings.Contains(err.Error(), "2 keys but 1 tier slots") {
+		t.Errorf("GetTier with 1 tier slot for %d keys = %v, want an error naming the tier slots", len(keys), err)
 	}
 }

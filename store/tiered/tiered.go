@@ -305,6 +305,15 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 	return s.exists(ctx, keys, res, nil)
 }
 
+// checkTiers refuses a batch whose tier slots are not one per key; the
+// call it guards checks the rest of the batch.
+func checkTiers(op string, keys, tier int) error {
+	if tier != keys {
+		return fmt.Errorf("store: %s: %d keys but %d tier slots", op, keys, tier)
+	}
+	return nil
+}
+
 // Media returns the media of the tiers, top first, as Config.Tiers names
 // them. It implements [store.Layered].
 func (s *Store) Media() []string { return s.media }
@@ -313,8 +322,8 @@ func (s *Store) Media() []string { return s.media }
 // Config.Tiers of the tier that has keys[i], or -1. It implements
 // [store.Layered].
 func (s *Store) ExistsTier(ctx context.Context, keys []string, res []store.Result, tier []int) error {
-	if err := store.CheckBatch("exists", len(keys), len(tier), len(res)); err != nil {
-		return fmt.Errorf("%w (tier slots)", err)
+	if err := checkTiers("exists", len(keys), len(tier)); err != nil {
+		return err
 	}
 	return s.exists(ctx, keys, res, tier)
 }
@@ -323,8 +332,8 @@ func (s *Store) ExistsTier(ctx context.Context, keys []string, res []store.Resul
 // Config.Tiers of the tier that served keys[i], or -1. It implements
 // [store.Layered].
 func (s *Store) GetTier(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result, tier []int) error {
-	if err := store.CheckBatch("get", len(keys), len(tier), len(res)); err != nil {
-		return fmt.Errorf("%w (tier slots)", err)
+	if err := checkTiers("get", len(keys), len(tier)); err != nil {
+		return err
 	}
 	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i : i+1] }, dst, res, tier)
 }
@@ -333,8 +342,8 @@ func (s *Store) GetTier(ctx context.Context, keys []string, dst []rdma.Region, r
 // Config.Tiers of the tier that served keys[i], or -1. It implements
 // [store.Layered].
 func (s *Store) GetVTier(ctx context.Context, keys []string, dst [][]rdma.Region, res []store.Result, tier []int) error {
-	if err := store.CheckBatch("get", len(keys), len(tier), len(res)); err != nil {
-		return fmt.Errorf("%w (tier slots)", err)
+	if err := checkTiers("get", len(keys), len(tier)); err != nil {
+		return err
 	}
 	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i] }, nil, res, tier)
 }
