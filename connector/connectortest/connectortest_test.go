@@ -1252,7 +1252,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"chunk-wrap", "in blocks of", ""},
 		{"p2p-early-load", "never written (still poisoned)", ""},
 		{"p2p-last-token", "covers the last prompt token", ""},
-		{"p2p-params-hashes", "bytes differ from the KV saved for its key", ""},
+		{"p2p-params-hashes", "bytes differ from the KV saved for its key", "WrongParams"},
 	}
 	if runtime.GOOS == "linux" { // rdma/shm
 		cases = append(cases,
