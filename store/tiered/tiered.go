@@ -47,6 +47,12 @@ type Store struct {
 	// tier holding a key holds the same value, and a removed key does not
 	// come back from a promotion or a write-back in flight.
 	stripes [nStripes]sync.Mutex
+	// changes counts, per stripe, the puts and removals of its keys,
+	// under its lock: a Get takes the count of each key's stripe before
+	// it reads, and promotes only keys whose stripe did not change since,
+	// so that a value read before a removal and a new put does not come
+	// back over the new one.
+	changes [nStripes]atomic.Uint64
 
 	life struct {
 		sync.RWMutex
@@ -230,6 +236,16 @@ func (s *Store) lockSet(set *stripeSet) {
 	for k := range nStripes {
 		if set[k/64]&(1<<(k%64)) != 0 {
 			s.stripes[k].Lock()
+		}
+	}
+}
+
+// changed counts a put or removal in every stripe of set, which the
+// caller holds.
+func (s *Store) changed(set *stripeSet) {
+	for k := range nStripes {
+		if set[k/64]&(1<<(k%64)) != 0 {
+			s.changes[k].Add(1)
 		}
 	}
 }
@@ -489,6 +505,7 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 	}
 	set := s.lockKeys(keys, idx)
 	defer s.unlock(set)
+	s.changed(set)
 
 	// Which keys some tier holds already: those are duplicates.
 	look := make([]store.Result, len(keys))
@@ -687,8 +704,10 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 		}
 	}
 	at := make([]int, len(keys))
+	seen := make([]uint64, len(keys)) // each key's stripe's changes before the reads
 	for _, i := range left {
 		res[i] = store.Result{Err: store.ErrNotFound}
+		seen[i] = s.changes[s.stripe(keys[i])].Load()
 	}
 	for ti, t := range s.tiers {
 		if len(left) == 0 {
@@ -752,7 +771,7 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 		}
 	}
 	if len(moved) > 0 {
-		s.move(ctx, keys, moved, at, uses, func(i int) [][]rdma.Region {
+		s.move(ctx, keys, moved, at, uses, seen, func(i int) [][]rdma.Region {
 			return [][]rdma.Region{trim(dst(i), res[i].N)}
 		})
 	}
@@ -785,13 +804,15 @@ func trim(rs []rdma.Region, n int) []rdma.Region {
 // move copies the values of keys[idx], which a Get read from tier at[i]
 // into the caller's memory (val), up into the tiers above (promotion) and
 // down into the filtered tiers below that the key's uses now admit. It
-// holds the keys' stripes and checks first that each key is still in the
-// tier it was read from, so that a key removed meanwhile does not come
-// back. Failures are counted in the tiers' Errors, not reported: the Get
-// has its value.
-func (s *Store) move(ctx context.Context, keys []string, idx []int, at, uses []int, val func(i int) [][]rdma.Region) {
+// holds the keys' stripes and moves only keys whose stripe saw no put or
+// removal since the Get's reads began (seen), and that are still in the
+// tier they were read from, so that a key removed meanwhile does not come
+// back, nor an old value over a new one. Failures are counted in the
+// tiers' Errors, not reported: the Get has its value.
+func (s *Store) move(ctx context.Context, keys []string, idx []int, at, uses []int, seen []uint64, val func(i int) [][]rdma.Region) {
 	set := s.lockKeys(keys, idx)
 	defer s.unlock(set)
+	idx = slices.DeleteFunc(slices.Clone(idx), func(i int) bool { return s.changes[s.stripe(keys[i])].Load() != seen[i] })
 	for ti, t := range s.tiers {
 		var send []int
 		var up []bool
@@ -881,6 +902,7 @@ func (s *Store) Remove(ctx context.Context, key string) error {
 	defer s.exit()
 	set := s.lockKeys([]string{key}, []int{0})
 	defer s.unlock(set)
+	s.changed(set)
 	// Once begun, a removal goes through every tier: one canceled half
 	// way would leave the key readable from the tiers it did not reach.
 	ctx = context.WithoutCancel(ctx)
@@ -939,6 +961,7 @@ func (s *Store) removeAll(rm func(store.Store) (int, error)) (int, error) {
 	defer s.exit()
 	set := s.lockAll()
 	defer s.unlock(set)
+	s.changed(set)
 	most := 0
 	var errs []error
 	for _, t := range s.tiers {

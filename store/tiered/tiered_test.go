@@ -250,3 +250,81 @@ func openDisk(t testing.TB, cfg diskstore.Config) *diskstore.Store {
 	}
 	return s
 }
+
+// pausedGets is a store whose gets, once armed, read their values and then
+// wait for release before they return.
+type pausedGets struct {
+	store.Store
+	armed   chan struct{} // closed to arm
+	read    chan struct{} // closed once an armed get has read
+	release chan struct{}
+}
+
+func (p *pausedGets) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	err := p.Store.Get(ctx, keys, dst, res)
+	select {
+	case <-p.armed:
+		close(p.read)
+		<-p.release
+	default:
+	}
+	return err
+}
+
+// TestNoStalePromotion: a Get that read a key's old value from the lower
+// tier, while the key was removed and put again with a new value (which
+// then left the RAM tier), does not promote the old value over the new
+// one.
+func TestNoStalePromotion(t *testing.T) {
+	low, err := memstore.New(memstore.Config{Capacity: 1 << 20, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ram, err := memstore.New(memstore.Config{Capacity: 1 << 20, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused := &pausedGets{Store: low, armed: make(chan struct{}), read: make(chan struct{}), release: make(chan struct{})}
+	s, err := tiered.New(tiered.Config{Tiers: []tiered.Tier{{Store: ram, Medium: tiered.MediumCPU}, {Store: paused, Medium: tiered.MediumDisk}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	const key = "k"
+	v1, v2, dst := fill(host(t, 4096), 1), fill(host(t, 4096), 2), host(t, 4096)
+	putKeys(t, s, v1, key)
+	if err := ram.Remove(bg, key); err != nil { // only the lower tier holds v1
+		t.Fatal(err)
+	}
+	close(paused.armed)
+	got := make(chan error, 1)
+	go func() { got <- getKey(t, s, key, dst) }()
+	select {
+	case <-paused.read:
+	case <-time.After(time.Minute):
+		t.Fatal("the Get did not read the lower tier in a minute")
+	}
+	// While the Get holds v1: remove, put v2, and v2 leaves the RAM tier.
+	paused.armed = make(chan struct{}) // disarmed for what follows
+	if err := s.Remove(bg, key); err != nil {
+		t.Fatal(err)
+	}
+	putKeys(t, s, v2, key)
+	if err := ram.Remove(bg, key); err != nil {
+		t.Fatal(err)
+	}
+	close(paused.release)
+	if err := <-got; err != nil {
+		t.Fatalf("the Get = %v", err)
+	}
+	if !bytes.Equal(dst.Bytes(), v1.Bytes()) {
+		t.Fatalf("the Get did not read the value it was held on")
+	}
+	clear(dst.Bytes())
+	if err := getKey(t, s, key, dst); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst.Bytes(), v2.Bytes()) {
+		t.Fatalf("a Get after the put of the new value read the old one: a Get that read it before the removal promoted it over the new one")
+	}
+}
