@@ -640,7 +640,10 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 // tiers below the one it was found in. A tier that fails a key with an
 // error other than the caller's own (store.ErrBufferTooSmall,
 // store.ErrInvalidKey, store.ErrInvalidRegion) or the context's lets the
-// next tier try; the last tier's error stands. A tier that fails a key
+// next tier try; the last tier's error stands. A key that a tier failed
+// and the tiers below did not have is looked for again once no put or
+// removal of it is in flight, so that a write-through put that has
+// reached only the top tier yet is not read as a miss. A tier that fails a key
 // may have written into dst[i] before a lower tier's value is copied over
 // it.
 func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
@@ -709,43 +712,64 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 		res[i] = store.Result{Err: store.ErrNotFound}
 		seen[i] = s.changes[s.stripe(keys[i])].Load()
 	}
-	for ti, t := range s.tiers {
-		if len(left) == 0 {
-			break
-		}
-		r := make([]store.Result, len(left))
-		if ti == 0 && pre != nil {
-			for j, i := range left {
-				r[j] = pre[i]
+	read := func(left []int, pre []store.Result) {
+		for ti, t := range s.tiers {
+			if len(left) == 0 {
+				break
 			}
-		} else {
-			ks := pick(keys, left)
-			ds := make([][]rdma.Region, len(left))
-			for j, i := range left {
-				ds[j] = dst(i)
-			}
-			if err := t.get(ctx, ks, ds, r); err != nil {
-				for j := range r {
-					r[j] = store.Result{Err: err}
+			r := make([]store.Result, len(left))
+			if ti == 0 && pre != nil {
+				for j, i := range left {
+					r[j] = pre[i]
+				}
+			} else {
+				ks := pick(keys, left)
+				ds := make([][]rdma.Region, len(left))
+				for j, i := range left {
+					ds[j] = dst(i)
+				}
+				if err := t.get(ctx, ks, ds, r); err != nil {
+					for j := range r {
+						r[j] = store.Result{Err: err}
+					}
 				}
 			}
-		}
-		var next []int
-		for j, i := range left {
-			switch {
-			case r[j].Err == nil:
-				res[i] = r[j]
-				at[i] = ti
-				t.c.hits.Add(1)
-			case final(r[j].Err):
-				res[i] = r[j]
-			default:
-				t.c.misses.Add(1)
-				res[i] = missed(res[i], t, r[j].Err)
-				next = append(next, i)
+			var next []int
+			for j, i := range left {
+				switch {
+				case r[j].Err == nil:
+					res[i] = r[j]
+					at[i] = ti
+					t.c.hits.Add(1)
+				case final(r[j].Err):
+					res[i] = r[j]
+				default:
+					t.c.misses.Add(1)
+					res[i] = missed(res[i], t, r[j].Err)
+					next = append(next, i)
+				}
 			}
+			left = next
 		}
-		left = next
+	}
+	read(left, pre)
+	// A key that a tier failed and no tier below had is looked for again
+	// under its stripe: a write-through put in flight, which holds it, has
+	// stored the key into the top tier but not yet below, and it must not
+	// be a miss of a key a reader may have read already.
+	var again []int
+	for _, i := range left {
+		if err := res[i].Err; err != store.ErrNotFound && errors.Is(err, store.ErrNotFound) {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		set := s.lockKeys(keys, again)
+		for _, i := range again {
+			res[i] = store.Result{Err: store.ErrNotFound}
+		}
+		read(again, nil)
+		s.unlock(set)
 	}
 	var hits, misses, bytesOut int64
 	var moved []int

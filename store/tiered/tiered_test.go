@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -326,5 +328,110 @@ func TestNoStalePromotion(t *testing.T) {
 	}
 	if !bytes.Equal(dst.Bytes(), v2.Bytes()) {
 		t.Fatalf("a Get after the put of the new value read the old one: a Get that read it before the removal promoted it over the new one")
+	}
+}
+
+// inFlight is a tier store whose put, once armed, waits for release
+// after it entered, and whose gets say when they are called.
+type inFlight struct {
+	store.Store
+	once    sync.Once
+	armed   atomic.Bool
+	entered chan struct{} // closed once an armed put waits
+	release chan struct{}
+	gets    chan struct{} // a value per get, while armed
+}
+
+func (f *inFlight) Put(ctx context.Context, keys []string, src []rdma.Region, res []store.Result) error {
+	if f.armed.Load() {
+		f.once.Do(func() {
+			close(f.entered)
+			<-f.release
+		})
+	}
+	return f.Store.Put(ctx, keys, src, res)
+}
+
+func (f *inFlight) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if f.armed.Load() {
+		select {
+		case f.gets <- struct{}{}:
+		default:
+		}
+	}
+	return f.Store.Get(ctx, keys, dst, res)
+}
+
+// failingGets is a tier store whose gets fail, once armed.
+type failingGets struct {
+	store.Store
+	armed atomic.Bool
+}
+
+func (f *failingGets) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	if f.armed.Load() {
+		for i := range res {
+			res[i] = store.Result{Err: store.ErrTransfer}
+		}
+		return nil
+	}
+	return f.Store.Get(ctx, keys, dst, res)
+}
+
+// TestMissConfirmedUnderPut: while a write-through put has stored a key
+// in the top tier and not yet below, a Get whose top tier fails it and
+// whose lower tier misses does not answer a miss: it waits for the put.
+func TestMissConfirmedUnderPut(t *testing.T) {
+	ramStore, err := memstore.New(memstore.Config{Capacity: 1 << 20, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lowStore, err := memstore.New(memstore.Config{Capacity: 1 << 20, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ram := &failingGets{Store: ramStore}
+	low := &inFlight{Store: lowStore, entered: make(chan struct{}), release: make(chan struct{}), gets: make(chan struct{}, 1)}
+	s, err := tiered.New(tiered.Config{Tiers: []tiered.Tier{{Store: ram, Medium: tiered.MediumCPU}, {Store: low, Medium: tiered.MediumDisk}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	const key = "k"
+	src, dst := fill(host(t, 4096), 1), host(t, 4096)
+	low.armed.Store(true)
+	put := make(chan error, 1)
+	go func() {
+		res := []store.Result{{}}
+		err := s.Put(bg, []string{key}, []rdma.Region{src}, res)
+		put <- errors.Join(err, res[0].Err)
+	}()
+	select {
+	case <-low.entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the put did not reach the lower tier in a minute")
+	}
+	ram.armed.Store(true)
+	got := make(chan error, 1)
+	go func() {
+		res := []store.Result{{}}
+		err := s.Get(bg, []string{key}, []rdma.Region{dst}, res)
+		got <- errors.Join(err, res[0].Err)
+	}()
+	// Once the Get looked in the lower tier (and missed), the put goes on.
+	select {
+	case <-low.gets:
+	case <-time.After(time.Minute):
+		t.Fatal("the Get did not look in the lower tier in a minute")
+	}
+	close(low.release)
+	if err := <-put; err != nil {
+		t.Fatalf("Put = %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("a Get while the put was in flight = %v: the key was in the top tier, which failed the get; it must wait for the put, not answer a miss", err)
+	}
+	if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+		t.Fatal("the Get read other bytes than the put's")
 	}
 }
