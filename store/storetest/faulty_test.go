@@ -520,3 +520,25 @@ func TestFaultyLeaser(t *testing.T) {
 		})
 	}
 }
+
+// TestFillValueBytes: fillValue writes, for every length, the bytes of
+// its definition: byte j of word i/8 is byte j of mix(x+i), little end
+// first, the last word cut short.
+func TestFillValueBytes(t *testing.T) {
+	for n := range 41 {
+		want := make([]byte, n)
+		v := uint64(7)
+		x := hashString("k") ^ (v * 0x9e3779b97f4a7c15)
+		for i := 0; i < n; i += 8 {
+			x = mix(x + uint64(i))
+			for j := 0; j < 8 && i+j < n; j++ {
+				want[i+j] = byte(x >> (8 * j))
+			}
+		}
+		got := make([]byte, n)
+		fillValue(got, "k", 7)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("fillValue of %d bytes = %x, want %x", n, got, want)
+		}
+	}
+}

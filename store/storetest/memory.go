@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"encoding/binary"
 	"testing"
 
 	"github.com/kvconnect/kvconnect/rdma"
@@ -86,9 +87,14 @@ func canaryBroken(b []byte, from int) int {
 // with overwhelming probability, for any other key or version.
 func fillValue(b []byte, key string, v uint64) {
 	x := hashString(key) ^ (v * 0x9e3779b97f4a7c15)
-	for i := 0; i < len(b); i += 8 {
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
 		x = mix(x + uint64(i))
-		for j := 0; j < 8 && i+j < len(b); j++ {
+		binary.LittleEndian.PutUint64(b[i:], x)
+	}
+	if i < len(b) {
+		x = mix(x + uint64(i))
+		for j := 0; i+j < len(b); j++ {
 			b[i+j] = byte(x >> (8 * j))
 		}
 	}
