@@ -797,10 +797,12 @@ func (w stateOfBlockBefore) Start(ctx context.Context, m *connector.Metadata) er
 }
 
 // openP2P opens the producer and consumer halves of the p2p connector on one
-// loopback fabric, with the named breakage wrapped around the consumer.
-func openP2P(broken string) (prod, cons connectortest.OpenFunc) {
+// loopback fabric, with the named breakage wrapped around the consumer,
+// whose transfer engines pass through the gate it returns.
+func openP2P(broken string) (prod, cons connectortest.OpenFunc, gate *connectortest.Gate) {
 	f := rdma.NewFabric()
 	n := 0
+	gate = connectortest.NewGate()
 	role := func(r connector.Role) connectortest.OpenFunc {
 		return func(cfg connector.Config, env connector.Env) (connectortest.Pair, error) {
 			var engines []rdma.Engine
@@ -817,7 +819,11 @@ func openP2P(broken string) (prod, cons connectortest.OpenFunc) {
 				if err != nil {
 					return connectortest.Pair{}, errors.Join(err, closeEngines())
 				}
-				engines = append(engines, e)
+				var eng rdma.Engine = e
+				if r == connector.RoleConsumer {
+					eng = gate.Engine(e)
+				}
+				engines = append(engines, eng)
 			}
 			// A short keep_timeout: a broken consumer that never reads leaves
 			// offers that only the timeout releases.
@@ -838,12 +844,31 @@ func openP2P(broken string) (prod, cons connectortest.OpenFunc) {
 				if r == connector.RoleConsumer && broken == "p2p-early-load" {
 					cw = &earlyLoad{Worker: w}
 				}
+				if r == connector.RoleConsumer && broken == "p2p-close-no-wait" {
+					cw = p2pCloseNoWait{w, new(int)}
+				}
 				p.Workers = append(p.Workers, cw)
 			}
 			return p, nil
 		}
 	}
-	return role(connector.RoleProducer), role(connector.RoleConsumer)
+	return role(connector.RoleProducer), role(connector.RoleConsumer), gate
+}
+
+// p2pCloseNoWait's first Close only marks the worker closed and returns;
+// the reference consumer worker is closed at the next, so loads running
+// at the first go on writing the engine's KV memory.
+type p2pCloseNoWait struct {
+	*p2p.Worker
+	closes *int
+}
+
+func (w p2pCloseNoWait) Close() error {
+	*w.closes++
+	if *w.closes == 1 {
+		return nil
+	}
+	return w.Worker.Close()
 }
 
 // lastTokenP2P matches the block holding the last prompt token too, when
@@ -1178,14 +1203,14 @@ func TestBrokenTarget(t *testing.T) {
 		if broken == "p2p-xproc-loopback" {
 			// Correct in one process: the consumer's engine finds the
 			// producer's segment in the process's fabric.
-			prod, cons = openP2P("")
+			prod, cons, _ = openP2P("")
 		}
 		connectortest.Run(t, prod, connectortest.Options{NewStore: newStore, OpenConsumer: cons, ConsumerProcess: true})
 		return
 	}
 	if strings.HasPrefix(broken, "p2p-") {
-		prod, cons := openP2P(broken)
-		connectortest.Run(t, prod, connectortest.Options{NewStore: newStore, OpenConsumer: cons})
+		prod, cons, gate := openP2P(broken)
+		connectortest.Run(t, prod, connectortest.Options{NewStore: newStore, OpenConsumer: cons, Gate: gate})
 		return
 	}
 	connectortest.Run(t, open(broken), connectortest.Options{NewStore: newStore, Groups: true})
@@ -1253,6 +1278,7 @@ func TestHarnessCatchesBrokenConnectors(t *testing.T) {
 		{"p2p-early-load", "never written (still poisoned)", ""},
 		{"p2p-last-token", "covers the last prompt token", ""},
 		{"p2p-params-hashes", "bytes differ from the KV saved for its key", "WrongParams"},
+		{"p2p-close-no-wait", "was written after Close of both halves returned", "CloseInFlight"},
 	}
 	if runtime.GOOS == "linux" { // rdma/shm
 		cases = append(cases,

@@ -176,6 +176,12 @@
 // memory once Close returned. The memory is freed after each half's next
 // Close, so a transfer still reading it crashes the test.
 //
+// A disaggregated connector's loads bypass the store, so with
+// Options.Gate its CloseInFlight subtest holds them in the transfer
+// engines instead: the consumer's halves close while every transfer of
+// a load of 8 blocks of 256 KiB per rank from the producer waits in the
+// gate, with the same checks.
+//
 // The RealSize subtests (and, for a disaggregated connector, RealSize of
 // Handoff) move blocks of 256 KiB to 1 MiB per rank, in 4 to 8 layers of
 // blocks of 16 tokens, block-major and layer-major, one of them layer by
@@ -228,9 +234,9 @@
 // step ends, Update included: it is read-only to the workers and valid
 // until the next Plan (every step).
 //
-// Not checked: for a disaggregated connector, LayerCancel and
-// CloseInFlight (they hold the store's gets, which its loads do not use);
-// and a save that stages its copy reads the
+// Not checked: for a disaggregated connector, LayerCancel (no
+// disaggregated connector here is a LayerWorker to check it against), and
+// CloseInFlight where Options.Gate is not set; and a save that stages its copy reads the
 // engine's blocks where the recorder does not see it, so a staged save of
 // a freed block is caught only by the bytes it stored, once they are
 // loaded.

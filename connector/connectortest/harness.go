@@ -129,6 +129,13 @@ type Options struct {
 	// not rdma.Loopback).
 	ConsumerProcess bool
 
+	// Gate, with OpenConsumer, holds the consumer's transfers: wrap the
+	// consumer pair's transfer engines with Gate.Engine in OpenConsumer,
+	// and Run adds the CloseInFlight subtest, which closes the consumer's
+	// halves while their loads wait in the gate. Not used with
+	// ConsumerProcess (the consumer is in another process).
+	Gate *Gate
+
 	// gaveUp, set by Run, holds what the first wait that reached
 	// waitBound waited for: later cases then fail at once, rather than
 	// wait out the bound again (and again as rapid shrinks).
@@ -207,8 +214,11 @@ type Options struct {
 // For a disaggregated connector (Options.OpenConsumer) it runs Handoff (a
 // prompt prefilled on the producer is loaded byte for byte by the
 // consumer from the parameters the producer hands on), RealSize (Handoff
-// with blocks of real size), WrongParams (parameters tampered with on
-// their way load nothing; see the package doc) and a StateMachine
+// with blocks of real size), CloseInFlight (with Options.Gate: the
+// consumer's halves close while its loads of 256 KiB blocks wait in the
+// gate, and nothing writes KV memory once Close returned), WrongParams
+// (parameters tampered with on their way load nothing; see the package
+// doc) and a StateMachine
 // of prefills, handoffs in any order, consumer requests with and without
 // parameters, preemption and local eviction on the consumer, with the same
 // checks except those that read the store.
@@ -337,6 +347,9 @@ func runDisaggregated(t *testing.T, open OpenFunc, opts Options) {
 			}
 		}
 	})
+	if opts.Gate != nil {
+		t.Run("CloseInFlight", func(t *testing.T) { handoffCloseInFlight(t, open, opts) })
+	}
 	t.Run("WrongParams", func(t *testing.T) {
 		for _, l := range paramLies {
 			t.Run(l.String(), func(t *testing.T) { wrongParams(t, open, opts, l) })
@@ -555,7 +568,23 @@ func closeInFlight(t *testing.T, open OpenFunc, opts Options) {
 		e.step(context.Background(), 0)
 		p.sleep()
 	}
-	// Close both halves, as an engine shutting down does.
+	w.closeHeld(e, w.rec.releaseGets, "loads")
+	w.closed = true
+	e.close(true)
+	if err := w.base.Close(); err != nil {
+		t.Fatalf("close the store: %v", err)
+	}
+	w.checkGoroutines()
+}
+
+// closeHeld closes both halves of e, as an engine shutting down does,
+// while its loads wait where the harness holds them (in the store or in
+// Options.Gate); release lets them go, for a Close that waits for running
+// transfers. It then checks that nothing writes e's KV memory once Close
+// returned.
+func (w *world) closeHeld(e *engine, release func(), what string) {
+	t := w.t
+	t.Helper()
 	closed := make(chan error, 1)
 	go func() {
 		var errs []error
@@ -573,11 +602,11 @@ func closeInFlight(t *testing.T, open OpenFunc, opts Options) {
 	select {
 	case err = <-closed:
 	case <-time.After(probeGrace):
-		w.rec.releaseGets() // for a Close that waits for running transfers
+		release() // for a Close that waits for running transfers
 		select {
 		case err = <-closed:
 		case <-time.After(waitBound):
-			w.gaveUp("Close of the halves had not returned %v after it began, with loads and saves of 256 KiB blocks in flight: Close cancels what is queued and waits only for what runs", waitBound)
+			w.gaveUp("Close of the halves had not returned %v after it began, with %s of 256 KiB blocks in flight: Close cancels what is queued and waits only for what runs", waitBound, what)
 		}
 	}
 	if err != nil {
@@ -587,15 +616,53 @@ func closeInFlight(t *testing.T, open OpenFunc, opts Options) {
 	for i, m := range e.mem {
 		snap[i] = bytes.Clone(m.Bytes())
 	}
-	w.rec.releaseGets()
+	release()
 	w.settle()
 	for i, m := range e.mem {
 		if j := firstDiff(snap[i], m.Bytes()); j >= 0 {
-			t.Fatalf("KV memory of rank %d (offset %d of %d bytes) was written after Close of both halves returned, with loads in flight at Close: Close cancels queued transfers and waits for running ones, and nothing writes the engine's memory once it returned", i, j, len(snap[i]))
+			t.Fatalf("KV memory of rank %d (offset %d of %d bytes) was written after Close of both halves returned, with %s in flight at Close: Close cancels queued transfers and waits for running ones, and nothing writes the engine's memory once it returned", i, j, len(snap[i]), what)
 		}
 	}
+}
+
+// handoffCloseInFlight is CloseInFlight for a disaggregated connector:
+// the consumer's halves close while its loads of 256 KiB blocks from the
+// producer wait in Options.Gate.
+func handoffCloseInFlight(t *testing.T, open OpenFunc, opts Options) {
+	w := newWorld(t, opts, new(counts))
+	defer w.close()
+	const bs = 16
+	prod, cons := openPD(w, open, spec{tenant: "tenant0", order: connector.LayerMajor, tp: 2, repl: 1, bs: bs, blocks: 24, layers: 4, blockBytes: 32 << 10})
+	prompt := testPrompt(8*bs, 25000)
+	prod.add(prompt, 0)
+	w.offersOf(1, prod)
+	params := paramsOf(t, prod, prompt)
+	prod.offers = prod.offers[:0]
+	g := opts.Gate
+	var kv []rdma.Region
+	for _, m := range cons.mem {
+		kv = append(kv, m.Region())
+	}
+	g.hold(kv)
+	defer g.releaseAll()
+	cons.addWith(prompt, 0, params)
+	r := cons.reqs[len(cons.reqs)-1]
+	start := time.Now()
+	var p pause
+	for g.heldSince() == 0 {
+		if r.phase == running || r.phase == done {
+			t.Fatalf("the consumer's request for an 8-block prompt the producer prefilled ran with no read into its KV memory reaching Options.Gate (%d blocks matched): a load was to be in flight at Close (are the consumer's transfer engines wrapped with Gate.Engine?)", r.loadN)
+		}
+		if time.Since(start) > waitBound {
+			w.gaveUp("no read into KV memory of the consumer's load of an 8-block prompt reached Options.Gate in %v; %s", waitBound, cons.describe())
+		}
+		cons.step(context.Background(), 0)
+		p.sleep()
+	}
+	w.closeHeld(cons, g.releaseAll, "loads")
 	w.closed = true
-	e.close(true)
+	cons.close(true)
+	prod.close(true)
 	if err := w.base.Close(); err != nil {
 		t.Fatalf("close the store: %v", err)
 	}
@@ -1079,6 +1146,19 @@ func tamper(l paramLie, pa, pb, other []byte) (tampered [][]byte, what []string)
 	return tampered, what
 }
 
+// paramsOf returns the transfer parameters that the producer p offered
+// for its finished request of prompt, failing the test if it gave none.
+func paramsOf(t *testing.T, p *engine, prompt []hashing.Token) []byte {
+	t.Helper()
+	for _, o := range p.offers {
+		if slices.Equal(o.prompt, prompt) {
+			return o.params
+		}
+	}
+	t.Fatalf("the producer's TransferParams gave no parameters for a finished request of a %d-token prompt", len(prompt))
+	return nil
+}
+
 // wrongParams checks that transfer parameters the harness tampered with
 // (l) load nothing: every consumer request handed them ends with its
 // loads failed, or with no match, never with a block reported loaded (the
@@ -1094,18 +1174,7 @@ func wrongParams(t *testing.T, open OpenFunc, opts Options, l paramLie) {
 	prod.add(a, 0)
 	prod.add(b, 0)
 	w.offersOf(2, prod)
-	var pa, pb []byte
-	for _, o := range prod.offers {
-		switch {
-		case slices.Equal(o.prompt, a):
-			pa = o.params
-		case slices.Equal(o.prompt, b):
-			pb = o.params
-		}
-	}
-	if pa == nil || pb == nil {
-		t.Fatalf("the producer's TransferParams gave no parameters for a finished request of a 6-block prompt")
-	}
+	pa, pb := paramsOf(t, prod, a), paramsOf(t, prod, b)
 	var otherParams []byte
 	if l == paramOtherProducer {
 		o := s

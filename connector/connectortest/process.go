@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -100,18 +99,7 @@ func crossWrongParams(t *testing.T, name string, open OpenFunc, opts Options) {
 	other.add(a, 0)
 	w.offersOf(2, prod)
 	w.offersOf(1, other)
-	var pa, pb []byte
-	for _, o := range prod.offers {
-		switch {
-		case slices.Equal(o.prompt, a):
-			pa = o.params
-		case slices.Equal(o.prompt, b):
-			pb = o.params
-		}
-	}
-	if pa == nil || pb == nil {
-		t.Fatalf("the producer's TransferParams gave no parameters for a finished request of a 6-block prompt")
-	}
+	pa, pb := paramsOf(t, prod, a), paramsOf(t, prod, b)
 	pc := processCase{Tenant: s.tenant, Order: s.order, TP: s.tp, Repl: s.repl, BS: bs, Blocks: s.blocks, Policy: s.policy}
 	var kinds []string
 	for _, l := range paramLies {

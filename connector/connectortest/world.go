@@ -692,11 +692,11 @@ func (w *world) settle() {
 	var p pause
 	for {
 		left := leftovers(w.gid, w.before, w.pkgs)
-		if w.rec.getsInFlight() == 0 && !slices.ContainsFunc(left, func(g goroutine) bool { return !blocked(g.state) }) {
+		if w.rec.getsInFlight() == 0 && w.opts.Gate.inFlight() == 0 && !slices.ContainsFunc(left, func(g goroutine) bool { return !blocked(g.state) }) {
 			return
 		}
 		if time.Since(start) > waitBound {
-			w.gaveUp("gets still in the store, or goroutines of the connector still running, %v after Close of every half returned", waitBound)
+			w.gaveUp("gets still in the store or transfers in Options.Gate, or goroutines of the connector still running, %v after Close of every half returned", waitBound)
 		}
 		p.sleep()
 	}

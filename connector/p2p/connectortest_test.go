@@ -15,8 +15,9 @@ import (
 
 // openRole opens the p2p connector of one instance, with one loopback
 // transfer engine per rank on a fabric shared with the other instance;
-// the pair's Close closes the engines.
-func openRole(f *rdma.Fabric, n *int, role connector.Role) connectortest.OpenFunc {
+// the pair's Close closes the engines. With a gate, the engines are
+// wrapped by it.
+func openRole(f *rdma.Fabric, n *int, role connector.Role, gate *connectortest.Gate) connectortest.OpenFunc {
 	return func(cfg connector.Config, env connector.Env) (connectortest.Pair, error) {
 		var engines []rdma.Engine
 		closeEngines := func() error {
@@ -32,7 +33,11 @@ func openRole(f *rdma.Fabric, n *int, role connector.Role) connectortest.OpenFun
 			if err != nil {
 				return connectortest.Pair{}, errors.Join(err, closeEngines())
 			}
-			engines = append(engines, e)
+			var eng rdma.Engine = e
+			if gate != nil {
+				eng = gate.Engine(e)
+			}
+			engines = append(engines, eng)
 		}
 		cfg.Connector, cfg.Role = p2p.Name, role
 		s, ws, err := p2p.New(cfg, env, engines...)
@@ -49,12 +54,15 @@ func openRole(f *rdma.Fabric, n *int, role connector.Role) connectortest.OpenFun
 
 // TestConnectorTest runs the harness's disaggregated checks: prefills on a
 // producer, handed on with their transfer parameters, loaded byte for byte
-// by a consumer.
+// by a consumer; the consumer's transfers pass through a gate, for
+// CloseInFlight.
 func TestConnectorTest(t *testing.T) {
 	f := rdma.NewFabric()
 	var n int // names engines uniquely on the fabric
-	connectortest.Run(t, openRole(f, &n, connector.RoleProducer), connectortest.Options{
+	gate := connectortest.NewGate()
+	connectortest.Run(t, openRole(f, &n, connector.RoleProducer, nil), connectortest.Options{
 		NewStore:     func() (store.Store, error) { return memstore.New(memstore.Config{Capacity: 1 << 20}) },
-		OpenConsumer: openRole(f, &n, connector.RoleConsumer),
+		OpenConsumer: openRole(f, &n, connector.RoleConsumer, gate),
+		Gate:         gate,
 	})
 }
