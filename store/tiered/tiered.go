@@ -53,6 +53,11 @@ type Store struct {
 	// so that a value read before a removal and a new put does not come
 	// back over the new one.
 	changes [nStripes]atomic.Uint64
+	// held counts, per stripe, the takings and releases of its lock: it
+	// is odd while the lock is held. A key that every tier missed is
+	// looked for again under its stripe if the stripe was held at any
+	// time since the call began (see heldSince).
+	held [nStripes]atomic.Uint64
 
 	life struct {
 		sync.RWMutex
@@ -236,6 +241,7 @@ func (s *Store) lockSet(set *stripeSet) {
 	for k := range nStripes {
 		if set[k/64]&(1<<(k%64)) != 0 {
 			s.stripes[k].Lock()
+			s.held[k].Add(1)
 		}
 	}
 }
@@ -253,9 +259,20 @@ func (s *Store) changed(set *stripeSet) {
 func (s *Store) unlock(set *stripeSet) {
 	for k := nStripes - 1; k >= 0; k-- {
 		if set[k/64]&(1<<(k%64)) != 0 {
+			s.held[k].Add(1)
 			s.stripes[k].Unlock()
 		}
 	}
+}
+
+// heldSince reports whether the stripe of key was held at any time since
+// held[stripe] read h: a put, removal or move of one of its keys that was
+// in flight then, or began since, may have left the key in no tier for a
+// while (a write-through put stores into the top tier first, and the top
+// tier may evict it or fail its read before the put reaches the tiers
+// below).
+func (s *Store) heldSince(key string, h uint64) bool {
+	return h%2 == 1 || s.held[s.stripe(key)].Load() != h
 }
 
 // final reports whether a per-key error of a tier ends the key's search:
@@ -395,16 +412,55 @@ func (s *Store) exists(ctx context.Context, keys []string, res []store.Result, t
 }
 
 // lookup runs Exists down the tiers for keys[idx], writing res, and
-// returns per key (by position in idx) the tier that has it, or -1.
+// returns per key (by position in idx) the tier that has it, or -1. The
+// caller holds none of the keys' stripes.
 func (s *Store) lookup(ctx context.Context, keys []string, idx []int, res []store.Result) []int {
 	at := make([]int, len(idx))
 	for j := range at {
 		at[j] = -1
 	}
+	held := make([]uint64, len(idx)) // each key's stripe's lock count before the lookups
+	for j, i := range idx {
+		held[j] = s.held[s.stripe(keys[i])].Load()
+	}
 	left := make([]int, len(idx)) // positions in idx
 	for j := range left {
 		left[j] = j
 	}
+	left = s.lookupTiers(ctx, keys, idx, left, res, at)
+	// As in a Get, a key that no tier had is looked for again under its
+	// stripe where a tier failed it or its stripe was held meanwhile.
+	var again []int
+	for _, p := range left {
+		i := idx[p]
+		if err := res[i].Err; errors.Is(err, store.ErrNotFound) && (err != store.ErrNotFound || s.heldSince(keys[i], held[p])) {
+			again = append(again, p)
+		}
+	}
+	if len(again) > 0 {
+		set := s.lockKeys(keys, pickIdx(idx, again))
+		for _, p := range again {
+			res[idx[p]] = store.Result{Err: store.ErrNotFound}
+		}
+		s.lookupTiers(ctx, keys, idx, again, res, at)
+		s.unlock(set)
+	}
+	return at
+}
+
+// pickIdx returns idx[p] for each p of ps.
+func pickIdx(idx, ps []int) []int {
+	out := make([]int, len(ps))
+	for j, p := range ps {
+		out[j] = idx[p]
+	}
+	return out
+}
+
+// lookupTiers runs Exists down the tiers for the keys keys[idx[p]] of
+// the positions p of left, writing res and at, and returns the positions
+// that no tier had.
+func (s *Store) lookupTiers(ctx context.Context, keys []string, idx, left []int, res []store.Result, at []int) []int {
 	for ti, t := range s.tiers {
 		if len(left) == 0 {
 			break
@@ -435,7 +491,7 @@ func (s *Store) lookup(ctx context.Context, keys []string, idx []int, res []stor
 		}
 		left = next
 	}
-	return at
+	return left
 }
 
 // missed is the result of a key that tier t did not have: store.ErrNotFound,
@@ -512,7 +568,17 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 	for _, i := range idx {
 		look[i] = store.Result{Err: store.ErrNotFound}
 	}
-	at := s.lookup(ctx, keys, idx, look)
+	// (The stripes are held: no put of these keys is in flight, and a
+	// miss is a miss.)
+	at := make([]int, len(idx))
+	for j := range at {
+		at[j] = -1
+	}
+	all := make([]int, len(idx))
+	for j := range all {
+		all[j] = j
+	}
+	s.lookupTiers(ctx, keys, idx, all, look, at)
 	// A key named again in the batch is put from its first occurrence
 	// only, so that no tier stores a later one (which one tier would, if
 	// the first failed there, and another not).
@@ -708,9 +774,12 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 	}
 	at := make([]int, len(keys))
 	seen := make([]uint64, len(keys)) // each key's stripe's changes before the reads
+	held := make([]uint64, len(keys)) // and its lock's count
 	for _, i := range left {
 		res[i] = store.Result{Err: store.ErrNotFound}
-		seen[i] = s.changes[s.stripe(keys[i])].Load()
+		k := s.stripe(keys[i])
+		seen[i] = s.changes[k].Load()
+		held[i] = s.held[k].Load()
 	}
 	read := func(left []int, pre []store.Result) {
 		for ti, t := range s.tiers {
@@ -753,13 +822,15 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 		}
 	}
 	read(left, pre)
-	// A key that a tier failed and no tier below had is looked for again
-	// under its stripe: a write-through put in flight, which holds it, has
-	// stored the key into the top tier but not yet below, and it must not
-	// be a miss of a key a reader may have read already.
+	// A key that no tier had is looked for again under its stripe where a
+	// tier failed it, or where its stripe was held since the reads began:
+	// a write-through put in flight, which holds it, may have stored the
+	// key into the top tier but not yet below, and the top tier may have
+	// evicted it or failed its read meanwhile; it must not be a miss of a
+	// key that a reader may have read already.
 	var again []int
 	for _, i := range left {
-		if err := res[i].Err; err != store.ErrNotFound && errors.Is(err, store.ErrNotFound) {
+		if err := res[i].Err; errors.Is(err, store.ErrNotFound) && (err != store.ErrNotFound || s.heldSince(keys[i], held[i])) {
 			again = append(again, i)
 		}
 	}

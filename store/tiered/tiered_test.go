@@ -352,36 +352,78 @@ func (f *inFlight) Put(ctx context.Context, keys []string, src []rdma.Region, re
 	return f.Store.Put(ctx, keys, src, res)
 }
 
+// Get and Exists send on gets once they have looked, while armed.
 func (f *inFlight) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
+	defer f.looked()
+	return f.Store.Get(ctx, keys, dst, res)
+}
+
+func (f *inFlight) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	defer f.looked()
+	return f.Store.Exists(ctx, keys, res)
+}
+
+func (f *inFlight) looked() {
 	if f.armed.Load() {
 		select {
 		case f.gets <- struct{}{}:
 		default:
 		}
 	}
-	return f.Store.Get(ctx, keys, dst, res)
 }
 
-// failingGets is a tier store whose gets fail, once armed.
+// failingGets is a tier store whose gets and exists fail (ErrTransfer),
+// or, with lost, miss every key (as if it had evicted them), once armed.
 type failingGets struct {
 	store.Store
 	armed atomic.Bool
+	lost  bool
+}
+
+func (f *failingGets) fail(res []store.Result) bool {
+	if !f.armed.Load() {
+		return false
+	}
+	for i := range res {
+		res[i] = store.Result{Err: store.ErrTransfer}
+		if f.lost {
+			res[i] = store.Result{Err: store.ErrNotFound}
+		}
+	}
+	return true
 }
 
 func (f *failingGets) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
-	if f.armed.Load() {
-		for i := range res {
-			res[i] = store.Result{Err: store.ErrTransfer}
-		}
+	if f.fail(res) {
 		return nil
 	}
 	return f.Store.Get(ctx, keys, dst, res)
 }
 
+func (f *failingGets) Exists(ctx context.Context, keys []string, res []store.Result) error {
+	if f.fail(res) {
+		return nil
+	}
+	return f.Store.Exists(ctx, keys, res)
+}
+
 // TestMissConfirmedUnderPut: while a write-through put has stored a key
-// in the top tier and not yet below, a Get whose top tier fails it and
-// whose lower tier misses does not answer a miss: it waits for the put.
+// in the top tier and not yet below, a Get or an Exists whose top tier
+// fails it, or no longer has it (evicted), and whose lower tier misses
+// does not answer a miss: it waits for the put.
 func TestMissConfirmedUnderPut(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		for _, op := range []string{"Get", "Exists"} {
+			name := op + "/TopFails"
+			if lost {
+				name = op + "/TopLostIt"
+			}
+			t.Run(name, func(t *testing.T) { missConfirmedUnderPut(t, op, lost) })
+		}
+	}
+}
+
+func missConfirmedUnderPut(t *testing.T, op string, lost bool) {
 	ramStore, err := memstore.New(memstore.Config{Capacity: 1 << 20, Shards: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -390,7 +432,7 @@ func TestMissConfirmedUnderPut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ram := &failingGets{Store: ramStore}
+	ram := &failingGets{Store: ramStore, lost: lost}
 	low := &inFlight{Store: lowStore, entered: make(chan struct{}), release: make(chan struct{}), gets: make(chan struct{}, 1)}
 	s, err := tiered.New(tiered.Config{Tiers: []tiered.Tier{{Store: ram, Medium: tiered.MediumCPU}, {Store: low, Medium: tiered.MediumDisk}}})
 	if err != nil {
@@ -411,27 +453,36 @@ func TestMissConfirmedUnderPut(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the put did not reach the lower tier in a minute")
 	}
+	select {
+	case <-low.gets: // the put's own look for the key
+	default:
+	}
 	ram.armed.Store(true)
 	got := make(chan error, 1)
 	go func() {
 		res := []store.Result{{}}
-		err := s.Get(bg, []string{key}, []rdma.Region{dst}, res)
+		var err error
+		if op == "Get" {
+			err = s.Get(bg, []string{key}, []rdma.Region{dst}, res)
+		} else {
+			err = s.Exists(bg, []string{key}, res)
+		}
 		got <- errors.Join(err, res[0].Err)
 	}()
-	// Once the Get looked in the lower tier (and missed), the put goes on.
+	// Once the call looked in the lower tier (and missed), the put goes on.
 	select {
 	case <-low.gets:
 	case <-time.After(time.Minute):
-		t.Fatal("the Get did not look in the lower tier in a minute")
+		t.Fatalf("the %s did not look in the lower tier in a minute", op)
 	}
 	close(low.release)
 	if err := <-put; err != nil {
 		t.Fatalf("Put = %v", err)
 	}
 	if err := <-got; err != nil {
-		t.Fatalf("a Get while the put was in flight = %v: the key was in the top tier, which failed the get; it must wait for the put, not answer a miss", err)
+		t.Fatalf("%s while the put was in flight = %v: the key was in the top tier, which failed it or lost it since; the call must wait for the put, not answer a miss", op, err)
 	}
-	if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+	if op == "Get" && !bytes.Equal(dst.Bytes(), src.Bytes()) {
 		t.Fatal("the Get read other bytes than the put's")
 	}
 }
