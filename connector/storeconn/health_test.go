@@ -162,36 +162,47 @@ func (d *deadSegment) Get(ctx context.Context, keys []string, dst []rdma.Region,
 }
 
 // TestFailedKeysNotPlanned: once the loads of some blocks fail, lookups
-// stop planning loads of them for failed_ttl, and count what they skip.
+// stop planning loads of them for failed_ttl, and count what they skip;
+// after failed_ttl they plan them again. (Two rigs: one whose failed_ttl
+// no pause of a loaded machine outlasts, for the skipping, and one whose
+// failed_ttl passes, for the end of it.)
 func TestFailedKeysNotPlanned(t *testing.T) {
-	d := &deadSegment{Store: newMem(t), dead: make(chan struct{})}
-	r := newRigLog(t, d, identity(1, 1), map[string]any{"lookup": "sync", "failed_ttl": "50ms"}, connector.BlockMajor, nil)
-	r.saveAll(request("a", 4*bs+1))
-	close(d.dead)
-	if loaded, fails := r.load("b"); loaded || len(fails) != 1 {
-		t.Fatalf("load from a dead segment: loaded %v, failures %+v", loaded, fails)
-	}
-	if m, err := r.s.Match(request("c", 4*bs+1), 0); err != nil || m.Tokens != 0 {
-		t.Fatalf("Match right after the failed load = %+v, %v; want a miss", m, err)
-	}
-	if n := r.s.(connector.StatsReporter).Stats().FailedSkipped; n != 4 {
-		t.Errorf("FailedSkipped = %d, want 4", n)
-	}
-	// After failed_ttl the blocks are planned again.
-	deadline := time.Now().Add(time.Minute)
-	for i := 0; ; i++ {
-		m, err := r.s.Match(request(fmt.Sprint("d", i), 4*bs+1), 0)
-		if err != nil {
-			t.Fatal(err)
+	failLoad := func(t *testing.T, ttl string) *rig {
+		d := &deadSegment{Store: newMem(t), dead: make(chan struct{})}
+		r := newRigLog(t, d, identity(1, 1), map[string]any{"lookup": "sync", "failed_ttl": ttl}, connector.BlockMajor, nil)
+		r.saveAll(request("a", 4*bs+1))
+		close(d.dead)
+		if loaded, fails := r.load("b"); loaded || len(fails) != 1 {
+			t.Fatalf("load from a dead segment: loaded %v, failures %+v", loaded, fails)
 		}
-		if m.Tokens == 4*bs {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("blocks whose load failed were still skipped a minute after a 50ms failed_ttl")
-		}
-		time.Sleep(5 * time.Millisecond)
+		return r
 	}
+	t.Run("Skipped", func(t *testing.T) {
+		r := failLoad(t, "10m")
+		if m, err := r.s.Match(request("c", 4*bs+1), 0); err != nil || m.Tokens != 0 {
+			t.Fatalf("Match right after the failed load = %+v, %v; want a miss", m, err)
+		}
+		if n := r.s.(connector.StatsReporter).Stats().FailedSkipped; n != 4 {
+			t.Errorf("FailedSkipped = %d, want 4", n)
+		}
+	})
+	t.Run("PlannedAgain", func(t *testing.T) {
+		r := failLoad(t, "50ms")
+		deadline := time.Now().Add(time.Minute)
+		for i := 0; ; i++ {
+			m, err := r.s.Match(request(fmt.Sprint("d", i), 4*bs+1), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Tokens == 4*bs {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("blocks whose load failed were still skipped a minute after a 50ms failed_ttl")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
 }
 
 // TestWorkerCloseHung: a worker whose load is stuck in a store call that

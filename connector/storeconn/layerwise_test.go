@@ -277,7 +277,7 @@ func (g gated) Get(ctx context.Context, keys []string, dst []rdma.Region, res []
 // in, WaitLayer of a later layer does not return until the get does.
 func TestWaitLayerWaitsForItsChunkOnly(t *testing.T) {
 	mem := newMem(t)
-	extra := map[string]any{"layer_chunks": 2, "lookup": "sync"}
+	extra := map[string]any{"layer_chunks": 2, "lookup": "sync", "store_timeout": "10m"}
 	a := newLWRig(t, mem, connector.BlockMajor, extra)
 	req := request("r", 2*bs+1)
 	a.prefill(req, 0x33)

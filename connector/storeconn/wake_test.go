@@ -185,7 +185,7 @@ func TestLookupsShareACall(t *testing.T) {
 	st := &gatedExists{Store: newMem(t), entered: make(chan struct{}), release: make(chan struct{})}
 	var once sync.Once
 	release := func() { once.Do(func() { close(st.release) }) }
-	r := newRig(t, st, identity(1, 1), map[string]any{"lookup": "async", "lookup_workers": 1})
+	r := newRig(t, st, identity(1, 1), map[string]any{"lookup": "async", "lookup_workers": 1, "store_timeout": "10m"})
 	t.Cleanup(release) // before the rig closes: cleanups run last first
 	// Four requests of distinct prompts; the store holds the first 2
 	// blocks of "c".

@@ -310,7 +310,7 @@ func TestEventsParentFirst(t *testing.T) {
 	gate := gatedStore{Store: newMem(t), hash: req.Hashes[1].String(), open: make(chan struct{})}
 	// Enough transfer goroutines for the first saves (one per group) to
 	// wait at the gate while the next ones run.
-	h := newHybridRigOn(t, gate, map[string]any{"transfer_workers": 8})
+	h := newHybridRigOn(t, gate, map[string]any{"transfer_workers": 8, "store_timeout": "10m"})
 	tables := [][]connector.BlockID{blocks(5), blocks(5), blocks(5)}
 	var evs []connector.KVEvent
 	// save computes the request up to computed tokens, plans, and returns

@@ -108,6 +108,7 @@ func TestUnfinishedMessage(t *testing.T) {
 	t.Run("PUB discards within wide bounds", func(t *testing.T) {
 		wide := testLimits
 		wide.Msg = Limits{Frame: 1 << 20, Bytes: 1 << 30, Frames: 1 << 20}
+		wide.Idle = 0 // 128 MiB take what they take: no idle bound armed before the message ends
 		pub, err := ListenPub(context.Background(), "tcp://127.0.0.1:0", 10, wide, log)
 		if err != nil {
 			t.Fatal(err)
@@ -297,15 +298,32 @@ func TestIdlePeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close(0)
-	subscribed := rawPeer(t, pub.Endpoint(), "SUB")
-	if err := subscribed.WriteMsg([][]byte{{1}}); err != nil {
-		t.Fatal(err)
+	// A peer that subscribes at once. On a machine slow enough that
+	// the socket dropped it for idling before its subscription came, a
+	// new one tries again.
+	var subscribed *Conn
+	for deadline := time.Now().Add(waitTimeout); subscribed == nil; {
+		idle := pub.Counters().Idle
+		p := rawPeer(t, pub.Endpoint(), "SUB")
+		if err := p.WriteMsg([][]byte{{1}}); err == nil {
+			waitFor(t, "the subscription, or the peer dropped for idling", func() bool {
+				return pub.Subscribers(nil) == 1 || pub.Counters().Idle > idle
+			})
+			if pub.Subscribers(nil) == 1 {
+				subscribed = p
+				break
+			}
+		}
+		p.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("no peer's subscription reached the socket within its idle bound in %v", waitTimeout)
+		}
 	}
-	waitFor(t, "the subscription", func() bool { return pub.Subscribers(nil) == 1 })
+	idle := pub.Counters().Idle // peers dropped while subscribing
 
 	silent := rawPeer(t, pub.Endpoint(), "SUB")
 	closedByPeer(t, silent, "a peer that never subscribes")
-	waitFor(t, "the silent peer to be counted", func() bool { return pub.Counters().Idle == 1 })
+	waitFor(t, "the silent peer to be counted", func() bool { return pub.Counters().Idle == idle+1 })
 
 	// The subscribed peer has been silent for longer than Idle by now.
 	if n := pub.Subscribers(nil); n != 1 {
@@ -318,7 +336,7 @@ func TestIdlePeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	closedByPeer(t, subscribed, "a subscriber stalled in a message")
-	waitFor(t, "the stalled subscriber to be counted", func() bool { return pub.Counters().Idle == 2 })
+	waitFor(t, "the stalled subscriber to be counted", func() bool { return pub.Counters().Idle == idle+2 })
 
 	// A ROUTER: a client that asked for 16 MiB of replies and reads none
 	// yet is busy, not idle; one that sends nothing is dropped.
@@ -327,14 +345,50 @@ func TestIdlePeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close(0)
-	slow := rawPeer(t, r.Endpoint(), "DEALER")
-	slow.Limits.Frame, slow.Limits.Bytes = 1<<20, 1<<20
-	if err := slow.WriteMsg([][]byte{{}, []byte("replay")}); err != nil {
-		t.Fatal(err)
-	}
-	req, err := r.Recv(nil)
-	if err != nil {
-		t.Fatal(err)
+	// A client that asks at once (again with a new one, where the socket
+	// dropped it for idling before its request came).
+	var slow *Conn
+	var req [][]byte
+	for deadline := time.Now().Add(waitTimeout); slow == nil; {
+		idle := r.Counters().Idle
+		p := rawPeer(t, r.Endpoint(), "DEALER")
+		p.Limits.Frame, p.Limits.Bytes = 1<<20, 1<<20
+		if err := p.WriteMsg([][]byte{{}, []byte("replay")}); err != nil {
+			p.Close()
+			continue
+		}
+		type recv struct {
+			m   [][]byte
+			err error
+		}
+		cancel, got := make(chan struct{}), make(chan recv, 1)
+		go func() {
+			m, err := r.Recv(cancel)
+			got <- recv{m, err}
+		}()
+		var g recv
+		received := false
+		waitFor(t, "the request, or the client dropped for idling", func() bool {
+			select {
+			case g = <-got:
+				received = true
+				return true
+			default:
+				return r.Counters().Idle > idle
+			}
+		})
+		if !received {
+			close(cancel)
+			g = <-got
+		}
+		if g.err == nil {
+			slow, req = p, g.m
+			break
+		}
+		p.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("no client's request reached the socket within its idle bound in %v", waitTimeout)
+		}
 	}
 	reply := make([]byte, 256<<10)
 	for range 64 {
