@@ -825,9 +825,11 @@ func openP2P(broken string) (prod, cons connectortest.OpenFunc, gate *connectort
 				}
 				engines = append(engines, eng)
 			}
-			// A short keep_timeout: a broken consumer that never reads leaves
-			// offers that only the timeout releases.
-			cfg.Connector, cfg.Role, cfg.Extra = p2p.Name, r, map[string]any{"keep_timeout": "1s"}
+			// A keep_timeout shorter than the harness's minute: a broken
+			// consumer that never reads leaves offers that only the timeout
+			// releases; and long enough that no pause of a loaded machine
+			// between an offer and its read withdraws it.
+			cfg.Connector, cfg.Role, cfg.Extra = p2p.Name, r, map[string]any{"keep_timeout": "20s"}
 			s, ws, err := p2p.New(cfg, env, engines...)
 			if err != nil {
 				return connectortest.Pair{}, errors.Join(err, closeEngines())
@@ -912,7 +914,7 @@ func openP2PShm(broken string) (prod, cons connectortest.OpenFunc) {
 			n++
 			cfg.Connector, cfg.Role = p2p.Name, r
 			cfg.EngineID = fmt.Sprintf("%s-%d-%d", r, os.Getpid(), n)
-			cfg.Extra = map[string]any{"transfer": p2p.TransferShm, "keep_timeout": "1s"}
+			cfg.Extra = map[string]any{"transfer": p2p.TransferShm, "keep_timeout": "20s"} // as in openP2P
 			s, err := connector.OpenPlanner(cfg, env)
 			if err != nil {
 				return connectortest.Pair{}, err

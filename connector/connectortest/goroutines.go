@@ -84,6 +84,17 @@ func blocked(state string) bool {
 	return false
 }
 
+// waitsOn reports whether goroutine id exists and waits for something
+// (it is neither running, nor runnable, nor in a system call).
+func waitsOn(id uint64) bool {
+	for _, g := range dump() {
+		if g.id == id {
+			return g.state != "running" && g.state != "runnable" && g.state != "syscall"
+		}
+	}
+	return false
+}
+
 // packageOf returns the import path of the package that defines v's type
 // (or the type it points to), or "".
 func packageOf(v any) string {

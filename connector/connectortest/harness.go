@@ -580,13 +580,17 @@ func closeInFlight(t *testing.T, open OpenFunc, opts Options) {
 // closeHeld closes both halves of e, as an engine shutting down does,
 // while its loads wait where the harness holds them (in the store or in
 // Options.Gate); release lets them go, for a Close that waits for running
-// transfers. It then checks that nothing writes e's KV memory once Close
-// returned.
+// transfers: once Close has run for probeGrace and its goroutine waits
+// (blocked, not running or runnable), so that a Close that returns at once
+// returns before, however slowly the machine schedules it. It then checks
+// that nothing writes e's KV memory once Close returned.
 func (w *world) closeHeld(e *engine, release func(), what string) {
 	t := w.t
 	t.Helper()
 	closed := make(chan error, 1)
+	closing := make(chan uint64, 1)
 	go func() {
+		closing <- currentGoroutine()
 		var errs []error
 		for rank, wk := range e.pair.Workers {
 			if err := wk.Close(); err != nil {
@@ -598,16 +602,26 @@ func (w *world) closeHeld(e *engine, release func(), what string) {
 		}
 		closed <- errors.Join(errs...)
 	}()
+	gid := <-closing
+	start := time.Now()
+	released := false
 	var err error
-	select {
-	case err = <-closed:
-	case <-time.After(probeGrace):
-		release() // for a Close that waits for running transfers
+	var p pause
+wait:
+	for {
 		select {
 		case err = <-closed:
-		case <-time.After(waitBound):
+			break wait
+		default:
+		}
+		if !released && time.Since(start) >= probeGrace && waitsOn(gid) {
+			release() // for a Close that waits for running transfers
+			released = true
+		}
+		if time.Since(start) > waitBound {
 			w.gaveUp("Close of the halves had not returned %v after it began, with %s of 256 KiB blocks in flight: Close cancels what is queued and waits only for what runs", waitBound, what)
 		}
+		p.sleep()
 	}
 	if err != nil {
 		t.Fatalf("%v", err)

@@ -65,8 +65,9 @@ func TestExistsPresenceOnly(t *testing.T) {
 // TestDialKeepsContext dials a server that takes the hello and never
 // answers it: Dial returns its context's error when the context ends (its
 // deadline passes, or it is canceled once the hello arrived), not
-// CancelWait (a minute here) later. The bound of 20 s is ten times the
-// deadline: a Dial that waited CancelWait would pass it by far.
+// CancelWait (an hour here) later. The bound of 5 minutes is far past
+// the deadline, and far short of what a Dial that waited CancelWait
+// would take.
 func TestDialKeepsContext(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -118,7 +119,7 @@ func TestDialKeepsContext(t *testing.T) {
 					cancel()
 				}()
 			}
-			opts := remote.ClientOptions{Conns: 1, CallTimeout: time.Hour, CancelWait: time.Minute}
+			opts := remote.ClientOptions{Conns: 1, CallTimeout: time.Hour, CancelWait: time.Hour}
 			begin := time.Now()
 			c, err := remote.Dial(ctx, "unix", path, opts)
 			took := time.Since(begin)
@@ -128,7 +129,7 @@ func TestDialKeepsContext(t *testing.T) {
 			if !errors.Is(err, tc.want) {
 				t.Errorf("Dial of a server that never answers the hello = %v, want %v", err, tc.want)
 			}
-			if took > 20*time.Second {
+			if took > 5*time.Minute {
 				t.Errorf("Dial returned %v after it began, past its context's end (2 s at most) by far: it waited for CancelWait", took)
 			}
 		})
