@@ -60,7 +60,9 @@
 // # Concurrency
 //
 // A Store is safe for concurrent use if its tiers are. Gets and Exists run
-// in parallel; a put, promotion or removal holds the stripes of its keys
+// in parallel (one that misses a key while a put of that key is in flight
+// waits for the put, or its context, and looks again); a put, promotion
+// or removal holds the stripes of its keys
 // (RemovePrefix and RemoveAll hold all of them). Close waits for the calls
 // in flight and the write-back goroutine, then closes the tiers.
 package tiered

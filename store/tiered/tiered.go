@@ -53,11 +53,19 @@ type Store struct {
 	// so that a value read before a removal and a new put does not come
 	// back over the new one.
 	changes [nStripes]atomic.Uint64
-	// held counts, per stripe, the takings and releases of its lock: it
-	// is odd while the lock is held. A key that every tier missed is
-	// looked for again under its stripe if the stripe was held at any
-	// time since the call began (see heldSince).
-	held [nStripes]atomic.Uint64
+	// putting holds, for each key that a put is writing into the tiers
+	// now, a channel that the put closes once it has written them (see
+	// putsOf): a write-through put stores into the top tier first, and
+	// the top tier may evict the key, or fail its read, before the put
+	// reaches the tiers below; a Get or Exists that began while the put
+	// was in flight and missed the key in every tier waits for the put
+	// and looks again, so that it does not miss a key another reader may
+	// have read already. n counts the keys held, so that calls look in m
+	// only while some put is in flight.
+	putting struct {
+		n atomic.Int64
+		m sync.Map // key → chan struct{}
+	}
 
 	life struct {
 		sync.RWMutex
@@ -241,7 +249,6 @@ func (s *Store) lockSet(set *stripeSet) {
 	for k := range nStripes {
 		if set[k/64]&(1<<(k%64)) != 0 {
 			s.stripes[k].Lock()
-			s.held[k].Add(1)
 		}
 	}
 }
@@ -259,20 +266,39 @@ func (s *Store) changed(set *stripeSet) {
 func (s *Store) unlock(set *stripeSet) {
 	for k := nStripes - 1; k >= 0; k-- {
 		if set[k/64]&(1<<(k%64)) != 0 {
-			s.held[k].Add(1)
 			s.stripes[k].Unlock()
 		}
 	}
 }
 
-// heldSince reports whether the stripe of key was held at any time since
-// held[stripe] read h: a put, removal or move of one of its keys that was
-// in flight then, or began since, may have left the key in no tier for a
-// while (a write-through put stores into the top tier first, and the top
-// tier may evict it or fail its read before the put reaches the tiers
-// below).
-func (s *Store) heldSince(key string, h uint64) bool {
-	return h%2 == 1 || s.held[s.stripe(key)].Load() != h
+// putOf returns the channel of a put of key in flight now, or nil.
+func (s *Store) putOf(key string) chan struct{} {
+	if s.putting.n.Load() == 0 {
+		return nil
+	}
+	if ch, ok := s.putting.m.Load(key); ok {
+		return ch.(chan struct{})
+	}
+	return nil
+}
+
+// awaitPuts waits for the puts wait[i] of the keys of idx, and returns
+// the keys whose put ended. If ctx ends first, the keys whose put had not
+// ended get ctx's error in res.
+func awaitPuts(ctx context.Context, idx []int, wait []chan struct{}, res []store.Result) []int {
+	var done []int
+	for j, i := range idx {
+		select {
+		case <-wait[i]:
+			done = append(done, i)
+		case <-ctx.Done():
+			for _, i := range idx[j:] {
+				res[i] = store.Result{Err: ctx.Err()}
+			}
+			return done
+		}
+	}
+	return done
 }
 
 // final reports whether a per-key error of a tier ends the key's search:
@@ -334,6 +360,8 @@ func pick[T any](all []T, idx []int) []T {
 // Exists looks each key up top down and stops at the first tier that has
 // it: res[i].N is the size that tier reports. A tier that fails a key
 // (or a whole call) lets the next tier try; the last tier's error stands.
+// As in Get, a key that no tier had while a put of it was in flight is
+// looked for again once the put ended.
 func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) error {
 	return s.exists(ctx, keys, res, nil)
 }
@@ -412,49 +440,43 @@ func (s *Store) exists(ctx context.Context, keys []string, res []store.Result, t
 }
 
 // lookup runs Exists down the tiers for keys[idx], writing res, and
-// returns per key (by position in idx) the tier that has it, or -1. The
-// caller holds none of the keys' stripes.
+// returns per key (by position in idx) the tier that has it, or -1.
 func (s *Store) lookup(ctx context.Context, keys []string, idx []int, res []store.Result) []int {
 	at := make([]int, len(idx))
 	for j := range at {
 		at[j] = -1
 	}
-	held := make([]uint64, len(idx)) // each key's stripe's lock count before the lookups
-	for j, i := range idx {
-		held[j] = s.held[s.stripe(keys[i])].Load()
+	wait := make([]chan struct{}, len(keys)) // each key's put in flight
+	for _, i := range idx {
+		wait[i] = s.putOf(keys[i])
 	}
 	left := make([]int, len(idx)) // positions in idx
 	for j := range left {
 		left[j] = j
 	}
 	left = s.lookupTiers(ctx, keys, idx, left, res, at)
-	// As in a Get, a key that no tier had is looked for again under its
-	// stripe where a tier failed it or its stripe was held meanwhile.
+	// As in a Get, a key that no tier had while a put of it was in flight
+	// is looked for again once the put ended.
 	var again []int
 	for _, p := range left {
-		i := idx[p]
-		if err := res[i].Err; errors.Is(err, store.ErrNotFound) && (err != store.ErrNotFound || s.heldSince(keys[i], held[p])) {
-			again = append(again, p)
+		if i := idx[p]; wait[i] != nil && errors.Is(res[i].Err, store.ErrNotFound) {
+			again = append(again, i)
 		}
 	}
 	if len(again) > 0 {
-		set := s.lockKeys(keys, pickIdx(idx, again))
-		for _, p := range again {
-			res[idx[p]] = store.Result{Err: store.ErrNotFound}
+		again = awaitPuts(ctx, again, wait, res)
+		pos := make(map[int]int, len(idx)) // key index → position in idx
+		for p, i := range idx {
+			pos[i] = p
 		}
-		s.lookupTiers(ctx, keys, idx, again, res, at)
-		s.unlock(set)
+		var ps []int
+		for _, i := range again {
+			res[i] = store.Result{Err: store.ErrNotFound}
+			ps = append(ps, pos[i])
+		}
+		s.lookupTiers(ctx, keys, idx, ps, res, at)
 	}
 	return at
-}
-
-// pickIdx returns idx[p] for each p of ps.
-func pickIdx(idx, ps []int) []int {
-	out := make([]int, len(ps))
-	for j, p := range ps {
-		out[j] = idx[p]
-	}
-	return out
 }
 
 // lookupTiers runs Exists down the tiers for the keys keys[idx[p]] of
@@ -568,8 +590,8 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 	for _, i := range idx {
 		look[i] = store.Result{Err: store.ErrNotFound}
 	}
-	// (The stripes are held: no put of these keys is in flight, and a
-	// miss is a miss.)
+	// (The stripes are held: no other put of these keys is in flight, and
+	// a miss is a miss.)
 	at := make([]int, len(idx))
 	for j := range at {
 		at[j] = -1
@@ -603,6 +625,23 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 	}
 
 	tried := slices.Clone(todo)
+	// The keys' puts are in flight from here until every tier is written
+	// (see putting).
+	if len(tried) > 0 {
+		chs := make([]chan struct{}, len(tried))
+		s.putting.n.Add(int64(len(tried)))
+		for j, i := range tried {
+			chs[j] = make(chan struct{})
+			s.putting.m.Store(keys[i], chs[j])
+		}
+		defer func() {
+			for j, i := range tried {
+				s.putting.m.Delete(keys[i])
+				close(chs[j])
+			}
+			s.putting.n.Add(-int64(len(tried)))
+		}()
+	}
 	stored := make([]bool, len(keys))
 	errs := make([]error, len(keys))
 	for ti, t := range s.tiers {
@@ -706,12 +745,13 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 // tiers below the one it was found in. A tier that fails a key with an
 // error other than the caller's own (store.ErrBufferTooSmall,
 // store.ErrInvalidKey, store.ErrInvalidRegion) or the context's lets the
-// next tier try; the last tier's error stands. A key that a tier failed
-// and the tiers below did not have is looked for again once no put or
-// removal of it is in flight, so that a write-through put that has
-// reached only the top tier yet is not read as a miss. A tier that fails a key
-// may have written into dst[i] before a lower tier's value is copied over
-// it.
+// next tier try; the last tier's error stands. A key that no tier had
+// while a put of it was in flight is looked for again once that put has
+// written every tier (or the call's context ended: its error stands for
+// the key), so that a write-through put that has reached only the top
+// tier, which then lost the key or failed its read, is not read as a
+// miss. A tier that fails a key may have written into dst[i] before a
+// lower tier's value is copied over it.
 func (s *Store) Get(ctx context.Context, keys []string, dst []rdma.Region, res []store.Result) error {
 	return s.getBatch(ctx, keys, len(dst), func(i int) []rdma.Region { return dst[i : i+1] }, dst, res, nil)
 }
@@ -773,13 +813,12 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 		}
 	}
 	at := make([]int, len(keys))
-	seen := make([]uint64, len(keys)) // each key's stripe's changes before the reads
-	held := make([]uint64, len(keys)) // and its lock's count
+	seen := make([]uint64, len(keys))        // each key's stripe's changes before the reads
+	wait := make([]chan struct{}, len(keys)) // and its put in flight
 	for _, i := range left {
 		res[i] = store.Result{Err: store.ErrNotFound}
-		k := s.stripe(keys[i])
-		seen[i] = s.changes[k].Load()
-		held[i] = s.held[k].Load()
+		seen[i] = s.changes[s.stripe(keys[i])].Load()
+		wait[i] = s.putOf(keys[i])
 	}
 	read := func(left []int, pre []store.Result) {
 		for ti, t := range s.tiers {
@@ -822,25 +861,20 @@ func (s *Store) getBatch(ctx context.Context, keys []string, ndst int, dst func(
 		}
 	}
 	read(left, pre)
-	// A key that no tier had is looked for again under its stripe where a
-	// tier failed it, or where its stripe was held since the reads began:
-	// a write-through put in flight, which holds it, may have stored the
-	// key into the top tier but not yet below, and the top tier may have
-	// evicted it or failed its read meanwhile; it must not be a miss of a
-	// key that a reader may have read already.
+	// A key that no tier had while a put of it was in flight is looked
+	// for again once the put ended (see putting).
 	var again []int
 	for _, i := range left {
-		if err := res[i].Err; errors.Is(err, store.ErrNotFound) && (err != store.ErrNotFound || s.heldSince(keys[i], held[i])) {
+		if wait[i] != nil && errors.Is(res[i].Err, store.ErrNotFound) {
 			again = append(again, i)
 		}
 	}
 	if len(again) > 0 {
-		set := s.lockKeys(keys, again)
+		again = awaitPuts(ctx, again, wait, res)
 		for _, i := range again {
 			res[i] = store.Result{Err: store.ErrNotFound}
 		}
 		read(again, nil)
-		s.unlock(set)
 	}
 	var hits, misses, bytesOut int64
 	var moved []int

@@ -410,20 +410,26 @@ func (f *failingGets) Exists(ctx context.Context, keys []string, res []store.Res
 // TestMissConfirmedUnderPut: while a write-through put has stored a key
 // in the top tier and not yet below, a Get or an Exists whose top tier
 // fails it, or no longer has it (evicted), and whose lower tier misses
-// does not answer a miss: it waits for the put.
+// does not answer a miss: it waits for the put. Such a wait ends with the
+// call's context; and a call that misses another key does not wait.
 func TestMissConfirmedUnderPut(t *testing.T) {
-	for _, lost := range []bool{false, true} {
-		for _, op := range []string{"Get", "Exists"} {
-			name := op + "/TopFails"
-			if lost {
-				name = op + "/TopLostIt"
+	for _, how := range []string{"", "Canceled", "OtherKey"} {
+		for _, lost := range []bool{false, true} {
+			for _, op := range []string{"Get", "Exists"} {
+				name := op + "/TopFails"
+				if lost {
+					name = op + "/TopLostIt"
+				}
+				if how != "" {
+					name += "/" + how
+				}
+				t.Run(name, func(t *testing.T) { missConfirmedUnderPut(t, op, lost, how) })
 			}
-			t.Run(name, func(t *testing.T) { missConfirmedUnderPut(t, op, lost) })
 		}
 	}
 }
 
-func missConfirmedUnderPut(t *testing.T, op string, lost bool) {
+func missConfirmedUnderPut(t *testing.T, op string, lost bool, how string) {
 	ramStore, err := memstore.New(memstore.Config{Capacity: 1 << 20, Shards: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -441,9 +447,17 @@ func missConfirmedUnderPut(t *testing.T, op string, lost bool) {
 	t.Cleanup(func() { s.Close() })
 	const key = "k"
 	src, dst := fill(host(t, 4096), 1), host(t, 4096)
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(low.release) }) }
+	putDone := make(chan struct{})
+	t.Cleanup(func() { // before the memory is freed, on a failure too
+		release()
+		<-putDone
+	})
 	low.armed.Store(true)
 	put := make(chan error, 1)
 	go func() {
+		defer close(putDone)
 		res := []store.Result{{}}
 		err := s.Put(bg, []string{key}, []rdma.Region{src}, res)
 		put <- errors.Join(err, res[0].Err)
@@ -459,13 +473,19 @@ func missConfirmedUnderPut(t *testing.T, op string, lost bool) {
 	}
 	ram.armed.Store(true)
 	got := make(chan error, 1)
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	asked := key
+	if how == "OtherKey" {
+		asked = "other"
+	}
 	go func() {
 		res := []store.Result{{}}
 		var err error
 		if op == "Get" {
-			err = s.Get(bg, []string{key}, []rdma.Region{dst}, res)
+			err = s.Get(ctx, []string{asked}, []rdma.Region{dst}, res)
 		} else {
-			err = s.Exists(bg, []string{key}, res)
+			err = s.Exists(ctx, []string{asked}, res)
 		}
 		got <- errors.Join(err, res[0].Err)
 	}()
@@ -475,7 +495,38 @@ func missConfirmedUnderPut(t *testing.T, op string, lost bool) {
 	case <-time.After(time.Minute):
 		t.Fatalf("the %s did not look in the lower tier in a minute", op)
 	}
-	close(low.release)
+	switch how {
+	case "Canceled":
+		cancel()
+		select {
+		case err := <-got:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("%s canceled while it waited for a put in flight = %v, want context.Canceled", op, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s canceled while it waited for a put in flight had not returned a minute later", op)
+		}
+		release()
+		if err := <-put; err != nil {
+			t.Fatalf("Put = %v", err)
+		}
+		return
+	case "OtherKey":
+		select {
+		case err := <-got:
+			if !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("%s of another key while a put was in flight = %v, want store.ErrNotFound", op, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s of another key waited a minute for a put in flight of another key", op)
+		}
+		release()
+		if err := <-put; err != nil {
+			t.Fatalf("Put = %v", err)
+		}
+		return
+	}
+	release()
 	if err := <-put; err != nil {
 		t.Fatalf("Put = %v", err)
 	}
