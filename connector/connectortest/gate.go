@@ -1,6 +1,7 @@
 package connectortest
 
 import (
+	"context"
 	"sync"
 
 	"github.com/kvconnect/kvconnect/rdma"
@@ -13,8 +14,8 @@ import (
 // store-sharing connector's while its gets wait in the store. Wrap the
 // consumer's transfer engines with Engine before the connector opens on
 // them; a gate that holds nothing passes every call through unchanged.
-// A Gate's zero value is not usable: make one with NewGate. It is safe
-// for concurrent use.
+// A Gate's zero value is ready to use, as is NewGate's. It is safe for
+// concurrent use.
 type Gate struct {
 	mu      sync.Mutex
 	held    bool
@@ -22,14 +23,17 @@ type Gate struct {
 	release chan struct{}
 	reached int // submits that waited since hold
 	waiting int // submits waiting now
-	inner   int // submits in the wrapped batch's Submit now
+	pending int // batches whose submitted requests were not seen to end
 }
 
 // NewGate returns a gate that holds nothing.
 func NewGate() *Gate { return &Gate{} }
 
 // Engine returns e with every batch's Submit passing through the gate.
-// The engine's other methods are e's.
+// The engine's other methods are e's. The result is not e's concrete
+// type: a connector that type-asserts its engine (p2p does, for an
+// rdma/shm engine's memory) cannot be gated; use engines it takes as
+// rdma.Engine, such as rdma.Loopback's.
 func (g *Gate) Engine(e rdma.Engine) rdma.Engine { return gatedEngine{e, g} }
 
 type gatedEngine struct {
@@ -42,17 +46,53 @@ func (e gatedEngine) NewBatch(size int) (rdma.Batch, error) {
 	if err != nil {
 		return nil, err
 	}
-	return gatedBatch{b, e.g}, nil
+	return &gatedBatch{Batch: b, g: e.g}, nil
 }
 
+// A gatedBatch counts itself pending from a Submit until a Wait or Poll
+// saw its requests end, or a Release: until then the engine may still
+// move bytes of it, and the harness waits (settle) before it compares
+// memory.
 type gatedBatch struct {
 	rdma.Batch
-	g *Gate
+	g       *Gate
+	pending bool // guarded by g.mu
+}
+
+func (b *gatedBatch) ended() {
+	b.g.mu.Lock()
+	defer b.g.mu.Unlock()
+	if b.pending {
+		b.pending = false
+		b.g.pending--
+	}
+}
+
+func (b *gatedBatch) Wait(ctx context.Context) error {
+	err := b.Batch.Wait(ctx)
+	if ctx.Err() == nil {
+		b.ended()
+	}
+	return err
+}
+
+func (b *gatedBatch) Poll() (bool, error) {
+	done, err := b.Batch.Poll()
+	if done {
+		b.ended()
+	}
+	return done, err
+}
+
+func (b *gatedBatch) Release() error {
+	err := b.Batch.Release()
+	b.ended()
+	return err
 }
 
 // Submit waits while the gate holds reads into the memory of reqs, then
 // submits.
-func (b gatedBatch) Submit(reqs []rdma.Request) error {
+func (b *gatedBatch) Submit(reqs []rdma.Request) error {
 	g := b.g
 	g.mu.Lock()
 	if g.held && g.reads(reqs) {
@@ -64,14 +104,17 @@ func (b gatedBatch) Submit(reqs []rdma.Request) error {
 		g.mu.Lock()
 		g.waiting--
 	}
-	g.inner++
+	was := b.pending
+	if !b.pending {
+		b.pending = true
+		g.pending++
+	}
 	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		g.inner--
-		g.mu.Unlock()
-	}()
-	return b.Batch.Submit(reqs)
+	err := b.Batch.Submit(reqs)
+	if err != nil && !was {
+		b.ended() // nothing of it was submitted
+	}
+	return err
 }
 
 // reads reports whether a request of reqs reads into the held memory.
@@ -120,12 +163,13 @@ func (g *Gate) heldSince() int {
 	return g.reached
 }
 
-// inFlight returns how many submits wait in the gate or run.
+// inFlight returns how many submits wait in the gate, and how many
+// batches have requests that the engine may still move.
 func (g *Gate) inFlight() int {
 	if g == nil {
 		return 0
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.waiting + g.inner
+	return g.waiting + g.pending
 }

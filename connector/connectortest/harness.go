@@ -242,6 +242,9 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 		t.Fatal("connectortest: Options.NewStore is nil")
 	}
 	opts.gaveUp = new(string)
+	if opts.Gate != nil && (opts.OpenConsumer == nil || opts.ConsumerProcess) {
+		t.Fatal("connectortest: Options.Gate is set without Options.OpenConsumer, or with Options.ConsumerProcess: it holds the transfers of a consumer in this process")
+	}
 	if opts.ConsumerProcess {
 		if opts.OpenConsumer == nil {
 			t.Fatal("connectortest: Options.ConsumerProcess is set without Options.OpenConsumer")
@@ -581,8 +584,10 @@ func closeInFlight(t *testing.T, open OpenFunc, opts Options) {
 // while its loads wait where the harness holds them (in the store or in
 // Options.Gate); release lets them go, for a Close that waits for running
 // transfers: once Close has run for probeGrace and its goroutine waits
-// (blocked, not running or runnable), so that a Close that returns at once
-// returns before, however slowly the machine schedules it. It then checks
+// (blocked, not running, runnable or in a system call, at two looks in a
+// row), so that a Close that returns at once returns before, however
+// slowly the machine schedules it; or after closeFallback, for a Close
+// that waits in a way that looks busy. It then checks
 // that nothing writes e's KV memory once Close returned.
 func (w *world) closeHeld(e *engine, release func(), what string) {
 	t := w.t
@@ -605,6 +610,7 @@ func (w *world) closeHeld(e *engine, release func(), what string) {
 	gid := <-closing
 	start := time.Now()
 	released := false
+	looks := 0
 	var err error
 	var p pause
 wait:
@@ -614,9 +620,20 @@ wait:
 			break wait
 		default:
 		}
-		if !released && time.Since(start) >= probeGrace && waitsOn(gid) {
-			release() // for a Close that waits for running transfers
-			released = true
+		// For a Close that waits for running transfers: once it waits
+		// (seen at two looks in a row), or, for one that waits in a way
+		// that looks busy (a system call, a spin), after closeFallback.
+		if !released {
+			el := time.Since(start)
+			if el >= probeGrace && waitsOn(gid) {
+				looks++
+			} else {
+				looks = 0
+			}
+			if looks >= 2 || el >= closeFallback {
+				release()
+				released = true
+			}
 		}
 		if time.Since(start) > waitBound {
 			w.gaveUp("Close of the halves had not returned %v after it began, with %s of 256 KiB blocks in flight: Close cancels what is queued and waits only for what runs", waitBound, what)
@@ -638,6 +655,10 @@ wait:
 		}
 	}
 }
+
+// closeFallback is how long closeHeld holds the loads of a Close that
+// never looks as if it waited.
+const closeFallback = 10 * time.Second
 
 // handoffCloseInFlight is CloseInFlight for a disaggregated connector:
 // the consumer's halves close while its loads of 256 KiB blocks from the

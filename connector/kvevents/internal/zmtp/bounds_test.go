@@ -355,6 +355,9 @@ func TestIdlePeers(t *testing.T) {
 		p.Limits.Frame, p.Limits.Bytes = 1<<20, 1<<20
 		if err := p.WriteMsg([][]byte{{}, []byte("replay")}); err != nil {
 			p.Close()
+			if time.Now().After(deadline) {
+				t.Fatalf("no client could send its request in %v: %v", waitTimeout, err)
+			}
 			continue
 		}
 		type recv struct {
