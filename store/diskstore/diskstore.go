@@ -53,6 +53,10 @@ type Store struct {
 		closed bool
 	}
 
+	// closing runs the closes of evicted segments' files (see unpin),
+	// which Close waits for.
+	closing sync.WaitGroup
+
 	mu struct {
 		sync.Mutex
 		index   map[uint64]loc
@@ -354,7 +358,13 @@ func (s *Store) unpin(seg *segment) {
 	closeNow := seg.dead && seg.pins == 0
 	s.mu.Unlock()
 	if closeNow {
-		seg.close()
+		// The last close of a deleted file frees its pages in the page
+		// cache and its blocks on disk: about a millisecond per 8 MiB
+		// cached, tens of milliseconds for a segment of 256 MiB. It runs
+		// on a goroutine of its own, so that the put whose roll evicted
+		// the segment (or the get that read from it last) does not wait
+		// for it; Close waits for it.
+		s.closing.Go(seg.close)
 	}
 }
 
@@ -1102,6 +1112,7 @@ func (s *Store) closeFiles() error {
 	s.mu.order, s.mu.segs, s.mu.index = nil, map[uint32]*segment{}, map[uint64]loc{}
 	s.mu.keys, s.mu.bytes = 0, 0
 	s.mu.Unlock()
+	s.closing.Wait() // every file closed before the directory is free
 	if err := s.lock.Close(); err != nil {
 		return fmt.Errorf("diskstore: close: %w", err)
 	}

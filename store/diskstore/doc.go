@@ -8,8 +8,11 @@
 // value is visible only once its record is written whole. The store is
 // bounded by Config.Capacity bytes of files: when a new segment would go
 // past it, the oldest segment is deleted with every value in it (a cache
-// may drop; Stats.Evictions counts them). Removals append tombstones, so
-// that what was removed stays removed after a restart.
+// may drop; Stats.Evictions counts them). The deleted file's last close,
+// which frees its pages in the page cache and its blocks on disk (tens of
+// milliseconds for a large segment), runs on a goroutine of its own, not
+// in the Put that evicted it; Close waits for it. Removals append
+// tombstones, so that what was removed stays removed after a restart.
 //
 // Open rebuilds the index by reading the records' headers, so a restarted
 // process finds every value its predecessor stored whole: the index holds
