@@ -53,9 +53,18 @@ type Store struct {
 		closed bool
 	}
 
-	// closing runs the closes of evicted segments' files (see unpin),
-	// which Close waits for.
-	closing sync.WaitGroup
+	// closes are the closes of evicted segments' files running on
+	// goroutines of their own (see unpin), each done channel closed when
+	// its file is: a put that finds the disk full waits for them, and so
+	// does Close.
+	closes struct {
+		sync.Mutex
+		pending map[*segment]chan struct{}
+	}
+
+	// closeHook, when set (by tests), runs on a close's goroutine once
+	// the file is closed.
+	closeHook func()
 
 	mu struct {
 		sync.Mutex
@@ -358,14 +367,50 @@ func (s *Store) unpin(seg *segment) {
 	closeNow := seg.dead && seg.pins == 0
 	s.mu.Unlock()
 	if closeNow {
-		// The last close of a deleted file frees its pages in the page
-		// cache and its blocks on disk: about a millisecond per 8 MiB
-		// cached, tens of milliseconds for a segment of 256 MiB. It runs
-		// on a goroutine of its own, so that the put whose roll evicted
-		// the segment (or the get that read from it last) does not wait
-		// for it; Close waits for it.
-		s.closing.Go(seg.close)
+		s.closeLater(seg)
 	}
+}
+
+// closeLater closes the files of seg, evicted and unpinned, on a
+// goroutine of its own. The last close of a deleted file frees its pages
+// in the page cache and its blocks on disk: about a millisecond per 8 MiB
+// cached, tens of milliseconds for a segment of 256 MiB. The put whose
+// roll evicted the segment (or the get that read from it last) does not
+// wait for that, unless its write finds the disk full (see writeRun).
+func (s *Store) closeLater(seg *segment) {
+	done := make(chan struct{})
+	s.closes.Lock()
+	if s.closes.pending == nil {
+		s.closes.pending = make(map[*segment]chan struct{})
+	}
+	s.closes.pending[seg] = done
+	s.closes.Unlock()
+	hook := s.closeHook
+	go func() {
+		seg.close()
+		if hook != nil {
+			hook()
+		}
+		s.closes.Lock()
+		delete(s.closes.pending, seg)
+		s.closes.Unlock()
+		close(done)
+	}()
+}
+
+// waitCloses waits for the closes of evicted segments running now, and
+// reports whether there were any.
+func (s *Store) waitCloses() bool {
+	s.closes.Lock()
+	var chans []chan struct{}
+	for _, c := range s.closes.pending {
+		chans = append(chans, c)
+	}
+	s.closes.Unlock()
+	for _, c := range chans {
+		<-c
+	}
+	return len(chans) > 0
 }
 
 func (seg *segment) close() {
@@ -614,7 +659,14 @@ func (s *Store) writeRun(keys []string, recs []pendingRec, errs []error, hbuf []
 		}
 	}
 	_ = hbuf
-	if _, err := s.writev(seg.f, bufs, start); err != nil {
+	_, err := s.writev(seg.f, bufs, start)
+	if err != nil && isNoSpace(err) && s.waitCloses() {
+		// The disk is full, and evicted segments' files are still being
+		// closed: their blocks are freed only then. Once they are, write
+		// again (over whatever part of the run was written).
+		_, err = s.writev(seg.f, bufs, start)
+	}
+	if err != nil {
 		base := store.ErrTransfer
 		if isNoSpace(err) {
 			base = store.ErrNoSpace
@@ -1112,7 +1164,7 @@ func (s *Store) closeFiles() error {
 	s.mu.order, s.mu.segs, s.mu.index = nil, map[uint32]*segment{}, map[uint64]loc{}
 	s.mu.keys, s.mu.bytes = 0, 0
 	s.mu.Unlock()
-	s.closing.Wait() // every file closed before the directory is free
+	s.waitCloses() // every file closed before the directory is free
 	if err := s.lock.Close(); err != nil {
 		return fmt.Errorf("diskstore: close: %w", err)
 	}

@@ -11,8 +11,10 @@
 // may drop; Stats.Evictions counts them). The deleted file's last close,
 // which frees its pages in the page cache and its blocks on disk (tens of
 // milliseconds for a large segment), runs on a goroutine of its own, not
-// in the Put that evicted it; Close waits for it. Removals append
-// tombstones, so that what was removed stays removed after a restart.
+// in the Put that evicted it; a put whose write finds the disk full while
+// such closes run waits for them and writes again, and Close waits for
+// them. Removals append tombstones, so that what was removed stays
+// removed after a restart.
 //
 // Open rebuilds the index by reading the records' headers, so a restarted
 // process finds every value its predecessor stored whole: the index holds

@@ -23,3 +23,10 @@ func ValueOffset(off int64, klen, size int) int64 { return valueOffset(off, klen
 // InPageCache is inPageCache, for tests of the choice between the page
 // cache and direct I/O.
 func InPageCache(f *os.File, off, n int64) bool { return inPageCache(f, off, n) }
+
+// WriteFile is the store's real vectored write of a segment.
+var WriteFile = writeFile
+
+// SetCloseHook sets a function that runs on the goroutine closing an
+// evicted segment's files, once they are closed.
+func SetCloseHook(s *Store, f func()) { s.closeHook = f }
