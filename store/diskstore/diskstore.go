@@ -54,16 +54,17 @@ type Store struct {
 	}
 
 	// closes are the closes of evicted segments' files running on
-	// goroutines of their own (see unpin), each done channel closed when
-	// its file is: a put that finds the disk full waits for them, and so
-	// does Close.
+	// goroutines of their own (see closeLater), each done channel closed
+	// when its files are: a write that finds the disk full waits for
+	// them, and so does Close. ended counts the closes that ended.
 	closes struct {
 		sync.Mutex
-		pending map[*segment]chan struct{}
+		running map[*segment]chan struct{}
+		ended   uint64
 	}
 
-	// closeHook, when set (by tests), runs on a close's goroutine once
-	// the file is closed.
+	// closeHook, when set (by tests), runs on a close's goroutine before
+	// the files are closed.
 	closeHook func()
 
 	mu struct {
@@ -163,11 +164,11 @@ func Open(cfg Config) (*Store, error) {
 	s.mu.Lock()
 	gone, err := s.roll()
 	s.mu.Unlock()
+	s.announceGone(gone) // unpins what the roll evicted, also when it failed
 	if err != nil {
 		s.closeFiles()
 		return nil, err
 	}
-	s.announceGone(gone)
 	return s, nil
 }
 
@@ -371,46 +372,76 @@ func (s *Store) unpin(seg *segment) {
 	}
 }
 
-// closeLater closes the files of seg, evicted and unpinned, on a
+// closeLater closes the files of seg, evicted and no longer read, on a
 // goroutine of its own. The last close of a deleted file frees its pages
 // in the page cache and its blocks on disk: about a millisecond per 8 MiB
-// cached, tens of milliseconds for a segment of 256 MiB. The put whose
-// roll evicted the segment (or the get that read from it last) does not
-// wait for that, unless its write finds the disk full (see writeRun).
+// cached, tens of milliseconds for a segment of 256 MiB. The call that
+// let go of the segment last (the put whose roll evicted it, or the get
+// or put that used it last) does not wait for that; a write that finds
+// the disk full does (see write).
 func (s *Store) closeLater(seg *segment) {
 	done := make(chan struct{})
 	s.closes.Lock()
-	if s.closes.pending == nil {
-		s.closes.pending = make(map[*segment]chan struct{})
+	if s.closes.running == nil {
+		s.closes.running = make(map[*segment]chan struct{})
 	}
-	s.closes.pending[seg] = done
+	s.closes.running[seg] = done
 	s.closes.Unlock()
 	hook := s.closeHook
 	go func() {
-		seg.close()
 		if hook != nil {
 			hook()
 		}
+		seg.close()
 		s.closes.Lock()
-		delete(s.closes.pending, seg)
+		delete(s.closes.running, seg)
+		s.closes.ended++
 		s.closes.Unlock()
 		close(done)
 	}()
 }
 
-// waitCloses waits for the closes of evicted segments running now, and
-// reports whether there were any.
-func (s *Store) waitCloses() bool {
+// closesEnded is how many closes of closeLater have ended.
+func (s *Store) closesEnded() uint64 {
+	s.closes.Lock()
+	defer s.closes.Unlock()
+	return s.closes.ended
+}
+
+// waitCloses waits for the closes of evicted segments running now.
+func (s *Store) waitCloses() {
 	s.closes.Lock()
 	var chans []chan struct{}
-	for _, c := range s.closes.pending {
+	for _, c := range s.closes.running {
 		chans = append(chans, c)
 	}
 	s.closes.Unlock()
 	for _, c := range chans {
 		<-c
 	}
-	return len(chans) > 0
+}
+
+// write is the vectored write of bufs into f at off. A write that finds
+// the disk full while files of evicted segments are being closed, or
+// were since it began, waits for those closes and writes again, once,
+// over whatever part of it was written: a deleted file's blocks are
+// freed at its last close at the earliest (a file system may free them
+// later still), and before closes ran beside calls that close was inline.
+func (s *Store) write(f *os.File, bufs [][]byte, off int64) error {
+	ended := s.closesEnded()
+	_, err := s.writev(f, bufs, off)
+	if err == nil || !isNoSpace(err) {
+		return err
+	}
+	s.closes.Lock()
+	more := len(s.closes.running) > 0 || s.closes.ended != ended
+	s.closes.Unlock()
+	if !more {
+		return err
+	}
+	s.waitCloses()
+	_, err = s.writev(f, bufs, off)
+	return err
 }
 
 func (seg *segment) close() {
@@ -589,12 +620,13 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 	// Publish.
 	var puts, bytesIn int64
 	var stored []string
+	var unused []*segment // evicted, and this put was the last to use them
 	s.mu.Lock()
 	for j, r := range recs {
 		delete(s.mu.pending, r.h1)
 		r.seg.pins--
 		if r.seg.dead && r.seg.pins == 0 {
-			defer r.seg.close()
+			unused = append(unused, r.seg)
 		}
 		if errs[j] != nil {
 			res[r.i] = store.Result{Err: errs[j]}
@@ -618,6 +650,9 @@ func (s *Store) putBatch(ctx context.Context, keys []string, nsrc int, src func(
 		}
 	}
 	s.mu.Unlock()
+	for _, seg := range unused {
+		s.closeLater(seg)
+	}
 	for _, k := range stored {
 		s.feeds.Announce(store.KeyEvent{Key: k, Op: store.KeyStored})
 	}
@@ -659,14 +694,7 @@ func (s *Store) writeRun(keys []string, recs []pendingRec, errs []error, hbuf []
 		}
 	}
 	_ = hbuf
-	_, err := s.writev(seg.f, bufs, start)
-	if err != nil && isNoSpace(err) && s.waitCloses() {
-		// The disk is full, and evicted segments' files are still being
-		// closed: their blocks are freed only then. Once they are, write
-		// again (over whatever part of the run was written).
-		_, err = s.writev(seg.f, bufs, start)
-	}
-	if err != nil {
+	if err := s.write(seg.f, bufs, start); err != nil {
 		base := store.ErrTransfer
 		if isNoSpace(err) {
 			base = store.ErrNoSpace
@@ -886,7 +914,7 @@ func (s *Store) removeKeys(keys []string, locs []loc) (int, error) {
 		buf = append(buf, b...)
 		off = end
 	}
-	_, err = s.writev(seg.f, [][]byte{buf}, start)
+	err = s.write(seg.f, [][]byte{buf}, start)
 	s.unpin(seg)
 	if err != nil {
 		return 0, fmt.Errorf("diskstore: remove: write %s at offset %d: %w", seg.path, start, err)
@@ -1013,7 +1041,7 @@ func (s *Store) RemoveAll(ctx context.Context) (int, error) {
 	}
 	b := make([]byte, recordEnd(start, 0, 0)-start)
 	putHeader(b, kindClear, "", 0, start, 0)
-	_, err = s.writev(seg.f, [][]byte{b}, start)
+	err = s.write(seg.f, [][]byte{b}, start)
 	if err != nil {
 		s.unpin(seg)
 		return 0, fmt.Errorf("diskstore: remove all: write %s at offset %d: %w", seg.path, start, err)

@@ -11,10 +11,11 @@
 // may drop; Stats.Evictions counts them). The deleted file's last close,
 // which frees its pages in the page cache and its blocks on disk (tens of
 // milliseconds for a large segment), runs on a goroutine of its own, not
-// in the Put that evicted it; a put whose write finds the disk full while
-// such closes run waits for them and writes again, and Close waits for
-// them. Removals append tombstones, so that what was removed stays
-// removed after a restart.
+// in the call that evicted it or read from it last. A write (of a put or
+// a removal) that finds the disk full while such closes run, or ran since
+// it began, waits for them and writes once more; Close waits for them
+// too. Removals append tombstones, so that what was removed stays removed
+// after a restart.
 //
 // Open rebuilds the index by reading the records' headers, so a restarted
 // process finds every value its predecessor stored whole: the index holds

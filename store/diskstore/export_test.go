@@ -30,3 +30,6 @@ var WriteFile = writeFile
 // SetCloseHook sets a function that runs on the goroutine closing an
 // evicted segment's files, once they are closed.
 func SetCloseHook(s *Store, f func()) { s.closeHook = f }
+
+// WaitCloses waits for the closes of evicted segments running now.
+func WaitCloses(s *Store) { s.waitCloses() }
