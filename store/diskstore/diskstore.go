@@ -426,7 +426,7 @@ func (s *Store) waitCloses() {
 // were since it began, waits for those closes and writes again, once,
 // over whatever part of it was written: a deleted file's blocks are
 // freed at its last close at the earliest (a file system may free them
-// later still), and before closes ran beside calls that close was inline.
+// later still), and that close no longer runs ahead of the write.
 func (s *Store) write(f *os.File, bufs [][]byte, off int64) error {
 	ended := s.closesEnded()
 	_, err := s.writev(f, bufs, off)

@@ -28,7 +28,7 @@ func InPageCache(f *os.File, off, n int64) bool { return inPageCache(f, off, n) 
 var WriteFile = writeFile
 
 // SetCloseHook sets a function that runs on the goroutine closing an
-// evicted segment's files, once they are closed.
+// evicted segment's files before they are closed.
 func SetCloseHook(s *Store, f func()) { s.closeHook = f }
 
 // WaitCloses waits for the closes of evicted segments running now.
