@@ -4,6 +4,7 @@ package diskstore_test
 
 import (
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -253,6 +254,104 @@ func BenchmarkDisk(b *testing.B) {
 	}
 }
 
+// BenchmarkReadBounds measures what bounds a read the page cache serves,
+// apart from the store's own work: in turns, a raw pread of a value
+// stored at a multiple of its size (the baseline of BenchmarkDisk), a
+// pread of the same bytes where the store laid them out (after their
+// record's header, at a multiple of 4 KiB), and a CRC-32C pass over
+// them, as a checked Get runs. It reports the store's layout against the
+// raw one (layout-x-raw: the ceiling of a Get with TrustValues) and a
+// raw read followed by the checksum pass against the raw read alone
+// (checked-x-raw: the ceiling of a checked Get, for which no layout
+// helps). The page cache keeps a file in folios as large as the writes'
+// alignment lets it; a value that starts 4 KiB past a multiple of its
+// size is held in smaller ones, which a read walks one by one.
+func BenchmarkReadBounds(b *testing.B) {
+	for _, size := range []int{256 << 10, 2 << 20} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			// 128 MiB of values in each layout, more than the processor's
+			// caches hold, so that every read copies from memory.
+			vals, segVals := 128<<20/size, 32
+			dir := b.TempDir()
+			s, err := diskstore.Open(diskstore.Config{Dir: dir, Capacity: int64(4 * vals * size), SegmentSize: int64(segVals * (size + 8192)), Buffered: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			raw := newRaw(b, dir, size, segVals, vals, false)
+			mem, err := rdma.AllocHost(size)
+			if err != nil {
+				b.Skip(err)
+			}
+			defer mem.Free()
+			r := mem.Region()
+			for i, buf := 0, r.Bytes(); i < len(buf); i++ {
+				buf[i] = byte(i * 7)
+			}
+			type at struct {
+				f   *os.File
+				off int64
+			}
+			stored := make([]at, vals)
+			files := map[string]*os.File{}
+			res := []store.Result{{}}
+			for i := range vals {
+				if err := s.Put(bg, []string{benchKey(i)}, []rdma.Region{r}, res); err != nil || res[0].Err != nil {
+					b.Fatal(err, res[0].Err)
+				}
+				if _, err := raw.f.WriteAt(r.Bytes(), int64(i*size)); err != nil {
+					b.Fatal(err)
+				}
+				path, off, ok := diskstore.ValueLoc(s, benchKey(i))
+				if !ok {
+					b.Fatalf("value %d is not in the index", i)
+				}
+				if files[path] == nil {
+					f, err := os.Open(path)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer f.Close()
+					files[path] = f
+				}
+				stored[i] = at{files[path], off}
+			}
+			var rawT, layoutT, crcT []time.Duration
+			var sink uint32
+			i := 0
+			timed := func(d *[]time.Duration, f func() error) {
+				t0 := time.Now()
+				if err := f(); err != nil {
+					b.Fatal(err)
+				}
+				*d = append(*d, time.Since(t0))
+			}
+			for b.Loop() {
+				v := i % vals
+				readRaw := func() error { return raw.get(r, v, false) }
+				readLayout := func() error { _, err := stored[v].f.ReadAt(r.Bytes(), stored[v].off); return err }
+				if i%2 == 0 {
+					timed(&rawT, readRaw)
+					timed(&layoutT, readLayout)
+				} else {
+					timed(&layoutT, readLayout)
+					timed(&rawT, readRaw)
+				}
+				timed(&crcT, func() error { sink += crc32.Checksum(r.Bytes(), castagnoli); return nil })
+				i++
+			}
+			if sink == 1 {
+				b.Log(sink) // keeps the checksums
+			}
+			mr, ml, mc := median(rawT), median(layoutT), median(crcT)
+			b.ReportMetric(float64(mr)/float64(ml), "layout-x-raw")
+			b.ReportMetric(float64(mr)/float64(mr+mc), "checked-x-raw")
+			b.ReportMetric(float64(size)/mr.Seconds()/(1<<30), "raw-GiB/s")
+			b.ReportMetric(float64(size)/mc.Seconds()/(1<<30), "crc-GiB/s")
+		})
+	}
+}
+
 // BenchmarkOpen1M opens a directory of 1 M records (64-byte values under
 // keys shaped like a connector's, all in one segment of 256 MiB, so that
 // the scan is not spread over segments): the time to rebuild the index,
@@ -337,6 +436,8 @@ func openMeasured(b *testing.B, cfg diskstore.Config, records int64) float64 {
 	}
 	return float64(after.HeapAlloc-before.HeapAlloc) / float64(records)
 }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func sum(ds []time.Duration) time.Duration {
 	var t time.Duration

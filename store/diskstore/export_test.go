@@ -33,3 +33,16 @@ func SetCloseHook(s *Store, f func()) { s.closeHook = f }
 
 // WaitCloses waits for the closes of evicted segments running now.
 func WaitCloses(s *Store) { s.waitCloses() }
+
+// ValueLoc returns the segment file and offset of key's value, for
+// benchmarks that read the store's layout without the store.
+func ValueLoc(s *Store, key string) (path string, off int64, ok bool) {
+	h1, h2 := s.hash(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.mu.index[h1]
+	if !ok || l.h2 != h2 {
+		return "", 0, false
+	}
+	return s.mu.segs[l.seg].path, int64(l.off) + valueOffset(int64(l.off), len(key), int(l.size)), true
+}
