@@ -23,6 +23,9 @@ func (s *Store) allocate(key string, size int64) (int32, int64, error) {
 	if size > s.cfg.Capacity {
 		return nilNode, 0, fmt.Errorf("%w: put %.64q: value of %d bytes is larger than the capacity, %d bytes", store.ErrNoSpace, key, size, s.cfg.Capacity)
 	}
+	if size > maxSize { // the index's records hold 48-bit sizes
+		return nilNode, 0, fmt.Errorf("%w: put %.64q: value of %d bytes is larger than %d bytes", store.ErrNoSpace, key, size, int64(maxSize))
+	}
 	units := unitsFor(size)
 	underMark := true
 	for range maxEvictWaits {
@@ -130,7 +133,7 @@ func (s *Store) evictRound(units int64) bool {
 				cur[best] = e.stamp // another shard now holds the oldest entry
 				break
 			}
-			freed += unitsFor(int64(e.size))
+			freed += unitsFor(int64(sh.ix.size(id)))
 			keys++
 			nodes = append(nodes, e.node)
 			// Eviction drops the key here.

@@ -8,25 +8,45 @@ import (
 
 // The index of a shard holds no Go pointers, so that millions of keys cost
 // the garbage collector nothing to scan and the index little memory: a
-// key takes one 48-byte entry, one 8-byte slot of an open-addressing table
-// kept at most 3/4 full, and its bytes in the shard's key heap, a byte
+// key takes one 40-byte entry, one 8-byte slot of an open-addressing table
+// kept at most 3/4 full, and a record in the shard's key heap, a byte
 // slice that holds every key of the shard back to back (with the holes of
 // removed keys until it is compacted). Entries are addressed by index;
 // entry 0 is the sentinel of the shard's LRU list.
+//
+// A slot points at its key's record, which holds what a lookup needs
+// next to the key's bytes: the entry's index and the value's size. A
+// lookup so reads a slot and then a record, two reads in a row; with
+// millions of keys each is a cache miss, and an entry between them would
+// be a third.
 
 // entry is one stored value. All fields are guarded by the shard's mu;
-// off and size do not change while the entry is pinned.
+// off and the size in the key's record do not change while the entry is
+// pinned.
 type entry struct {
 	off        int64  // byte offset in the arena
-	size       int    // value bytes
 	stamp      uint64 // LRU clock at the last put or get
 	node       int32  // arena extent
 	pins       int32  // gets copying out of it now
 	prev, next int32  // LRU list; next also links the free entries
-	kref       uint32 // the key's offset in the shard's key heap
+	kref       uint32 // the offset of the key's record in the shard's key heap
 	klen       uint16 // the key's length; 0: the entry is not in the index
 	dead       bool   // removed from the index while pinned: freed by the last unpin
 }
+
+// A key's record in the heap:
+//
+//	offset  size  field
+//	0       4     the entry's index
+//	4       6     the value's size in bytes
+//	10      2     the key's length
+//	12      klen  the key
+//
+// All integers are little endian.
+const (
+	recHdr  = 12
+	maxSize = 1<<48 - 1 // the largest value size a record holds
+)
 
 // A key's length fits an entry's klen: store.ValidateKey refuses longer
 // keys (this constant does not compile if store.MaxKeyLen grows past it).
@@ -37,58 +57,72 @@ const maxHeap = 1<<32 - 1
 
 // index is a shard's key index.
 type index struct {
-	slots []uint64 // per slot: tag<<32 | entry index; 0 empty
+	slots []uint64 // per slot: tag<<32 | the key's record offset; 0 empty
 	count int      // slots in use
 	ents  []entry  // ents[0] is the LRU sentinel
 	free  int32    // first free entry, linked by next; 0 none
-	heap  []byte   // key bytes
+	heap  []byte   // key records; heap[0] is padding, so that no record is at 0
 	hole  int      // bytes of heap no entry uses
 }
 
 func (x *index) init() {
 	x.slots = make([]uint64, 16)
 	x.ents = make([]entry, 1, 16)
+	x.heap = make([]byte, 1, 64)
 }
 
 // A slot holds the low 32 bits of its key's hash (which bits the table's
-// position comes from, so a slot says where its entry's run starts without
-// hashing the key again) and the entry's index (never 0, so a slot in use
-// is never 0). The shard comes from the hash's high 32 bits.
+// position comes from, so a slot says where its run starts without
+// hashing the key again) and the offset of the key's record (never 0, so
+// a slot in use is never 0). The shard comes from the hash's high 32 bits.
 func tagOf(h uint64) uint64 { return h & 0xffffffff }
 
 func (x *index) key(e *entry) string {
-	return unsafe.String(&x.heap[e.kref], int(e.klen))
+	return unsafe.String(&x.heap[e.kref+recHdr], int(e.klen))
 }
 
-// find returns the entry of key, whose hash is h, or 0.
-func (x *index) find(key string, h uint64) int32 {
+func le16(b []byte) uint64 { return uint64(b[0]) | uint64(b[1])<<8 }
+func le32(b []byte) uint64 { return le16(b) | le16(b[2:])<<16 }
+func le48(b []byte) uint64 { return le32(b) | le16(b[4:])<<32 }
+
+// size returns the value size of entry id, which is in the index.
+func (x *index) size(id int32) int {
+	k := x.ents[id].kref
+	return int(le48(x.heap[k+4 : k+10]))
+}
+
+// find returns the entry of key, whose hash is h, and its value's size,
+// or 0.
+func (x *index) find(key string, h uint64) (int32, int) {
 	mask := uint64(len(x.slots) - 1)
 	tag := tagOf(h)
 	for i := h & mask; ; i = (i + 1) & mask {
 		s := x.slots[i]
 		if s == 0 {
-			return 0
+			return 0, 0
 		}
 		if s>>32 == tag {
-			id := int32(uint32(s))
-			e := &x.ents[id]
-			if int(e.klen) == len(key) && string(x.heap[e.kref:int(e.kref)+len(key)]) == key {
-				return id
+			k := int(uint32(s))
+			rec := x.heap[k : k+recHdr]
+			if int(le16(rec[10:])) == len(key) && string(x.heap[k+recHdr:k+recHdr+len(key)]) == key {
+				return int32(le32(rec)), int(le48(rec[4:]))
 			}
 		}
 	}
 }
 
-// insert adds key, absent, with hash h, and returns its new entry, whose
-// fields but the key's the caller sets; the key's bytes are copied. It
-// returns 0 when the shard's key heap would pass 4 GiB.
-func (x *index) insert(key string, h uint64) int32 {
+// insert adds key, absent, with hash h and a value of size bytes, and
+// returns its new entry, whose fields but the key's the caller sets; the
+// key's bytes are copied. It returns 0 when the shard's key heap would
+// pass 4 GiB.
+func (x *index) insert(key string, h uint64, size int) int32 {
 	if (x.count+1)*4 > len(x.slots)*3 {
 		x.grow()
 	}
-	if x.hole > len(x.heap)/2 && x.hole > 1<<16 || len(x.heap)+len(key) > maxHeap {
+	n := recHdr + len(key)
+	if x.hole > len(x.heap)/2 && x.hole > 1<<16 || len(x.heap)+n > maxHeap {
 		x.compact()
-		if len(x.heap)+len(key) > maxHeap {
+		if len(x.heap)+n > maxHeap {
 			return 0
 		}
 	}
@@ -96,46 +130,67 @@ func (x *index) insert(key string, h uint64) int32 {
 	if id != 0 {
 		x.free = x.ents[id].next
 	} else {
+		x.ents = reserve(x.ents, 1)
 		x.ents = append(x.ents, entry{})
 		id = int32(len(x.ents) - 1)
 	}
 	e := &x.ents[id]
 	*e = entry{kref: uint32(len(x.heap)), klen: uint16(len(key))}
+	u, z, l := uint64(uint32(id)), uint64(size), uint64(len(key))
+	x.heap = reserve(x.heap, n)
+	x.heap = append(x.heap, byte(u), byte(u>>8), byte(u>>16), byte(u>>24),
+		byte(z), byte(z>>8), byte(z>>16), byte(z>>24), byte(z>>32), byte(z>>40),
+		byte(l), byte(l>>8))
 	x.heap = append(x.heap, key...)
-	x.place(h, id)
+	x.place(h, e.kref)
 	return id
 }
 
-// place puts entry id, of hash h, into the first empty slot of its run.
-func (x *index) place(h uint64, id int32) {
+// reserve returns s with room for n more elements. It grows s by an
+// eighth, where append would by a quarter or more: the entries and the key
+// heap are most of the index's memory, and what append leaves unused
+// (about a tenth of it on average) would be most of the rest.
+func reserve[T any](s []T, n int) []T {
+	if cap(s)-len(s) >= n {
+		return s
+	}
+	t := make([]T, len(s), len(s)+n+len(s)/8+16)
+	copy(t, s)
+	return t
+}
+
+// place puts the record at kref, of a key of hash h, into the first empty
+// slot of its run.
+func (x *index) place(h uint64, kref uint32) {
 	mask := uint64(len(x.slots) - 1)
 	i := h & mask
 	for x.slots[i] != 0 {
 		i = (i + 1) & mask
 	}
-	x.slots[i] = tagOf(h)<<32 | uint64(uint32(id))
+	x.slots[i] = tagOf(h)<<32 | uint64(kref)
 	x.count++
 }
 
-// grow doubles the table and places every entry again.
+// grow doubles the table and places every record again.
 func (x *index) grow() {
 	old := x.slots
 	x.slots = make([]uint64, 2*len(old))
 	x.count = 0
 	for _, s := range old {
 		if s != 0 {
-			x.place(s>>32, int32(uint32(s)))
+			x.place(s>>32, uint32(s))
 		}
 	}
 }
 
 // remove takes entry id, whose key has hash h, out of the table and frees
-// its key's bytes; the entry itself stays for the caller to free (release)
+// its record; the entry itself stays for the caller to free (release)
 // once nothing reads from it.
 func (x *index) remove(id int32, h uint64) {
 	mask := uint64(len(x.slots) - 1)
+	e := &x.ents[id]
 	i := h & mask
-	for uint32(x.slots[i]) != uint32(id) {
+	for uint32(x.slots[i]) != e.kref {
 		i = (i + 1) & mask
 	}
 	// Backward-shift deletion: move later slots of the run into the hole
@@ -149,12 +204,12 @@ func (x *index) remove(id int32, h uint64) {
 	}
 	x.slots[i] = 0
 	x.count--
-	e := &x.ents[id]
-	x.hole += int(e.klen)
+	x.hole += recHdr + int(e.klen)
 	e.klen = 0
 }
 
-// homeOf returns the slot where the entry of slot value s would go first.
+// homeOf returns the slot where the record of slot value s would go
+// first.
 func (x *index) homeOf(s uint64, mask uint64) uint64 {
 	return s >> 32 & mask
 }
@@ -165,18 +220,25 @@ func (x *index) release(id int32) {
 	x.free = id
 }
 
-// compact rewrites the key heap with the keys of the entries in the
-// index only.
+// compact rewrites the key heap with the records of the entries in the
+// index only, and points the slots at their new places.
 func (x *index) compact() {
-	heap := make([]byte, 0, len(x.heap)-x.hole+len(x.heap)/8)
+	old := x.heap
+	heap := make([]byte, 1, len(old)-x.hole+len(old)/8)
 	for id := 1; id < len(x.ents); id++ {
 		e := &x.ents[id]
 		if e.klen == 0 {
 			continue
 		}
-		k := x.heap[e.kref : int(e.kref)+int(e.klen)]
+		k := int(e.kref)
 		e.kref = uint32(len(heap))
-		heap = append(heap, k...)
+		heap = append(heap, old[k:k+recHdr+int(e.klen)]...)
+	}
+	for i, s := range x.slots {
+		if s != 0 {
+			id := le32(old[uint32(s):])
+			x.slots[i] = s&^0xffffffff | uint64(x.ents[id].kref)
+		}
 	}
 	x.heap, x.hole = heap, 0
 }

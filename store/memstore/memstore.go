@@ -205,8 +205,8 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 			}
 			i := g.order[j]
 			ix := &s.shards[g.shard[i]].ix
-			if id := ix.find(keys[i], g.hash[i]); id != 0 {
-				res[i] = store.Result{N: ix.ents[id].size}
+			if id, size := ix.find(keys[i], g.hash[i]); id != 0 {
+				res[i] = store.Result{N: size}
 			} else {
 				res[i] = store.Result{Err: store.ErrNotFound}
 			}
@@ -233,36 +233,36 @@ func (s *Store) Exists(ctx context.Context, keys []string, res []store.Result) e
 // existsWindow is how many shards an exists holds locked at once.
 const existsWindow = 8
 
-// touch reads the first slot, entry and key bytes of each keys[i] for i
+// touch reads the first slot and the key's record of each keys[i] for i
 // in order, whose shards the caller holds locked, each stage for all the
 // keys before the next: the reads of one stage do not depend on each
 // other, so the processor overlaps their cache misses, and the finds that
 // follow hit the cache. With millions of keys the index is out of the
-// cache, and a find on its own waits for three misses in a row. It returns
-// a value that depends on what it read, so that the reads are kept.
+// cache, and a find on its own waits for two misses in a row (three when
+// the record straddles a line). It returns a value that depends on what
+// it read, so that the reads are kept.
 func (s *Store) touch(keys []string, g *grouping, order []int32) uint64 {
 	const chunk = 32
 	var sink uint64
-	var ids [chunk]int32
+	var krefs [chunk]uint32
 	for len(order) > 0 {
 		n := min(len(order), chunk)
 		for k, i := range order[:n] {
 			ix := &s.shards[g.shard[i]].ix
 			h := g.hash[i]
 			sl := ix.slots[h&uint64(len(ix.slots)-1)]
-			ids[k] = 0
+			krefs[k] = 0
 			if sl != 0 && sl>>32 == tagOf(h) {
-				ids[k] = int32(uint32(sl))
+				krefs[k] = uint32(sl)
 			}
 		}
 		for k, i := range order[:n] {
-			sink += uint64(s.shards[g.shard[i]].ix.ents[ids[k]].kref)
-		}
-		for k, i := range order[:n] {
-			if id := ids[k]; id != 0 {
-				ix := &s.shards[g.shard[i]].ix
-				e := &ix.ents[id]
-				sink += uint64(ix.heap[e.kref]) + uint64(ix.heap[int(e.kref)+int(e.klen)-1])
+			if kref := int(krefs[k]); kref != 0 {
+				heap := s.shards[g.shard[i]].ix.heap
+				sink += uint64(heap[kref])
+				if end := kref + recHdr + len(keys[i]) - 1; end < len(heap) {
+					sink += uint64(heap[end])
+				}
 			}
 		}
 		order = order[n:]
@@ -438,7 +438,7 @@ func (s *Store) put(key string, src []rdma.Region, stamp uint64) (n int, dup boo
 	h := s.hash(key)
 	sh := &s.shards[s.shardOf(h)]
 	sh.mu.Lock()
-	if id := sh.ix.find(key, h); id != 0 {
+	if id, _ := sh.ix.find(key, h); id != 0 {
 		sh.touch(id, stamp)
 		sh.mu.Unlock()
 		return size, true, nil
@@ -457,19 +457,19 @@ func (s *Store) put(key string, src []rdma.Region, stamp uint64) (n int, dup boo
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.ix.find(key, h) != 0 { // a concurrent put of the key won
+	if id, _ := sh.ix.find(key, h); id != 0 { // a concurrent put of the key won
 		s.freeNode(node)
 		return size, true, nil
 	}
 	// The index keeps a copy of the key's bytes in its own heap, so that
 	// no entry holds the caller's string (often a part of a larger one).
-	id := sh.ix.insert(key, h)
+	id := sh.ix.insert(key, h, size)
 	if id == 0 {
 		s.freeNode(node)
 		return 0, false, fmt.Errorf("%w: put %.64q: the shard's key heap is full (4 GiB of keys)", store.ErrNoSpace, key)
 	}
 	e := &sh.ix.ents[id]
-	e.off, e.size, e.node, e.stamp = off, size, node, stamp
+	e.off, e.node, e.stamp = off, node, stamp
 	sh.pushFront(id)
 	s.announce(sh, id, store.KeyStored)
 	sh.keys++
@@ -542,13 +542,13 @@ func (s *Store) get(key string, dst []rdma.Region, stamp uint64) (int, error) {
 	h := s.hash(key)
 	sh := &s.shards[s.shardOf(h)]
 	sh.mu.Lock()
-	id := sh.ix.find(key, h)
+	id, size := sh.ix.find(key, h)
 	if id == 0 {
 		sh.mu.Unlock()
 		return 0, store.ErrNotFound
 	}
 	e := &sh.ix.ents[id]
-	off, size := e.off, e.size
+	off := e.off
 	if size > room {
 		sh.mu.Unlock()
 		return 0, fmt.Errorf("%w: get %.64q: value of %d bytes, destination of %d", store.ErrBufferTooSmall, key, size, room)
@@ -598,7 +598,7 @@ func (s *Store) Remove(ctx context.Context, key string) error {
 	sh := &s.shards[s.shardOf(h)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	id := sh.ix.find(key, h)
+	id, _ := sh.ix.find(key, h)
 	if id == 0 {
 		return store.ErrNotFound
 	}
@@ -780,9 +780,8 @@ func (s *Store) drop(sh *shard, id int32, h uint64, op store.KeyOp) {
 // LRU list, and out of the shard's counts; its memory stays. The caller
 // holds sh.mu.
 func (sh *shard) unindex(id int32, h uint64) {
-	e := &sh.ix.ents[id]
 	sh.keys--
-	sh.bytes -= int64(e.size)
+	sh.bytes -= int64(sh.ix.size(id))
 	sh.unlink(id)
 	sh.ix.remove(id, h)
 }

@@ -1,0 +1,113 @@
+package memstore
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// TestIndexModel runs random inserts, lookups, removals and compactions
+// on an index against a map. Hashes come from a small set, so that tags
+// collide, runs of the table wrap around and backward-shift deletion
+// moves slots; values' sizes span the record's 48 bits.
+func TestIndexModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var x index
+		x.init()
+		type item struct {
+			h    uint64
+			size int
+			id   int32
+		}
+		model := map[string]item{}
+		hashGen := rapid.Custom(func(t *rapid.T) uint64 {
+			// The low 32 bits are the tag and the home slot; few values
+			// of each make tags and homes collide.
+			lo := rapid.Uint64Range(0, 40).Draw(t, "tag")
+			hi := rapid.Uint64Range(0, 3).Draw(t, "high")
+			return hi<<32 | lo | lo<<28
+		})
+		keyGen := rapid.StringMatching(`[a-z]{1,6}|[a-z]{200,512}`)
+		check := func() {
+			if x.count != len(model) {
+				t.Fatalf("count %d, want %d", x.count, len(model))
+			}
+			for k, it := range model {
+				id, size := x.find(k, it.h)
+				if id != it.id || size != it.size {
+					t.Fatalf("find(%.20q) = entry %d, size %d; want entry %d, size %d", k, id, size, it.id, it.size)
+				}
+				if got := x.key(&x.ents[id]); got != k {
+					t.Fatalf("key of entry %d = %.20q, want %.20q", id, got, k)
+				}
+				if got := x.size(id); got != it.size {
+					t.Fatalf("size(%d) = %d, want %d", id, got, it.size)
+				}
+			}
+		}
+		t.Repeat(map[string]func(*rapid.T){
+			"insert": func(t *rapid.T) {
+				k := keyGen.Draw(t, "key")
+				if _, ok := model[k]; ok {
+					t.Skip("present")
+				}
+				h := hashGen.Draw(t, "hash")
+				size := rapid.OneOf(rapid.IntRange(0, 1<<20), rapid.Just(maxSize)).Draw(t, "size")
+				id := x.insert(k, h, size)
+				if id == 0 {
+					t.Fatalf("insert of %.20q refused", k)
+				}
+				model[k] = item{h, size, id}
+			},
+			"findAbsent": func(t *rapid.T) {
+				k := keyGen.Draw(t, "key")
+				if _, ok := model[k]; ok {
+					t.Skip("present")
+				}
+				if id, _ := x.find(k, hashGen.Draw(t, "hash")); id != 0 {
+					t.Fatalf("find of absent %.20q = entry %d", k, id)
+				}
+			},
+			"remove": func(t *rapid.T) {
+				if len(model) == 0 {
+					t.Skip("empty")
+				}
+				k := rapid.SampledFrom(slices.Sorted(maps.Keys(model))).Draw(t, "key")
+				it := model[k]
+				x.remove(it.id, it.h)
+				x.release(it.id)
+				delete(model, k)
+				if id, _ := x.find(k, it.h); id != 0 {
+					t.Fatalf("find of removed %.20q = entry %d", k, id)
+				}
+			},
+			"compact": func(t *rapid.T) {
+				x.compact()
+				if x.hole != 0 {
+					t.Fatalf("hole %d after compact", x.hole)
+				}
+			},
+			"": func(t *rapid.T) { check() },
+		})
+	})
+}
+
+// TestIndexRecordBytes pins the record layout: entry index, 48-bit size
+// and key length, little endian, then the key.
+func TestIndexRecordBytes(t *testing.T) {
+	var x index
+	x.init()
+	id := x.insert("abc", 7, 0x0102030405)
+	e := x.ents[id]
+	got := fmt.Sprintf("% x", x.heap[e.kref:int(e.kref)+recHdr+3])
+	want := fmt.Sprintf("%02x 00 00 00 05 04 03 02 01 00 03 00 61 62 63", id)
+	if got != want {
+		t.Fatalf("record = %s, want %s", got, want)
+	}
+	if e.kref == 0 {
+		t.Fatal("a record at offset 0 makes its slot 0, which means empty")
+	}
+}
