@@ -9,8 +9,10 @@ import (
 	"pgregory.net/rapid"
 )
 
-// TestIndexModel runs random inserts, lookups, removals and compactions
-// on an index against a map. Hashes come from a small set, so that tags
+// TestIndexModel runs random inserts, lookups, removals (some of entries
+// being read, released later) and compactions on an index against a map,
+// and checks the heap's length and hole against the records it must
+// hold. Hashes come from a small set, so that tags
 // collide, runs of the table wrap around and backward-shift deletion
 // moves slots; values' sizes span the record's 48 bits.
 func TestIndexModel(t *testing.T) {
@@ -23,6 +25,15 @@ func TestIndexModel(t *testing.T) {
 			id   int32
 		}
 		model := map[string]item{}
+		var pinned []int32 // removed while read: released later
+		hole := 0          // bytes of removed records since the last compaction
+		live := func() int {
+			n := 1 // the padding byte
+			for k := range model {
+				n += recHdr + len(k)
+			}
+			return n
+		}
 		hashGen := rapid.Custom(func(t *rapid.T) uint64 {
 			// The low 32 bits are the tag and the home slot; few values
 			// of each make tags and homes collide.
@@ -35,6 +46,9 @@ func TestIndexModel(t *testing.T) {
 			if x.count != len(model) {
 				t.Fatalf("count %d, want %d", x.count, len(model))
 			}
+			if x.hole != hole || len(x.heap) != live()+hole {
+				t.Fatalf("heap of %d bytes with a hole of %d; want %d and %d", len(x.heap), x.hole, live()+hole, hole)
+			}
 			for k, it := range model {
 				id, size := x.find(k, it.h)
 				if id != it.id || size != it.size {
@@ -46,6 +60,29 @@ func TestIndexModel(t *testing.T) {
 				if got := x.size(id); got != it.size {
 					t.Fatalf("size(%d) = %d, want %d", id, got, it.size)
 				}
+			}
+			for _, id := range pinned {
+				if x.ents[id].klen != 0 {
+					t.Fatalf("entry %d, removed, is marked in the index", id)
+				}
+			}
+		}
+		remove := func(t *rapid.T, release bool) {
+			if len(model) == 0 {
+				t.Skip("empty")
+			}
+			k := rapid.SampledFrom(slices.Sorted(maps.Keys(model))).Draw(t, "key")
+			it := model[k]
+			x.remove(it.id, it.h)
+			if release {
+				x.release(it.id)
+			} else {
+				pinned = append(pinned, it.id)
+			}
+			delete(model, k)
+			hole += recHdr + len(k)
+			if id, _ := x.find(k, it.h); id != 0 {
+				t.Fatalf("find of removed %.20q = entry %d", k, id)
 			}
 		}
 		t.Repeat(map[string]func(*rapid.T){
@@ -61,6 +98,9 @@ func TestIndexModel(t *testing.T) {
 					t.Fatalf("insert of %.20q refused", k)
 				}
 				model[k] = item{h, size, id}
+				if x.hole == 0 && hole != 0 { // the insert compacted the heap
+					hole = 0
+				}
 			},
 			"findAbsent": func(t *rapid.T) {
 				k := keyGen.Draw(t, "key")
@@ -71,24 +111,19 @@ func TestIndexModel(t *testing.T) {
 					t.Fatalf("find of absent %.20q = entry %d", k, id)
 				}
 			},
-			"remove": func(t *rapid.T) {
-				if len(model) == 0 {
-					t.Skip("empty")
+			"remove":          func(t *rapid.T) { remove(t, true) },
+			"removeWhileRead": func(t *rapid.T) { remove(t, false) },
+			"endRead": func(t *rapid.T) {
+				if len(pinned) == 0 {
+					t.Skip("no read")
 				}
-				k := rapid.SampledFrom(slices.Sorted(maps.Keys(model))).Draw(t, "key")
-				it := model[k]
-				x.remove(it.id, it.h)
-				x.release(it.id)
-				delete(model, k)
-				if id, _ := x.find(k, it.h); id != 0 {
-					t.Fatalf("find of removed %.20q = entry %d", k, id)
-				}
+				i := rapid.IntRange(0, len(pinned)-1).Draw(t, "read")
+				x.release(pinned[i])
+				pinned = slices.Delete(pinned, i, i+1)
 			},
 			"compact": func(t *rapid.T) {
 				x.compact()
-				if x.hole != 0 {
-					t.Fatalf("hole %d after compact", x.hole)
-				}
+				hole = 0
 			},
 			"": func(t *rapid.T) { check() },
 		})
