@@ -77,7 +77,6 @@ func (a *arena) node() int32 {
 		a.spare = a.spare[:n-1]
 		return i
 	}
-	a.nodes = reserve(a.nodes, 1)
 	a.nodes = append(a.nodes, extent{})
 	return int32(len(a.nodes) - 1)
 }

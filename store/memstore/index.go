@@ -6,12 +6,14 @@ import (
 	"github.com/kvconnect/kvconnect/store"
 )
 
-// The index of a shard holds no Go pointers, so that millions of keys cost
-// the garbage collector nothing to scan and the index little memory: a
-// key takes one 40-byte entry, one 8-byte slot of an open-addressing table
-// kept at most 3/4 full, and a record in the shard's key heap, a byte
-// slice that holds every key of the shard back to back (with the holes of
-// removed keys until it is compacted). Entries are addressed by index;
+// The index of a shard holds one Go pointer per 64 KiB of keys, so that
+// millions of keys cost the garbage collector almost nothing to scan and
+// the index little memory: a key takes one 40-byte entry, one 8-byte slot
+// of an open-addressing table kept at most 3/4 full, and a record in the
+// shard's key heap, chunks of 64 KiB that hold the records back to back
+// (with the holes of removed keys until it is compacted). The heap grows
+// a chunk at a time, without copying what it holds, and wastes at most a
+// record's bytes at the end of a chunk. Entries are addressed by index;
 // entry 0 is the sentinel of the shard's LRU list.
 //
 // A slot points at its key's record, which holds what a lookup needs
@@ -52,8 +54,16 @@ const (
 // keys (this constant does not compile if store.MaxKeyLen grows past it).
 const _ = uint16(store.MaxKeyLen)
 
-// maxHeap bounds a shard's key heap, whose offsets are 32-bit.
-const maxHeap = 1<<32 - 1
+// A record's place in the heap, kref, is its chunk's index times 2^16
+// plus its offset in the chunk: 32 bits bound a shard's heap to 65,536
+// chunks of 64 KiB, 4 GiB.
+const (
+	chunkBits  = 16
+	chunkSize  = 1 << chunkBits
+	chunkMask  = chunkSize - 1
+	maxChunks  = 1 << (32 - chunkBits)
+	firstChunk = 64 // the first chunk's first capacity: a shard of few keys takes little
+)
 
 // index is a shard's key index.
 type index struct {
@@ -61,14 +71,16 @@ type index struct {
 	count int      // slots in use
 	ents  []entry  // ents[0] is the LRU sentinel
 	free  int32    // first free entry, linked by next; 0 none
-	heap  []byte   // key records; heap[0] is padding, so that no record is at 0
-	hole  int      // bytes of heap no entry uses
+	heap  chunks   // key records; heap[0][0] is padding, so that no record is at 0
+	used  int      // bytes of the chunks' records and padding
+	hole  int      // bytes of removed records, still in the chunks
 }
 
 func (x *index) init() {
 	x.slots = make([]uint64, 16)
 	x.ents = make([]entry, 1, 16)
-	x.heap = make([]byte, 1, 64)
+	x.heap = chunks{make([]byte, 1, firstChunk)}
+	x.used = 1
 }
 
 // A slot holds the low 32 bits of its key's hash (which bits the table's
@@ -77,8 +89,13 @@ func (x *index) init() {
 // a slot in use is never 0). The shard comes from the hash's high 32 bits.
 func tagOf(h uint64) uint64 { return h & 0xffffffff }
 
+// rec returns the heap from the record at kref to its chunk's end.
+func (x *index) rec(kref uint32) []byte {
+	return x.heap[kref>>chunkBits][kref&chunkMask:]
+}
+
 func (x *index) key(e *entry) string {
-	return unsafe.String(&x.heap[e.kref+recHdr], int(e.klen))
+	return unsafe.String(&x.rec(e.kref)[recHdr], int(e.klen))
 }
 
 func le16(b []byte) uint64 { return uint64(b[0]) | uint64(b[1])<<8 }
@@ -87,8 +104,7 @@ func le48(b []byte) uint64 { return le32(b) | le16(b[4:])<<32 }
 
 // size returns the value size of entry id, which is in the index.
 func (x *index) size(id int32) int {
-	k := x.ents[id].kref
-	return int(le48(x.heap[k+4 : k+10]))
+	return int(le48(x.rec(x.ents[id].kref)[4:10]))
 }
 
 // find returns the entry of key, whose hash is h, and its value's size,
@@ -102,9 +118,8 @@ func (x *index) find(key string, h uint64) (int32, int) {
 			return 0, 0
 		}
 		if s>>32 == tag {
-			k := int(uint32(s))
-			rec := x.heap[k : k+recHdr]
-			if int(le16(rec[10:])) == len(key) && string(x.heap[k+recHdr:k+recHdr+len(key)]) == key {
+			rec := x.rec(uint32(s))
+			if int(le16(rec[10:12])) == len(key) && string(rec[recHdr:recHdr+len(key)]) == key {
 				return int32(le32(rec)), int(le48(rec[4:]))
 			}
 		}
@@ -120,9 +135,9 @@ func (x *index) insert(key string, h uint64, size int) int32 {
 		x.grow()
 	}
 	n := recHdr + len(key)
-	if x.hole > len(x.heap)/2 && x.hole > 1<<16 || len(x.heap)+n > maxHeap {
+	if x.hole > x.used/2 && x.hole > chunkSize || !x.fits(n) {
 		x.compact()
-		if len(x.heap)+n > maxHeap {
+		if !x.fits(n) {
 			return 0
 		}
 	}
@@ -130,33 +145,49 @@ func (x *index) insert(key string, h uint64, size int) int32 {
 	if id != 0 {
 		x.free = x.ents[id].next
 	} else {
-		x.ents = reserve(x.ents, 1)
 		x.ents = append(x.ents, entry{})
 		id = int32(len(x.ents) - 1)
 	}
 	e := &x.ents[id]
-	*e = entry{kref: uint32(len(x.heap)), klen: uint16(len(key))}
 	u, z, l := uint64(uint32(id)), uint64(size), uint64(len(key))
-	x.heap = reserve(x.heap, n)
-	x.heap = append(x.heap, byte(u), byte(u>>8), byte(u>>16), byte(u>>24),
-		byte(z), byte(z>>8), byte(z>>16), byte(z>>24), byte(z>>32), byte(z>>40),
-		byte(l), byte(l>>8))
-	x.heap = append(x.heap, key...)
-	x.place(h, e.kref)
+	var hdr = [recHdr]byte{byte(u), byte(u >> 8), byte(u >> 16), byte(u >> 24),
+		byte(z), byte(z >> 8), byte(z >> 16), byte(z >> 24), byte(z >> 32), byte(z >> 40),
+		byte(l), byte(l >> 8)}
+	kref, c := x.heap.add(n)
+	copy(c, hdr[:])
+	copy(c[recHdr:], key)
+	x.used += n
+	*e = entry{kref: kref, klen: uint16(len(key))}
+	x.place(h, kref)
 	return id
 }
 
-// reserve returns s with room for n more elements. It grows s by an
-// eighth, where append would by a quarter or more: the entries and the key
-// heap are most of the index's memory, and what append leaves unused
-// (about a tenth of it on average) would be most of the rest.
-func reserve[T any](s []T, n int) []T {
-	if cap(s)-len(s) >= n {
-		return s
+// heap is a shard's key heap: chunks of records.
+type chunks [][]byte
+
+// fits reports whether a record of n bytes fits in the heap.
+func (x *index) fits(n int) bool {
+	last := x.heap[len(x.heap)-1]
+	return len(last)+n <= chunkSize || len(x.heap) < maxChunks
+}
+
+// add appends n bytes to the last chunk of h, or to a new one where they
+// do not fit (the caller checked that they fit in the heap), and returns
+// their place and the bytes, to fill.
+func (h *chunks) add(n int) (uint32, []byte) {
+	c := &(*h)[len(*h)-1]
+	if len(*c)+n > chunkSize {
+		*h = append(*h, make([]byte, 0, chunkSize))
+		c = &(*h)[len(*h)-1]
+	} else if cap(*c)-len(*c) < n {
+		// The first chunk starts small and doubles up to a whole chunk.
+		grown := make([]byte, len(*c), min(chunkSize, max(2*cap(*c), len(*c)+n)))
+		copy(grown, *c)
+		*c = grown
 	}
-	t := make([]T, len(s), len(s)+n+len(s)/8+16)
-	copy(t, s)
-	return t
+	at := len(*c)
+	*c = (*c)[:at+n]
+	return uint32(len(*h)-1)<<chunkBits | uint32(at), (*c)[at : at+n]
 }
 
 // place puts the record at kref, of a key of hash h, into the first empty
@@ -224,23 +255,26 @@ func (x *index) release(id int32) {
 // index only, and points the slots at their new places.
 func (x *index) compact() {
 	old := x.heap
-	heap := make([]byte, 1, len(old)-x.hole+len(old)/8)
+	heap := chunks{make([]byte, 1, min(chunkSize, max(firstChunk, x.used-x.hole)))}
+	used := 1
 	for id := 1; id < len(x.ents); id++ {
 		e := &x.ents[id]
 		if e.klen == 0 {
 			continue
 		}
-		k := int(e.kref)
-		e.kref = uint32(len(heap))
-		heap = append(heap, old[k:k+recHdr+int(e.klen)]...)
+		n := recHdr + int(e.klen)
+		kref, c := heap.add(n)
+		copy(c, old[e.kref>>chunkBits][e.kref&chunkMask:][:n])
+		used += n
+		e.kref = kref
 	}
 	for i, s := range x.slots {
 		if s != 0 {
-			id := le32(old[uint32(s):])
+			id := le32(old[uint32(s)>>chunkBits][uint32(s)&chunkMask:])
 			x.slots[i] = s&^0xffffffff | uint64(x.ents[id].kref)
 		}
 	}
-	x.heap, x.hole = heap, 0
+	x.heap, x.used, x.hole = heap, used, 0
 }
 
 // reset empties the index, keeping nothing.

@@ -46,8 +46,12 @@ func TestIndexModel(t *testing.T) {
 			if x.count != len(model) {
 				t.Fatalf("count %d, want %d", x.count, len(model))
 			}
-			if x.hole != hole || len(x.heap) != live()+hole {
-				t.Fatalf("heap of %d bytes with a hole of %d; want %d and %d", len(x.heap), x.hole, live()+hole, hole)
+			held := 0
+			for _, c := range x.heap {
+				held += len(c)
+			}
+			if x.hole != hole || x.used != live()+hole || held != x.used {
+				t.Fatalf("heap of %d bytes (%d in %d chunks) with a hole of %d; want %d and %d", x.used, held, len(x.heap), x.hole, live()+hole, hole)
 			}
 			for k, it := range model {
 				id, size := x.find(k, it.h)
@@ -137,12 +141,54 @@ func TestIndexRecordBytes(t *testing.T) {
 	x.init()
 	id := x.insert("abc", 7, 0x0102030405)
 	e := x.ents[id]
-	got := fmt.Sprintf("% x", x.heap[e.kref:int(e.kref)+recHdr+3])
+	got := fmt.Sprintf("% x", x.rec(e.kref)[:recHdr+3])
 	want := fmt.Sprintf("%02x 00 00 00 05 04 03 02 01 00 03 00 61 62 63", id)
 	if got != want {
 		t.Fatalf("record = %s, want %s", got, want)
 	}
 	if e.kref == 0 {
 		t.Fatal("a record at offset 0 makes its slot 0, which means empty")
+	}
+}
+
+// TestIndexChunks fills a heap of several chunks, removes every other
+// key, compacts it and checks that every key left is found, where no
+// record straddles two chunks.
+func TestIndexChunks(t *testing.T) {
+	var x index
+	x.init()
+	key := func(i int) string { return fmt.Sprintf("%0*d", 100+i%400, i) }
+	ids := map[int]int32{}
+	const n = 2000
+	for i := range n {
+		if ids[i] = x.insert(key(i), uint64(i)*0x9e3779b97f4a7c15, i); ids[i] == 0 {
+			t.Fatalf("insert %d refused", i)
+		}
+	}
+	if len(x.heap) < 4 {
+		t.Fatalf("%d chunks for %d bytes, want several", len(x.heap), x.used)
+	}
+	for i, c := range x.heap {
+		if len(c) > chunkSize {
+			t.Fatalf("chunk %d holds %d bytes, past %d", i, len(c), chunkSize)
+		}
+	}
+	for i := 0; i < n; i += 2 {
+		x.remove(ids[i], uint64(i)*0x9e3779b97f4a7c15)
+		x.release(ids[i])
+	}
+	before := len(x.heap)
+	x.compact()
+	if len(x.heap) >= before {
+		t.Fatalf("compaction kept %d chunks of %d", len(x.heap), before)
+	}
+	for i := range n {
+		id, size := x.find(key(i), uint64(i)*0x9e3779b97f4a7c15)
+		switch {
+		case i%2 == 0 && id != 0:
+			t.Fatalf("removed key %d found", i)
+		case i%2 == 1 && (id != ids[i] || size != i || x.key(&x.ents[id]) != key(i)):
+			t.Fatalf("key %d: entry %d, size %d; want entry %d, size %d", i, id, size, ids[i], i)
+		}
 	}
 }

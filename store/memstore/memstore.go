@@ -257,11 +257,11 @@ func (s *Store) touch(keys []string, g *grouping, order []int32) uint64 {
 			}
 		}
 		for k, i := range order[:n] {
-			if kref := int(krefs[k]); kref != 0 {
-				heap := s.shards[g.shard[i]].ix.heap
-				sink += uint64(heap[kref])
-				if end := kref + recHdr + len(keys[i]) - 1; end < len(heap) {
-					sink += uint64(heap[end])
+			if kref := krefs[k]; kref != 0 {
+				rec := s.shards[g.shard[i]].ix.rec(kref)
+				sink += uint64(rec[0])
+				if end := recHdr + len(keys[i]) - 1; end < len(rec) {
+					sink += uint64(rec[end])
 				}
 			}
 		}
