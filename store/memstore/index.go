@@ -12,8 +12,9 @@ import (
 // of an open-addressing table kept at most 3/4 full, and a record in the
 // shard's key heap, chunks of 64 KiB that hold the records back to back
 // (with the holes of removed keys until it is compacted). The heap grows
-// a chunk at a time, without copying what it holds, and wastes at most a
-// record's bytes at the end of a chunk. Entries are addressed by index;
+// a chunk at a time, without copying what it holds (but for the first
+// chunk, which doubles up to 64 KiB), and wastes at most a record's bytes
+// at the end of a chunk. Entries are addressed by index;
 // entry 0 is the sentinel of the shard's LRU list.
 //
 // A slot points at its key's record, which holds what a lookup needs
@@ -31,7 +32,7 @@ type entry struct {
 	node       int32  // arena extent
 	pins       int32  // gets copying out of it now
 	prev, next int32  // LRU list; next also links the free entries
-	kref       uint32 // the offset of the key's record in the shard's key heap
+	kref       uint32 // the place of the key's record in the shard's key heap
 	klen       uint16 // the key's length; 0: the entry is not in the index
 	dead       bool   // removed from the index while pinned: freed by the last unpin
 }
@@ -67,13 +68,14 @@ const (
 
 // index is a shard's key index.
 type index struct {
-	slots []uint64 // per slot: tag<<32 | the key's record offset; 0 empty
+	slots []uint64 // per slot: tag<<32 | the place of the key's record; 0 empty
 	count int      // slots in use
 	ents  []entry  // ents[0] is the LRU sentinel
 	free  int32    // first free entry, linked by next; 0 none
 	heap  chunks   // key records; heap[0][0] is padding, so that no record is at 0
 	used  int      // bytes of the chunks' records and padding
 	hole  int      // bytes of removed records, still in the chunks
+	limit int      // chunks the heap may hold: maxChunks (tests lower it)
 }
 
 func (x *index) init() {
@@ -81,11 +83,12 @@ func (x *index) init() {
 	x.ents = make([]entry, 1, 16)
 	x.heap = chunks{make([]byte, 1, firstChunk)}
 	x.used = 1
+	x.limit = maxChunks
 }
 
 // A slot holds the low 32 bits of its key's hash (which bits the table's
 // position comes from, so a slot says where its run starts without
-// hashing the key again) and the offset of the key's record (never 0, so
+// hashing the key again) and the place of the key's record (never 0, so
 // a slot in use is never 0). The shard comes from the hash's high 32 bits.
 func tagOf(h uint64) uint64 { return h & 0xffffffff }
 
@@ -128,18 +131,18 @@ func (x *index) find(key string, h uint64) (int32, int) {
 
 // insert adds key, absent, with hash h and a value of size bytes, and
 // returns its new entry, whose fields but the key's the caller sets; the
-// key's bytes are copied. It returns 0 when the shard's key heap would
-// pass 4 GiB.
+// key's bytes are copied. It returns 0 when the shard's key heap is full:
+// 65,536 chunks, 4 GiB less what records left unused at the chunks' ends.
 func (x *index) insert(key string, h uint64, size int) int32 {
 	if (x.count+1)*4 > len(x.slots)*3 {
 		x.grow()
 	}
 	n := recHdr + len(key)
-	if x.hole > x.used/2 && x.hole > chunkSize || !x.fits(n) {
+	if x.hole > x.used/2 && x.hole > chunkSize || !x.fits(n) && x.hole > 0 {
 		x.compact()
-		if !x.fits(n) {
-			return 0
-		}
+	}
+	if !x.fits(n) {
+		return 0
 	}
 	id := x.free
 	if id != 0 {
@@ -168,7 +171,7 @@ type chunks [][]byte
 // fits reports whether a record of n bytes fits in the heap.
 func (x *index) fits(n int) bool {
 	last := x.heap[len(x.heap)-1]
-	return len(last)+n <= chunkSize || len(x.heap) < maxChunks
+	return len(last)+n <= chunkSize || len(x.heap) < x.limit
 }
 
 // add appends n bytes to the last chunk of h, or to a new one where they
@@ -252,21 +255,34 @@ func (x *index) release(id int32) {
 }
 
 // compact rewrites the key heap with the records of the entries in the
-// index only, and points the slots at their new places.
+// index only, in the order the heap holds them, and points the slots at
+// their new places. Packing some of the records in their order never
+// takes more chunks than the heap had: each chunk of the new heap ends at
+// or past where the same chunk of the old one did.
 func (x *index) compact() {
 	old := x.heap
 	heap := chunks{make([]byte, 1, min(chunkSize, max(firstChunk, x.used-x.hole)))}
 	used := 1
-	for id := 1; id < len(x.ents); id++ {
-		e := &x.ents[id]
-		if e.klen == 0 {
-			continue
+	for ci, c := range old {
+		o := 0
+		if ci == 0 {
+			o = 1 // the padding byte
 		}
-		n := recHdr + int(e.klen)
-		kref, c := heap.add(n)
-		copy(c, old[e.kref>>chunkBits][e.kref&chunkMask:][:n])
-		used += n
-		e.kref = kref
+		for o < len(c) {
+			rec := c[o:]
+			id, n := le32(rec), recHdr+int(le16(rec[10:12]))
+			ref := uint32(ci)<<chunkBits | uint32(o)
+			o += n
+			// A removed record's bytes stay, and its entry may have been
+			// given to another key since: only the entry's own record is
+			// live.
+			if e := &x.ents[id]; e.klen != 0 && e.kref == ref {
+				kref, dst := heap.add(n)
+				copy(dst, rec[:n])
+				used += n
+				e.kref = kref
+			}
+		}
 	}
 	for i, s := range x.slots {
 		if s != 0 {

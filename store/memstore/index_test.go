@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -26,7 +27,9 @@ func TestIndexModel(t *testing.T) {
 		}
 		model := map[string]item{}
 		var pinned []int32 // removed while read: released later
+		serial := 0        // keys made by insertMany
 		hole := 0          // bytes of removed records since the last compaction
+		compactions := 0   // compactions an insert made on its own
 		live := func() int {
 			n := 1 // the padding byte
 			for k := range model {
@@ -97,6 +100,7 @@ func TestIndexModel(t *testing.T) {
 				}
 				h := hashGen.Draw(t, "hash")
 				size := rapid.OneOf(rapid.IntRange(0, 1<<20), rapid.Just(maxSize)).Draw(t, "size")
+				chunks := len(x.heap)
 				id := x.insert(k, h, size)
 				if id == 0 {
 					t.Fatalf("insert of %.20q refused", k)
@@ -104,6 +108,45 @@ func TestIndexModel(t *testing.T) {
 				model[k] = item{h, size, id}
 				if x.hole == 0 && hole != 0 { // the insert compacted the heap
 					hole = 0
+					if len(x.heap) > chunks+1 {
+						t.Fatalf("an insert that compacted the heap left %d chunks of %d", len(x.heap), chunks)
+					}
+				}
+			},
+			"insertMany": func(t *rapid.T) {
+				// Long keys, enough to fill chunks and, removed, to
+				// make inserts compact the heap on their own.
+				n := rapid.IntRange(1, 200).Draw(t, "n")
+				for range n {
+					serial++
+					k := fmt.Sprintf("%0*d", 400+serial%113, serial)
+					h := uint64(serial) * 0x9e3779b97f4a7c15
+					chunks := len(x.heap)
+					id := x.insert(k, h, serial)
+					if id == 0 {
+						t.Fatalf("insert of key %d refused", serial)
+					}
+					model[k] = item{h, serial, id}
+					if x.hole == 0 && hole != 0 {
+						hole = 0
+						compactions++
+						if len(x.heap) > chunks+1 {
+							t.Fatalf("an insert that compacted the heap left %d chunks of %d", len(x.heap), chunks)
+						}
+					}
+				}
+			},
+			"removeMany": func(t *rapid.T) {
+				keys := slices.Sorted(maps.Keys(model))
+				for i, k := range keys {
+					if i%3 == 0 {
+						continue
+					}
+					it := model[k]
+					x.remove(it.id, it.h)
+					x.release(it.id)
+					delete(model, k)
+					hole += recHdr + len(k)
 				}
 			},
 			"findAbsent": func(t *rapid.T) {
@@ -126,11 +169,16 @@ func TestIndexModel(t *testing.T) {
 				pinned = slices.Delete(pinned, i, i+1)
 			},
 			"compact": func(t *rapid.T) {
+				chunks := len(x.heap)
 				x.compact()
 				hole = 0
+				if len(x.heap) > chunks {
+					t.Fatalf("compaction took %d chunks, from %d", len(x.heap), chunks)
+				}
 			},
 			"": func(t *rapid.T) { check() },
 		})
+		_ = compactions
 	})
 }
 
@@ -189,6 +237,105 @@ func TestIndexChunks(t *testing.T) {
 			t.Fatalf("removed key %d found", i)
 		case i%2 == 1 && (id != ids[i] || size != i || x.key(&x.ents[id]) != key(i)):
 			t.Fatalf("key %d: entry %d, size %d; want entry %d, size %d", i, id, size, ids[i], i)
+		}
+	}
+}
+
+// TestIndexCompactionOrder: compaction packs the records in the heap's
+// order, not in the entries' (which freed entries, reused newest first,
+// make differ), so that it never needs more chunks than the heap had.
+// Here two chunks are filled exactly; packed in the entries' order, the
+// same records take three.
+func TestIndexCompactionOrder(t *testing.T) {
+	var x index
+	x.init()
+	x.limit = 2
+	hash := func(k string) uint64 {
+		return uint64(len(k))*0x9e3779b97f4a7c15 ^ uint64(k[len(k)-1])<<20 ^ uint64(k[len(k)-2])<<28
+	}
+	// Entries removed while read, then released: free entries, no hole.
+	var freed []int32
+	for i := range 300 {
+		k := fmt.Sprintf("freed-%05d", i)
+		id := x.insert(k, hash(k), 1)
+		x.remove(id, hash(k))
+		freed = append(freed, id)
+	}
+	x.compact()
+	for _, id := range freed {
+		x.release(id)
+	}
+	keys := []string{strings.Repeat("a", 35-recHdr)}
+	for i := range 125 {
+		keys = append(keys, fmt.Sprintf("%0512d", i))
+	}
+	keys = append(keys, strings.Repeat("b", 36-recHdr))
+	for i := range 125 {
+		keys = append(keys, fmt.Sprintf("%0512d", 1000+i))
+	}
+	for _, k := range keys {
+		if x.insert(k, hash(k), len(k)) == 0 {
+			t.Fatalf("insert of a %d-byte key refused with %d chunks", len(k), len(x.heap))
+		}
+	}
+	if len(x.heap) != 2 || len(x.heap[0]) != chunkSize || len(x.heap[1]) != chunkSize {
+		t.Fatalf("heap of %d chunks; want 2 full ones", len(x.heap))
+	}
+	x.compact()
+	if len(x.heap) > 2 {
+		t.Fatalf("compaction took %d chunks, from 2", len(x.heap))
+	}
+	for _, k := range keys {
+		if id, size := x.find(k, hash(k)); id == 0 || size != len(k) || x.key(&x.ents[id]) != k {
+			t.Fatalf("a %d-byte key: entry %d, size %d after compaction", len(k), id, size)
+		}
+	}
+	// Full: the next insert is refused, and nothing is lost.
+	if id := x.insert("one-more", hash("one-more"), 1); id != 0 {
+		t.Fatalf("insert into a full heap of %d chunks = entry %d, want refused", len(x.heap), id)
+	}
+	if x.count != len(keys) {
+		t.Fatalf("%d keys after a refused insert, want %d", x.count, len(keys))
+	}
+	// One key removed: a full heap with a hole compacts to make room.
+	gone := keys[1]
+	id, _ := x.find(gone, hash(gone))
+	x.remove(id, hash(gone))
+	x.release(id)
+	if id := x.insert("one-more", hash("one-more"), 1); id == 0 {
+		t.Fatalf("insert refused with a hole of %d bytes in a full heap", x.hole)
+	}
+	if id, _ := x.find("one-more", hash("one-more")); id == 0 {
+		t.Fatal("the key inserted after compaction is not found")
+	}
+}
+
+// TestIndexCompactsItself: once removed records are most of the heap, and
+// more than a chunk, an insert compacts it.
+func TestIndexCompactsItself(t *testing.T) {
+	var x index
+	x.init()
+	hash := func(i int) uint64 { return uint64(i) * 0x9e3779b97f4a7c15 }
+	key := func(i int) string { return fmt.Sprintf("%0500d", i) }
+	ids := make([]int32, 1000)
+	for i := range ids {
+		ids[i] = x.insert(key(i), hash(i), i)
+	}
+	for i := range 900 {
+		x.remove(ids[i], hash(i))
+		x.release(ids[i])
+	}
+	if x.hole < x.used/2 {
+		t.Fatalf("hole of %d bytes in %d: the test needs more than half", x.hole, x.used)
+	}
+	before := x.used
+	x.insert(key(1000), hash(1000), 1000)
+	if x.hole != 0 || x.used > before/4 {
+		t.Fatalf("after an insert: heap of %d bytes (%d before), hole %d; want it compacted", x.used, before, x.hole)
+	}
+	for i := 900; i <= 1000; i++ {
+		if id, size := x.find(key(i), hash(i)); id == 0 || size != i {
+			t.Fatalf("key %d: entry %d, size %d after compaction", i, id, size)
 		}
 	}
 }
