@@ -131,14 +131,17 @@ func (x *index) find(key string, h uint64) (int32, int) {
 
 // insert adds key, absent, with hash h and a value of size bytes, and
 // returns its new entry, whose fields but the key's the caller sets; the
-// key's bytes are copied. It returns 0 when the shard's key heap is full:
-// 65,536 chunks, 4 GiB less what records left unused at the chunks' ends.
+// key's bytes are copied. It returns 0 when the shard's key heap is full
+// (x.limit chunks: 65,536, 4 GiB less what records left unused at the
+// chunks' ends) and its removed records take less than a chunk: a full
+// heap is compacted once a chunk's worth of its keys are gone, not at
+// every put.
 func (x *index) insert(key string, h uint64, size int) int32 {
 	if (x.count+1)*4 > len(x.slots)*3 {
 		x.grow()
 	}
 	n := recHdr + len(key)
-	if x.hole > x.used/2 && x.hole > chunkSize || !x.fits(n) && x.hole > 0 {
+	if x.hole > x.used/2 && x.hole > chunkSize || !x.fits(n) && x.hole >= chunkSize {
 		x.compact()
 	}
 	if !x.fits(n) {
@@ -256,9 +259,10 @@ func (x *index) release(id int32) {
 
 // compact rewrites the key heap with the records of the entries in the
 // index only, in the order the heap holds them, and points the slots at
-// their new places. Packing some of the records in their order never
-// takes more chunks than the heap had: each chunk of the new heap ends at
-// or past where the same chunk of the old one did.
+// their new places. A record's new place is never after its old one (in
+// chunk, then offset order): a record that does not fit where the new
+// heap's last chunk ends starts the next chunk, at offset 0, which is not
+// past where it was. So the new heap has at most the old one's chunks.
 func (x *index) compact() {
 	old := x.heap
 	heap := chunks{make([]byte, 1, min(chunkSize, max(firstChunk, x.used-x.hole)))}
@@ -275,7 +279,8 @@ func (x *index) compact() {
 			o += n
 			// A removed record's bytes stay, and its entry may have been
 			// given to another key since: only the entry's own record is
-			// live.
+			// live. An entry already moved points at a new place, before
+			// this ref, so it matches no later record.
 			if e := &x.ents[id]; e.klen != 0 && e.kref == ref {
 				kref, dst := heap.add(n)
 				copy(dst, rec[:n])

@@ -10,10 +10,11 @@ import (
 	"pgregory.net/rapid"
 )
 
-// TestIndexModel runs random inserts, lookups, removals (some of entries
-// being read, released later) and compactions on an index against a map,
-// and checks the heap's length and hole against the records it must
-// hold. Hashes come from a small set, so that tags
+// TestIndexModel runs random inserts (some of hundreds of long keys, so
+// that the heap spans chunks and inserts compact it), lookups, removals
+// (some of entries being read, released later; some of most keys at once)
+// and compactions on an index against a map, and checks the heap's
+// length and hole against the records it must hold. Hashes come from a small set, so that tags
 // collide, runs of the table wrap around and backward-shift deletion
 // moves slots; values' sizes span the record's 48 bits.
 func TestIndexModel(t *testing.T) {
@@ -29,7 +30,6 @@ func TestIndexModel(t *testing.T) {
 		var pinned []int32 // removed while read: released later
 		serial := 0        // keys made by insertMany
 		hole := 0          // bytes of removed records since the last compaction
-		compactions := 0   // compactions an insert made on its own
 		live := func() int {
 			n := 1 // the padding byte
 			for k := range model {
@@ -129,7 +129,6 @@ func TestIndexModel(t *testing.T) {
 					model[k] = item{h, serial, id}
 					if x.hole == 0 && hole != 0 {
 						hole = 0
-						compactions++
 						if len(x.heap) > chunks+1 {
 							t.Fatalf("an insert that compacted the heap left %d chunks of %d", len(x.heap), chunks)
 						}
@@ -178,7 +177,6 @@ func TestIndexModel(t *testing.T) {
 			},
 			"": func(t *rapid.T) { check() },
 		})
-		_ = compactions
 	})
 }
 
@@ -290,23 +288,17 @@ func TestIndexCompactionOrder(t *testing.T) {
 			t.Fatalf("a %d-byte key: entry %d, size %d after compaction", len(k), id, size)
 		}
 	}
-	// Full: the next insert is refused, and nothing is lost.
+	// Full: the next insert is refused, and nothing is lost; a heap with
+	// no hole is not compacted for nothing.
+	first := &x.heap[1][0]
 	if id := x.insert("one-more", hash("one-more"), 1); id != 0 {
 		t.Fatalf("insert into a full heap of %d chunks = entry %d, want refused", len(x.heap), id)
 	}
+	if &x.heap[1][0] != first {
+		t.Fatal("a refused insert compacted a heap with no hole")
+	}
 	if x.count != len(keys) {
 		t.Fatalf("%d keys after a refused insert, want %d", x.count, len(keys))
-	}
-	// One key removed: a full heap with a hole compacts to make room.
-	gone := keys[1]
-	id, _ := x.find(gone, hash(gone))
-	x.remove(id, hash(gone))
-	x.release(id)
-	if id := x.insert("one-more", hash("one-more"), 1); id == 0 {
-		t.Fatalf("insert refused with a hole of %d bytes in a full heap", x.hole)
-	}
-	if id, _ := x.find("one-more", hash("one-more")); id == 0 {
-		t.Fatal("the key inserted after compaction is not found")
 	}
 }
 
@@ -336,6 +328,47 @@ func TestIndexCompactsItself(t *testing.T) {
 	for i := 900; i <= 1000; i++ {
 		if id, size := x.find(key(i), hash(i)); id == 0 || size != i {
 			t.Fatalf("key %d: entry %d, size %d after compaction", i, id, size)
+		}
+	}
+}
+
+// TestIndexFullHeap: a full heap refuses an insert, and is compacted to
+// make room once a chunk's worth of its records are removed, not before
+// (which would copy the whole heap at every put while keys come and go).
+func TestIndexFullHeap(t *testing.T) {
+	var x index
+	x.init()
+	x.limit = 3
+	hash := func(i int) uint64 { return uint64(i) * 0x9e3779b97f4a7c15 }
+	key := func(i int) string { return fmt.Sprintf("%0512d", i) }
+	n := 0
+	for ; x.insert(key(n), hash(n), n) != 0; n++ {
+	}
+	if len(x.heap) != 3 || n != 3*(chunkSize/(recHdr+512)) {
+		t.Fatalf("%d keys in %d chunks before the first refusal; want %d in 3", n, len(x.heap), 3*(chunkSize/(recHdr+512)))
+	}
+	first := &x.heap[2][0]
+	remove := func(i int) {
+		id, _ := x.find(key(i), hash(i))
+		x.remove(id, hash(i))
+		x.release(id)
+	}
+	remove(0)
+	if id := x.insert(key(n), hash(n), n); id != 0 || &x.heap[2][0] != first {
+		t.Fatalf("insert with a hole of %d bytes = entry %d (compacted: %v); want refused, not compacted", x.hole, id, &x.heap[2][0] != first)
+	}
+	for i := 1; i <= chunkSize/(recHdr+512); i++ {
+		remove(i)
+	}
+	if x.hole < chunkSize || x.hole > x.used/2 {
+		t.Fatalf("hole of %d bytes in %d: the test needs one of a chunk at least, and less than half", x.hole, x.used)
+	}
+	if id := x.insert(key(n), hash(n), n); id == 0 {
+		t.Fatalf("insert refused with a hole of %d bytes in a full heap", x.hole)
+	}
+	for i := 0; i <= n; i++ {
+		if id, _ := x.find(key(i), hash(i)); (id == 0) != (i <= chunkSize/(recHdr+512)) {
+			t.Fatalf("key %d after compaction: entry %d", i, id)
 		}
 	}
 }
