@@ -179,15 +179,7 @@ func BenchmarkDisk(b *testing.B) {
 				if strings.HasPrefix(mode, "GetCached") && s.IO().Direct && !cachestatWorks(b) {
 					b.Skip("the kernel has no cachestat (Linux 6.5): these reads would be direct")
 				}
-				mem, err := rdma.AllocHost(size)
-				if err != nil {
-					b.Skip(err)
-				}
-				defer mem.Free()
-				r := mem.Region()
-				for i, buf := 0, r.Bytes(); i < len(buf); i++ {
-					buf[i] = byte(i * 7)
-				}
+				r := valueRegion(b, size)
 				res := []store.Result{{}}
 				const vals = 64
 				if mode != "Put" {
@@ -287,15 +279,7 @@ func BenchmarkReadBounds(b *testing.B) {
 			}
 			defer s.Close()
 			raw := newRaw(b, dir, size, segVals, vals, false)
-			mem, err := rdma.AllocHost(size)
-			if err != nil {
-				b.Skip(err)
-			}
-			defer mem.Free()
-			r := mem.Region()
-			for i, buf := 0, r.Bytes(); i < len(buf); i++ {
-				buf[i] = byte(i * 7)
-			}
+			r := valueRegion(b, size)
 			type at struct {
 				f   *os.File
 				off int64
@@ -358,6 +342,22 @@ func BenchmarkReadBounds(b *testing.B) {
 			b.ReportMetric(float64(size)/mc.Seconds()/(1<<30), "crc-GiB/s")
 		})
 	}
+}
+
+// valueRegion returns a region of registered host memory of size bytes,
+// filled with a pattern, freed when b ends; it skips b where such memory
+// can't be had.
+func valueRegion(b *testing.B, size int) rdma.Region {
+	mem, err := rdma.AllocHost(size)
+	if err != nil {
+		b.Skip(err)
+	}
+	b.Cleanup(func() { mem.Free() })
+	r := mem.Region()
+	for i, buf := 0, r.Bytes(); i < len(buf); i++ {
+		buf[i] = byte(i * 7)
+	}
+	return r
 }
 
 // BenchmarkOpen1M opens a directory of 1 M records (64-byte values under
