@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"encoding/binary"
 	"unsafe"
 
 	"github.com/kvconnect/kvconnect/store"
@@ -101,13 +102,16 @@ func (x *index) key(e *entry) string {
 	return unsafe.String(&x.rec(e.kref)[recHdr], int(e.klen))
 }
 
-func le16(b []byte) uint64 { return uint64(b[0]) | uint64(b[1])<<8 }
-func le32(b []byte) uint64 { return le16(b) | le16(b[2:])<<16 }
-func le48(b []byte) uint64 { return le32(b) | le16(b[4:])<<32 }
+// A record's fields, read from the record at the start of b.
+func recID(b []byte) int32 { return int32(binary.LittleEndian.Uint32(b)) }
+func recLen(b []byte) int  { return int(binary.LittleEndian.Uint16(b[10:])) }
+func recSize(b []byte) int {
+	return int(uint64(binary.LittleEndian.Uint32(b[4:])) | uint64(binary.LittleEndian.Uint16(b[8:]))<<32)
+}
 
 // size returns the value size of entry id, which is in the index.
 func (x *index) size(id int32) int {
-	return int(le48(x.rec(x.ents[id].kref)[4:10]))
+	return recSize(x.rec(x.ents[id].kref))
 }
 
 // find returns the entry of key, whose hash is h, and its value's size,
@@ -122,8 +126,8 @@ func (x *index) find(key string, h uint64) (int32, int) {
 		}
 		if s>>32 == tag {
 			rec := x.rec(uint32(s))
-			if int(le16(rec[10:12])) == len(key) && string(rec[recHdr:recHdr+len(key)]) == key {
-				return int32(le32(rec)), int(le48(rec[4:]))
+			if recLen(rec) == len(key) && string(rec[recHdr:recHdr+len(key)]) == key {
+				return recID(rec), recSize(rec)
 			}
 		}
 	}
@@ -155,12 +159,11 @@ func (x *index) insert(key string, h uint64, size int) int32 {
 		id = int32(len(x.ents) - 1)
 	}
 	e := &x.ents[id]
-	u, z, l := uint64(uint32(id)), uint64(size), uint64(len(key))
-	var hdr = [recHdr]byte{byte(u), byte(u >> 8), byte(u >> 16), byte(u >> 24),
-		byte(z), byte(z >> 8), byte(z >> 16), byte(z >> 24), byte(z >> 32), byte(z >> 40),
-		byte(l), byte(l >> 8)}
 	kref, c := x.heap.add(n)
-	copy(c, hdr[:])
+	binary.LittleEndian.PutUint32(c, uint32(id))
+	binary.LittleEndian.PutUint32(c[4:], uint32(size))
+	binary.LittleEndian.PutUint16(c[8:], uint16(size>>32))
+	binary.LittleEndian.PutUint16(c[10:], uint16(len(key)))
 	copy(c[recHdr:], key)
 	x.used += n
 	*e = entry{kref: kref, klen: uint16(len(key))}
@@ -168,7 +171,7 @@ func (x *index) insert(key string, h uint64, size int) int32 {
 	return id
 }
 
-// heap is a shard's key heap: chunks of records.
+// chunks is a shard's key heap: chunks of records.
 type chunks [][]byte
 
 // fits reports whether a record of n bytes fits in the heap.
@@ -274,7 +277,7 @@ func (x *index) compact() {
 		}
 		for o < len(c) {
 			rec := c[o:]
-			id, n := le32(rec), recHdr+int(le16(rec[10:12]))
+			id, n := recID(rec), recHdr+recLen(rec)
 			ref := uint32(ci)<<chunkBits | uint32(o)
 			o += n
 			// A removed record's bytes stay, and its entry may have been
@@ -291,7 +294,7 @@ func (x *index) compact() {
 	}
 	for i, s := range x.slots {
 		if s != 0 {
-			id := le32(old[uint32(s)>>chunkBits][uint32(s)&chunkMask:])
+			id := recID(old[uint32(s)>>chunkBits][uint32(s)&chunkMask:])
 			x.slots[i] = s&^0xffffffff | uint64(x.ents[id].kref)
 		}
 	}
